@@ -1,0 +1,3 @@
+"""dapo-megatron: DAPO training recipes on Megatron-Core."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,505 @@
+"""DAPO dynamic sampling: keep only prompt groups whose samples disagree, until a batch is full.
+
+A group whose N samples all get the same verifier score has zero advantage everywhere and
+contributes no gradient (DAPO, arXiv 2503.14476, section 3.2). Dynamic sampling over-generates
+prompts, drops such groups, and repeats generation rounds until ``num_prompts_per_step`` useful
+groups are collected.
+
+``DynamicSampler`` is the bookkeeping half of that loop, driven by the controller once per
+training step::
+
+    sampler.start_step()
+    while not sampler.is_complete():
+        n = sampler.prompts_for_next_round()
+        groups, metric_GN, reward_GN = generate_and_score(n)   # caller's code
+        sampler.add_round(groups, metric_GN, reward_GN)        # may raise DynamicSamplingExhausted
+    batch, stats = sampler.finish_step()
+
+Groups are opaque (picklable) Python objects, one per prompt; the caller passes per-sample
+tensors alongside them. Valid groups beyond the batch can be carried into later steps.
+
+Shape suffixes: ``_GN`` is G groups x N samples per group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Generic, Literal, TypeVar
+
+import torch
+
+__all__ = [
+    "DynamicSampler",
+    "DynamicSamplingExhausted",
+    "DynamicSamplingStats",
+    "groups_with_variance",
+]
+
+G = TypeVar("G")
+
+_STATE_FORMAT_VERSION = 1
+_SURPLUS_POLICIES = ("carry", "discard")
+_TOTAL_KEYS = (
+    "num_steps",
+    "num_gen_batches",
+    "num_prompts_generated",
+    "num_samples_generated",
+    "num_kept_groups_generated",
+    "num_discarded_valid_samples",
+)
+
+
+def groups_with_variance(metric_GN: torch.Tensor) -> torch.Tensor:
+    """Which groups have a metric that varies across their samples.
+
+    Pass the RAW verifier metric (accuracy / score), not the shaped reward: length penalties
+    can make the rewards of equally-correct samples differ, yet such a group still has no
+    correctness signal to learn from.
+
+    Exact comparison (``max != min``) is used on purpose: equal raw scores are bit-identical,
+    whereas a std-based test would have to pick a noise threshold.
+
+    Args:
+        metric_GN: per-sample metric, shape ``[G, N]`` with N >= 1; bool, integer or float,
+            and finite.
+
+    Returns:
+        Bool tensor ``[G]``, True where the group's metric is not constant (always False for
+        N == 1).
+
+    Raises:
+        ValueError: on a non-2-D tensor, N == 0, or a non-finite metric.
+    """
+    if metric_GN.ndim != 2:
+        raise ValueError(f"metric_GN must be 2-D [G, N], got shape {tuple(metric_GN.shape)}")
+    if metric_GN.shape[1] < 1:
+        raise ValueError(
+            f"metric_GN must have N >= 1 samples per group, got N={metric_GN.shape[1]}"
+        )
+    metric = metric_GN.to(torch.int8) if metric_GN.dtype == torch.bool else metric_GN
+    # NaN != NaN would mark a broken group as "varied" and feed it to training.
+    if metric.is_floating_point() and not torch.isfinite(metric).all():
+        raise ValueError("metric_GN must be finite (found NaN or inf)")
+    return metric.amax(dim=1) != metric.amin(dim=1)
+
+
+class DynamicSamplingExhausted(RuntimeError):
+    """Raised when ``max_gen_batches`` generation rounds did not yield enough valid groups."""
+
+
+@dataclass(frozen=True)
+class DynamicSamplingStats:
+    """Per-step statistics of dynamic sampling, returned by ``DynamicSampler.finish_step``."""
+
+    num_gen_batches: int
+    """Generation rounds run in this step (0 when carried groups filled the whole batch)."""
+
+    num_prompts_generated: int
+    """New prompts (groups) generated in this step, over all rounds."""
+
+    num_samples_generated: int
+    """New samples generated in this step: ``num_prompts_generated * group_size``."""
+
+    num_kept_groups_generated: int
+    """New groups kept (metric varies) in this step, before surplus handling."""
+
+    keep_rate: float
+    """``num_kept_groups_generated / num_prompts_generated``; 1.0 when nothing was generated."""
+
+    num_carried_in: int
+    """Groups taken from the carry cache into this step's batch."""
+
+    num_carried_groups: int
+    """Groups left in the carry cache after this step."""
+
+    num_discarded_valid_samples: int
+    """Samples of valid groups thrown away this step: surplus discards plus aged-out carries."""
+
+    filtered_reward: float
+    """Mean reward over all samples of the groups returned in the batch."""
+
+    def to_metrics(self) -> dict[str, float]:
+        """All fields as floats, keyed ``dynamic_sampling/<field name>``."""
+        return {f"dynamic_sampling/{f.name}": float(getattr(self, f.name)) for f in fields(self)}
+
+
+@dataclass
+class _Entry(Generic[G]):
+    """A kept group with what the sampler must remember about it."""
+
+    group: G
+    reward_sum: float
+    num_samples: int
+    age: int = 0  # steps spent in the carry cache; only meaningful there
+
+
+def _check_int(name: str, value: Any, minimum: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+
+
+class DynamicSampler(Generic[G]):
+    """State machine of DAPO dynamic sampling with an optional cross-step carry cache.
+
+    Within a step, kept groups accumulate until ``num_prompts_per_step`` are available:
+    first groups carried over from earlier steps (oldest first), then new groups in generation
+    order. ``finish_step`` returns exactly ``num_prompts_per_step`` groups; the valid surplus
+    is either carried (age 0, usable for ``max_carry_age`` later steps) or discarded.
+
+    ``batch_multiplier`` is public and may be changed between steps (e.g. set from the
+    observed keep rate); it is validated on assignment.
+    """
+
+    def __init__(
+        self,
+        *,
+        num_prompts_per_step: int,
+        batch_multiplier: float,
+        max_gen_batches: int,
+        surplus: Literal["carry", "discard"],
+        max_carry_age: int,
+        enabled: bool = True,
+        group_size: int,
+    ) -> None:
+        """Configure the sampler.
+
+        Args:
+            num_prompts_per_step: groups per training batch (>= 1).
+            batch_multiplier: over-generation factor of each round (>= 1.0).
+            max_gen_batches: at most this many generation rounds per step; <= 0 is unlimited.
+            surplus: what to do with valid groups beyond the batch: "carry" them into later
+                steps or "discard" them.
+            max_carry_age: a carried group is dropped once it has waited more than this many
+                steps (>= 1).
+            enabled: when False every group is kept and a step is a single round of exactly
+                ``num_prompts_per_step`` prompts (plain GRPO batching).
+            group_size: samples per group N (>= 1); every round's tensors must be ``[G, N]``.
+
+        Raises:
+            ValueError: naming the first bad argument.
+        """
+        _check_int("num_prompts_per_step", num_prompts_per_step, minimum=1)
+        _check_int("max_gen_batches", max_gen_batches)
+        _check_int("max_carry_age", max_carry_age, minimum=1)
+        _check_int("group_size", group_size, minimum=1)
+        if surplus not in _SURPLUS_POLICIES:
+            raise ValueError(f"surplus must be one of {_SURPLUS_POLICIES}, got {surplus!r}")
+        if not isinstance(enabled, bool):
+            raise ValueError(f"enabled must be a bool, got {enabled!r}")
+        self.num_prompts_per_step = num_prompts_per_step
+        self.batch_multiplier = batch_multiplier  # validated by the property setter
+        self.max_gen_batches = max_gen_batches
+        self.surplus = surplus
+        self.max_carry_age = max_carry_age
+        self.enabled = enabled
+        self.group_size = group_size
+
+        self._carry: list[_Entry[G]] = []
+        self._totals: dict[str, int] = dict.fromkeys(_TOTAL_KEYS, 0)
+        self._in_step = False
+        self._reset_step_state()
+
+    # ----------------------------------------------------------------------------- attributes
+
+    @property
+    def batch_multiplier(self) -> float:
+        """Over-generation factor: a round asks for ``ceil(batch_multiplier * remaining)``."""
+        return self._batch_multiplier
+
+    @batch_multiplier.setter
+    def batch_multiplier(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"batch_multiplier must be a real number, got {value!r}")
+        if not (math.isfinite(value) and value >= 1.0):
+            raise ValueError(f"batch_multiplier must be finite and >= 1.0, got {value!r}")
+        self._batch_multiplier = float(value)
+
+    @property
+    def num_carried_groups(self) -> int:
+        """Groups currently waiting in the carry cache."""
+        return len(self._carry)
+
+    @property
+    def num_kept_groups(self) -> int:
+        """Groups available to the current step so far (carried in plus newly kept)."""
+        return len(self._kept)
+
+    @property
+    def num_gen_batches(self) -> int:
+        """Generation rounds run so far in the current (or last) step."""
+        return self._rounds
+
+    @property
+    def totals(self) -> dict[str, int]:
+        """Counters accumulated over all finished steps (saved by ``state_dict``)."""
+        return dict(self._totals)
+
+    # ------------------------------------------------------------------------------ the step
+
+    def _reset_step_state(self) -> None:
+        self._kept: list[_Entry[G]] = []
+        self._num_carried_in = 0
+        self._rounds = 0
+        self._prompts_generated = 0
+        self._samples_generated = 0
+        self._kept_generated = 0
+        self._discarded_samples = 0
+
+    def _require_in_step(self, method: str) -> None:
+        if not self._in_step:
+            raise RuntimeError(
+                f"DynamicSampler.{method}() called outside a step; call start_step()"
+            )
+
+    def start_step(self) -> None:
+        """Begin a step: age the carry cache, drop stale groups, pre-fill from the rest.
+
+        Every carried group ages by one; those now older than ``max_carry_age`` are dropped and
+        their samples counted in ``num_discarded_valid_samples``. When enabled, up to
+        ``num_prompts_per_step`` of the remaining groups, oldest first, move into the step's
+        batch; the others stay cached. When disabled nothing is pre-filled.
+
+        Raises:
+            RuntimeError: if a step is already in progress.
+        """
+        if self._in_step:
+            raise RuntimeError("DynamicSampler.start_step() called twice; call finish_step() first")
+        self._reset_step_state()
+        survivors: list[_Entry[G]] = []
+        for entry in self._carry:
+            entry.age += 1
+            if entry.age > self.max_carry_age:
+                self._discarded_samples += entry.num_samples
+            else:
+                survivors.append(entry)
+        # Stable sort: equal ages keep their generation order.
+        survivors.sort(key=lambda entry: -entry.age)
+        if self.enabled:
+            self._kept = survivors[: self.num_prompts_per_step]
+            self._carry = survivors[self.num_prompts_per_step :]
+        else:
+            self._carry = survivors
+        self._num_carried_in = len(self._kept)
+        self._in_step = True
+
+    def is_complete(self) -> bool:
+        """True when the current step holds at least ``num_prompts_per_step`` groups."""
+        return self._in_step and len(self._kept) >= self.num_prompts_per_step
+
+    def _exhausted_error(self) -> DynamicSamplingExhausted:
+        kept_new = self._kept_generated
+        keep_rate = kept_new / self._prompts_generated if self._prompts_generated else 0.0
+        if keep_rate > 0:
+            hint = (
+                f"at this keep rate a single round needs "
+                f"dapo.dynamic_sampling.batch_multiplier >= ~{1.0 / keep_rate:.2f}"
+            )
+        else:
+            hint = (
+                "no generated group had any variance in its metric; check the verifier and "
+                "the difficulty of the data"
+            )
+        return DynamicSamplingExhausted(
+            f"Dynamic sampling exhausted after {self._rounds} generation rounds "
+            f"(dapo.dynamic_sampling.max_gen_batches={self.max_gen_batches}): "
+            f"{self._prompts_generated} prompts generated, {len(self._kept)} groups kept "
+            f"({self._num_carried_in} carried in + {kept_new} new) but "
+            f"{self.num_prompts_per_step} needed; observed keep rate {keep_rate:.3f} "
+            f"(dapo.dynamic_sampling.batch_multiplier={self.batch_multiplier:g}). Raise "
+            f"dapo.dynamic_sampling.max_gen_batches (<= 0 means unlimited) or "
+            f"dapo.dynamic_sampling.batch_multiplier; {hint}."
+        )
+
+    def _check_can_generate(self, method: str) -> None:
+        self._require_in_step(method)
+        if self.is_complete():
+            raise RuntimeError(
+                f"DynamicSampler.{method}() called on a complete step; call finish_step()"
+            )
+        if 0 < self.max_gen_batches <= self._rounds:
+            raise self._exhausted_error()
+
+    def prompts_for_next_round(self) -> int:
+        """Number of NEW prompts to generate in the next round.
+
+        ``ceil(batch_multiplier * remaining)`` with ``remaining = num_prompts_per_step - kept``;
+        when disabled, exactly ``remaining`` (``num_prompts_per_step`` on the single round).
+
+        Raises:
+            RuntimeError: outside a step or when the step is already complete.
+            DynamicSamplingExhausted: when ``max_gen_batches`` rounds have already run.
+        """
+        self._check_can_generate("prompts_for_next_round")
+        remaining = self.num_prompts_per_step - len(self._kept)
+        if not self.enabled:
+            return remaining
+        # Round away float noise first: 1.1 * 10 is 11.000000000000002, whose ceil would be 12.
+        wanted = math.ceil(round(self.batch_multiplier * remaining, 9))
+        return max(remaining, wanted)
+
+    def _validate_round(
+        self, groups: Sequence[G], metric_GN: torch.Tensor, reward_GN: torch.Tensor
+    ) -> None:
+        if isinstance(groups, (str, bytes)) or not isinstance(groups, Sequence):
+            raise ValueError(f"groups must be a sequence of groups, got {type(groups).__name__}")
+        expected = (len(groups), self.group_size)
+        for name, tensor in (("metric_GN", metric_GN), ("reward_GN", reward_GN)):
+            if not isinstance(tensor, torch.Tensor):
+                raise ValueError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+            if tuple(tensor.shape) != expected:
+                raise ValueError(
+                    f"{name} must have shape [len(groups), group_size]={expected}, got "
+                    f"{tuple(tensor.shape)}"
+                )
+        if reward_GN.is_floating_point() and not torch.isfinite(reward_GN).all():
+            raise ValueError("reward_GN must be finite (found NaN or inf)")
+
+    def add_round(
+        self, groups: Sequence[G], metric_GN: torch.Tensor, reward_GN: torch.Tensor
+    ) -> None:
+        """Record one generation round and keep its groups with a varying metric.
+
+        Args:
+            groups: the round's G groups, in generation order.
+            metric_GN: raw verifier metric per sample, ``[G, group_size]``; decides keeping.
+            reward_GN: shaped reward per sample, ``[G, group_size]``; only feeds
+                ``filtered_reward``.
+
+        Raises:
+            ValueError: on shapes other than ``[len(groups), group_size]`` or non-finite values
+                (the round is then not counted).
+            RuntimeError: outside a step or when the step is already complete.
+            DynamicSamplingExhausted: if the step is still incomplete after this round and
+                ``max_gen_batches`` (> 0) rounds have run, or if they had already run.
+        """
+        self._check_can_generate("add_round")
+        self._validate_round(groups, metric_GN, reward_GN)
+        if self.enabled:
+            keep_G = groups_with_variance(metric_GN)
+        else:
+            keep_G = torch.ones(len(groups), dtype=torch.bool)
+        # One host transfer per round instead of one .item() per group.
+        keep_flags = keep_G.tolist()
+        reward_sums = reward_GN.detach().to(torch.float64).sum(dim=1).tolist()
+
+        self._rounds += 1
+        self._prompts_generated += len(groups)
+        self._samples_generated += len(groups) * self.group_size
+        for group, keep, reward_sum in zip(groups, keep_flags, reward_sums, strict=True):
+            if keep:
+                self._kept.append(_Entry(group, float(reward_sum), self.group_size))
+                self._kept_generated += 1
+
+        if not self.is_complete() and 0 < self.max_gen_batches <= self._rounds:
+            raise self._exhausted_error()
+
+    def finish_step(self) -> tuple[list[G], DynamicSamplingStats]:
+        """End the step: return the batch and handle the surplus.
+
+        Returns:
+            Exactly ``num_prompts_per_step`` groups (carried ones first, then new ones in
+            generation order) and the step's ``DynamicSamplingStats``. Surplus valid groups
+            enter the carry cache with age 0 (``surplus="carry"``) or are discarded and their
+            samples counted (``surplus="discard"``).
+
+        Raises:
+            RuntimeError: outside a step or when the step is not complete.
+        """
+        self._require_in_step("finish_step")
+        if not self.is_complete():
+            raise RuntimeError(
+                f"DynamicSampler.finish_step() called on an incomplete step: "
+                f"{len(self._kept)} of {self.num_prompts_per_step} groups kept"
+            )
+        batch = self._kept[: self.num_prompts_per_step]
+        surplus = self._kept[self.num_prompts_per_step :]
+        if self.surplus == "carry":
+            for entry in surplus:
+                entry.age = 0
+            self._carry.extend(surplus)
+        else:
+            self._discarded_samples += sum(entry.num_samples for entry in surplus)
+
+        num_samples = sum(entry.num_samples for entry in batch)
+        filtered_reward = sum(entry.reward_sum for entry in batch) / num_samples
+        generated = self._prompts_generated
+        stats = DynamicSamplingStats(
+            num_gen_batches=self._rounds,
+            num_prompts_generated=generated,
+            num_samples_generated=self._samples_generated,
+            num_kept_groups_generated=self._kept_generated,
+            keep_rate=self._kept_generated / generated if generated else 1.0,
+            num_carried_in=self._num_carried_in,
+            num_carried_groups=len(self._carry),
+            num_discarded_valid_samples=self._discarded_samples,
+            filtered_reward=filtered_reward,
+        )
+        self._totals["num_steps"] += 1
+        for key in _TOTAL_KEYS[1:]:
+            self._totals[key] += getattr(stats, key)
+        self._in_step = False
+        self._kept = []
+        return [entry.group for entry in batch], stats
+
+    # ------------------------------------------------------------------------ checkpointing
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a checkpoint needs to resume: the carry cache and the cumulative counters.
+
+        Groups are stored as-is (they must be picklable). Only valid between steps.
+
+        Raises:
+            RuntimeError: during a step, whose partial batch cannot be resumed.
+        """
+        if self._in_step:
+            raise RuntimeError(
+                "DynamicSampler.state_dict() called during a step; save between steps"
+            )
+        return {
+            "format_version": _STATE_FORMAT_VERSION,
+            "carry": [
+                {
+                    "group": entry.group,
+                    "age": entry.age,
+                    "reward_sum": entry.reward_sum,
+                    "num_samples": entry.num_samples,
+                }
+                for entry in self._carry
+            ],
+            "totals": dict(self._totals),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the carry cache and counters saved by ``state_dict``.
+
+        Raises:
+            RuntimeError: during a step.
+            ValueError: if ``state`` is malformed or from another format version.
+        """
+        if self._in_step:
+            raise RuntimeError("DynamicSampler.load_state_dict() called during a step")
+        version = state.get("format_version") if isinstance(state, dict) else None
+        if version != _STATE_FORMAT_VERSION:
+            raise ValueError(
+                f"state['format_version'] must be {_STATE_FORMAT_VERSION}, got {version!r}"
+            )
+        carry: list[_Entry[G]] = []
+        for index, item in enumerate(state["carry"]):
+            _check_int(f"state['carry'][{index}]['age']", item["age"], minimum=0)
+            _check_int(f"state['carry'][{index}]['num_samples']", item["num_samples"], minimum=1)
+            carry.append(
+                _Entry(item["group"], float(item["reward_sum"]), item["num_samples"], item["age"])
+            )
+        totals = state["totals"]
+        if set(totals) != set(_TOTAL_KEYS):
+            raise ValueError(
+                f"state['totals'] must have keys {sorted(_TOTAL_KEYS)}, got {sorted(totals)}"
+            )
+        for key in _TOTAL_KEYS:
+            _check_int(f"state['totals'][{key!r}]", totals[key], minimum=0)
+        self._carry = carry
+        self._totals = {key: int(totals[key]) for key in _TOTAL_KEYS}

@@ -1,0 +1,109 @@
+"""KL-divergence estimators and the entropy bonus of the policy loss.
+
+The KL estimators follow J. Schulman, "Approximating KL Divergence" (2020). With samples drawn
+from the policy whose log-probabilities are ``logprobs_BT`` and ``log r = ref - logprobs``:
+
+- ``k1 = -log r = logprobs - ref``: unbiased, high variance, can be negative per token;
+- ``k2 = 0.5 * (log r)^2``: biased, low variance, always >= 0;
+- ``k3 = (r - 1) - log r``: unbiased, low variance, always >= 0.
+
+All of them estimate ``KL(pi_logprobs || pi_ref)`` per token. Shapes: ``B`` samples x ``T``
+response tokens (padded); the estimators are elementwise, masking and aggregation are the
+caller's job (see ``dapo_megatron.algorithms.loss``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+KLEstimator = Literal["k1", "k2", "k3"]
+KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+
+# Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exponentiation:
+# exp(20) ~ 4.9e8 is still finite in float32 (and bf16), whereas a -inf reference logprob or a
+# bf16-rounded difference of ~90 would overflow to inf and poison the loss with inf/NaN.
+LOG_RATIO_CLAMP = 20.0
+
+
+def compute_dtype(*tensors: torch.Tensor) -> torch.dtype:
+    """Dtype in which log-ratio arithmetic is done: the inputs' promoted dtype, at least float32.
+
+    bf16/fp16 logprobs carry ~3 significant digits; subtracting two of them in that precision
+    would destroy the small differences the ratios depend on, so we always upcast first.
+    """
+    dtype = torch.float32
+    for t in tensors:
+        dtype = torch.promote_types(dtype, t.dtype)
+    return dtype
+
+
+def check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
+    """Raise ValueError unless ``b`` has the same shape as ``a`` (message names both)."""
+    if a.shape != b.shape:
+        raise ValueError(
+            f"{name_b} has shape {tuple(b.shape)}, expected {tuple(a.shape)} (the shape of {name_a})"
+        )
+
+
+def kl_penalty(
+    logprobs_BT: torch.Tensor,
+    ref_logprobs_BT: torch.Tensor,
+    estimator: KLEstimator = "k3",
+) -> torch.Tensor:
+    """Per-token KL estimate of ``KL(pi || pi_ref)`` from tokens sampled from ``pi``.
+
+    Args:
+        logprobs_BT: ``[B, T]`` log-probabilities of the sampled tokens under ``pi`` (the
+            policy being trained; gradients flow through this argument).
+        ref_logprobs_BT: ``[B, T]`` log-probabilities of the same tokens under ``pi_ref``.
+        estimator: ``"k1"`` (``logprobs - ref``), ``"k2"`` (``0.5 * (logprobs - ref)^2``) or
+            ``"k3"`` (``exp(ref - logprobs) - (ref - logprobs) - 1``).
+
+    Returns:
+        ``[B, T]`` per-token estimates in ``compute_dtype`` (>= float32), unmasked. For ``k3``
+        the log-ratio is clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]`` (in both terms, so
+        the result stays >= 0 and finite); beyond the clamp the estimate saturates and its
+        gradient is zero.
+    """
+    check_same_shape("logprobs_BT", logprobs_BT, "ref_logprobs_BT", ref_logprobs_BT)
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"estimator={estimator!r} is not one of {KL_ESTIMATORS}")
+    dtype = compute_dtype(logprobs_BT, ref_logprobs_BT)
+    diff_BT = logprobs_BT.to(dtype) - ref_logprobs_BT.to(dtype)  # = -log r
+    if estimator == "k1":
+        return diff_BT
+    if estimator == "k2":
+        return 0.5 * diff_BT.square()
+    log_r_BT = (-diff_BT).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+    # expm1(x) - x instead of exp(x) - 1 - x: for small |x| the latter cancels to an absolute
+    # error of ~eps, which is larger than the x^2/2 value itself once |x| < sqrt(eps).
+    return torch.expm1(log_r_BT) - log_r_BT
+
+
+def validate_coef(name: str, value: float) -> None:
+    """Raise ValueError unless ``value`` is a finite, non-negative loss coefficient."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if not (is_number and math.isfinite(value) and value >= 0):
+        raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+
+
+def entropy_bonus_per_token(entropy_BT: torch.Tensor, entropy_coef: float) -> torch.Tensor:
+    """Per-token term that the entropy bonus adds to the loss: ``-entropy_coef * entropy_BT``.
+
+    The loss is minimised, so subtracting the entropy rewards a more exploratory policy. Because
+    aggregation is linear, adding this term per token before ``aggregate_loss`` equals subtracting
+    ``entropy_coef`` times the aggregated entropy.
+
+    Args:
+        entropy_BT: ``[B, T]`` per-token entropy of the policy's next-token distribution
+            (computed by the caller, usually vocab-parallel, with gradient if it is to be trained).
+        entropy_coef: coefficient >= 0.
+
+    Returns:
+        ``[B, T]`` tensor in ``compute_dtype(entropy_BT)``, unmasked.
+    """
+    validate_coef("entropy_coef", entropy_coef)
+    return -entropy_coef * entropy_BT.to(compute_dtype(entropy_BT))

@@ -1,0 +1,423 @@
+"""Typed schema of a dapo-megatron run: one dataclass per YAML section.
+
+Fields carry no defaults on purpose: every default lives once, in configs/dapo_base.yaml,
+and recipes inherit it with `defaults:`. The loader (loader.py) turns the merged YAML into
+these dataclasses, checking types; cross-field constraints live in validate.py.
+Each field's docstring is the reference documentation of its key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+LossAggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+
+
+@dataclass
+class RunConfig:
+    """Identity and location of a run."""
+
+    name: str
+    """Run name, used for the run directory and by loggers."""
+    output_dir: str
+    """Run directory (checkpoints, metrics, plots); relative paths are resolved from the
+    current working directory."""
+    seed: int
+    """Global seed: data order, sampling, initialisation of a fresh model."""
+    max_restarts: int
+    """How many times the controller restarts from the last checkpoint after a worker dies."""
+
+
+@dataclass
+class MegatronConfig:
+    """Megatron-Core parallel layout and memory settings of the policy."""
+
+    tensor_model_parallel_size: int
+    """Tensor parallel size (TP): attention heads and MLP columns split across ranks."""
+    pipeline_model_parallel_size: int
+    """Pipeline parallel size (PP): transformer layers split into stages."""
+    context_parallel_size: int
+    """Context parallel size (CP): each sequence split across ranks (load-balanced chunks)."""
+    sequence_parallel: bool
+    """Sequence parallelism (SP) for layer norms and dropout; requires TP > 1."""
+    data_parallel_size: int | None
+    """Data parallel size (DP); null derives it as policy world size / (TP * PP * CP)."""
+    use_distributed_optimizer: bool
+    """Shard optimizer states across DP ranks (Megatron's DistributedOptimizer)."""
+    recompute_granularity: Literal["none", "selective", "full"]
+    """Activation recomputation: none, selective (attention core) or full layers."""
+
+
+@dataclass
+class OptimizerConfig:
+    """Megatron optimizer settings."""
+
+    name: Literal["adam", "sgd"]
+    """Optimizer; Megatron's "adam" is AdamW (decoupled weight decay)."""
+    lr: float
+    """Peak learning rate."""
+    min_lr: float
+    """Learning rate at the end of a decaying schedule."""
+    weight_decay: float
+    """Decoupled weight decay."""
+    adam_beta1: float
+    """Adam beta1."""
+    adam_beta2: float
+    """Adam beta2."""
+    adam_eps: float
+    """Adam epsilon."""
+    clip_grad: float
+    """Maximum global gradient norm; 0 disables clipping."""
+
+
+@dataclass
+class SchedulerConfig:
+    """Learning-rate schedule, counted in optimizer steps."""
+
+    lr_warmup_steps: int
+    """Linear warm-up length in optimizer steps (DAPO: 20 rollout steps' worth)."""
+    lr_warmup_init: float
+    """Learning rate at the start of warm-up."""
+    lr_decay_style: Literal["constant", "linear", "cosine"]
+    """Shape of the schedule after warm-up."""
+    lr_decay_steps: int | None
+    """Steps over which lr decays to min_lr; null uses the run's total optimizer steps."""
+
+
+@dataclass
+class PolicyConfig:
+    """The trained model and how Megatron runs it."""
+
+    model_name_or_path: str
+    """Local Hugging Face checkpoint directory (config.json + safetensors)."""
+    tokenizer_name_or_path: str | None
+    """Tokenizer directory; null uses model_name_or_path."""
+    model_arch: str | None
+    """Architecture preset (see config/model_arch.py) used when model_name_or_path has no
+    config.json yet: planning a run before downloading, or a model created by the run."""
+    init_model_if_missing: bool
+    """Create a randomly initialised checkpoint of model_arch at model_name_or_path when it
+    does not exist (the tiny CPU recipe); never wanted for real runs."""
+    precision: Literal["bf16", "fp16", "fp32"]
+    """Parameter and compute precision of the policy (fp32 master weights for bf16/fp16)."""
+    megatron: MegatronConfig
+    """Parallel layout and memory settings."""
+    optimizer: OptimizerConfig
+    """Optimizer."""
+    scheduler: SchedulerConfig
+    """Learning-rate schedule."""
+    train_global_batch_size: int
+    """Samples per optimizer step (the mini-batch), summed over data-parallel ranks."""
+    train_micro_batch_size: int
+    """Samples per forward/backward micro-batch on one data-parallel rank."""
+    logprob_micro_batch_size: int
+    """Samples per forward-only micro-batch when computing old/reference logprobs."""
+    max_total_sequence_length: int
+    """Longest prompt + response the trainer accepts, in tokens."""
+
+
+@dataclass
+class EngineConfig:
+    """Size and memory of each generation engine."""
+
+    tensor_parallel_size: int
+    """Tensor parallel size of one generation engine."""
+    num_engines: int | None
+    """Number of engines; null fills the generation devices (devices / tensor_parallel_size)."""
+    gpu_memory_utilization: float
+    """Fraction of device memory an engine may use (vLLM); its KV cache takes the rest of it."""
+    max_num_seqs: int
+    """Maximum sequences decoded concurrently by one engine."""
+    enforce_eager: bool
+    """Disable CUDA graphs in vLLM (slower, less memory, quicker start)."""
+
+
+@dataclass
+class GenerationConfig:
+    """Rollout generation."""
+
+    backend: Literal["vllm", "megatron"]
+    """Engine: vllm (GPU default; CPU build in CI) or megatron (Megatron-Core inference)."""
+    temperature: float
+    """Sampling temperature of training rollouts."""
+    top_p: float
+    """Nucleus sampling threshold of training rollouts (1.0 = off)."""
+    top_k: int
+    """Top-k sampling of training rollouts (-1 = off)."""
+    max_response_length: int
+    """Response generation cap given to the engine, in tokens: Lmax of the overlong shaping."""
+    stop_token_ids: list[int] | None
+    """Extra token ids that end a response; null uses the tokenizer's end-of-sequence id."""
+    engine: EngineConfig
+    """Engine sizes."""
+
+
+@dataclass
+class LossConfig:
+    """The clipped policy-gradient loss (clip-higher, token-level aggregation)."""
+
+    clip_ratio_low: float
+    """eps_low: the ratio is clipped below at 1 - clip_ratio_low (DAPO: 0.2)."""
+    clip_ratio_high: float
+    """eps_high: the ratio is clipped above at 1 + clip_ratio_high (DAPO clip-higher: 0.28)."""
+    clip_ratio_c: float | None
+    """Dual-clip bound c > 1 for negative advantages; null disables dual clip."""
+    loss_agg_mode: LossAggMode
+    """Aggregation: token-mean (DAPO token-level loss) or a sequence-mean variant; the
+    normaliser is global over the mini-batch, so micro-batching never changes the loss."""
+    loss_scale_length: int | None
+    """Constant length for seq-mean-token-sum-norm; null uses generation.max_response_length."""
+    kl_coef: float
+    """Coefficient of the KL penalty against the reference policy (DAPO: 0, no reference)."""
+    kl_estimator: Literal["k1", "k2", "k3"]
+    """KL estimator used when kl_coef > 0."""
+    entropy_coef: float
+    """Entropy bonus coefficient (0 = off)."""
+    rollout_correction: Literal["none", "tis", "mis"]
+    """Rollout/train mismatch correction: truncated (tis) or masked (mis) importance weights."""
+    rollout_correction_level: Literal["token", "sequence"]
+    """Whether the correction weight is per token or per sequence."""
+    tis_cap: float
+    """Upper truncation of the TIS weight exp(old_logprob - rollout_logprob)."""
+    mis_low: float
+    """MIS: tokens (sequences) with a weight below this are masked out."""
+    mis_high: float
+    """MIS: tokens (sequences) with a weight above this are masked out."""
+
+
+@dataclass
+class AdvantageConfig:
+    """Group-relative advantage estimation."""
+
+    norm_by_std: bool
+    """Divide by the group's reward std; false gives r - mean (Dr. GRPO)."""
+    leave_one_out: bool
+    """Baseline each sample with the mean of the other samples of its group (RLOO)."""
+    eps: float
+    """Added to the std before dividing."""
+
+
+@dataclass
+class DynamicSamplingConfig:
+    """DAPO dynamic sampling: train only on prompt groups whose outcomes differ."""
+
+    enabled: bool
+    """Filter out groups whose raw metric has zero variance and refill the batch."""
+    metric: Literal["acc", "score"]
+    """Raw per-sample metric to filter on: verifier accuracy or the unshaped score (never the
+    shaped reward, which would give wrong short answers a positive advantage)."""
+    batch_multiplier: float | Literal["auto"]
+    """Prompts generated per round = ceil(multiplier * groups still needed); "auto" sets it
+    each step from the observed keep rate, bounded by max_batch_multiplier."""
+    max_batch_multiplier: float
+    """Upper bound of the automatic batch multiplier."""
+    max_gen_batches: int
+    """At most this many generation rounds per step, then an error; <= 0 means unlimited."""
+    surplus: Literal["carry", "discard"]
+    """What to do with valid groups beyond num_prompts_per_step: carry them to the next step
+    (no wasted generation) or discard them (the peers' behaviour)."""
+    max_carry_age: int
+    """Carried groups older than this many steps are dropped (bounds their staleness)."""
+
+
+@dataclass
+class OverlongBufferConfig:
+    """Soft overlong punishment (DAPO Eq. 13)."""
+
+    enabled: bool
+    """Add the length penalty to the scaled reward."""
+    length: int
+    """Lcache: the penalty ramps from 0 at max_response_length - length to -penalty_factor at
+    max_response_length (the response cap)."""
+    penalty_factor: float
+    """Largest penalty; the penalty always lies in [-penalty_factor, 0]."""
+
+
+@dataclass
+class RewardScalingConfig:
+    """Linear reward scaling applied to the verifier score before shaping."""
+
+    enabled: bool
+    """Clamp the score to [source_min, source_max] and map it to [target_min, target_max]."""
+    source_min: float
+    """Lower end of the verifier score range."""
+    source_max: float
+    """Upper end of the verifier score range."""
+    target_min: float
+    """Reward given for source_min."""
+    target_max: float
+    """Reward given for source_max."""
+
+
+@dataclass
+class DapoConfig:
+    """The DAPO algorithm: batch sizes and every technique's knobs."""
+
+    num_prompts_per_step: int
+    """Prompt groups trained on per step (DAPO: 512)."""
+    num_generations_per_prompt: int
+    """Responses sampled per prompt, the group size (DAPO: 16)."""
+    max_num_steps: int
+    """Training steps (rollout + update) of the run."""
+    loss: LossConfig
+    """Policy loss."""
+    advantage: AdvantageConfig
+    """Advantage estimation."""
+    dynamic_sampling: DynamicSamplingConfig
+    """Dynamic sampling."""
+    overlong_filtering: bool
+    """Zero the loss mask of responses that hit the length cap (no stop token)."""
+    overlong_buffer: OverlongBufferConfig
+    """Soft overlong punishment."""
+    reward_scaling: RewardScalingConfig
+    """Reward scaling."""
+
+
+@dataclass
+class ValidationConfig:
+    """Periodic validation (avg@k accuracy on the validation set)."""
+
+    val_period: int
+    """Validate every this many steps; 0 disables."""
+    val_at_start: bool
+    """Validate once before the first step."""
+    num_samples_per_prompt: int
+    """k of avg@k: samples per validation prompt (DAPO reports avg@32)."""
+    temperature: float
+    """Sampling temperature of validation."""
+    top_p: float
+    """Nucleus sampling threshold of validation (DAPO: 0.7)."""
+    max_prompts: int | None
+    """Validate on at most this many prompts; null uses the whole validation set."""
+
+
+@dataclass
+class ArithmeticTaskConfig:
+    """The synthetic arithmetic task of the tiny CPU recipe."""
+
+    num_train: int
+    """Training problems generated."""
+    num_val: int
+    """Validation problems generated."""
+    difficulty: int
+    """Number of operands per problem (2 = "a+b")."""
+
+
+@dataclass
+class DataConfig:
+    """Training and validation prompts."""
+
+    format: Literal["dapo_math", "aime", "gsm8k", "arithmetic"]
+    """Dataset layout: DAPO-Math-17k, AIME24, GSM8K (jsonl/parquet) or the synthetic task."""
+    train_path: str | None
+    """Training file (jsonl or parquet); null only for the arithmetic format."""
+    val_path: str | None
+    """Validation file; null disables file-based validation (arithmetic generates its own)."""
+    prompt_key: str | None
+    """Field holding the prompt; null uses the format's standard field."""
+    answer_key: str | None
+    """Field holding the ground truth; null uses the format's standard field."""
+    max_prompt_length: int
+    """Prompts longer than this many tokens are skipped (and counted)."""
+    apply_chat_template: bool
+    """Wrap prompts with the tokenizer's chat template."""
+    shuffle: bool
+    """Shuffle training prompts every epoch (seeded by run.seed)."""
+    arithmetic: ArithmeticTaskConfig
+    """Settings of the synthetic arithmetic task."""
+
+
+@dataclass
+class RewardConfig:
+    """Verification of responses."""
+
+    verifier: Literal["math", "gsm8k", "arithmetic"]
+    """Verifier: math (math-verify, "Answer: X" or \\boxed{X}), gsm8k final number, arithmetic."""
+    timeout_s: float
+    """Per-sample verification time limit; a timeout scores 0 and is counted."""
+    num_workers: int
+    """Processes of the verification pool."""
+
+
+@dataclass
+class ClusterConfig:
+    """Where the run executes."""
+
+    num_nodes: int
+    """Nodes in the Ray cluster."""
+    gpus_per_node: int
+    """Devices per node; on CPU, the number of worker processes per node."""
+    device: Literal["auto", "cuda", "cpu"]
+    """auto picks cuda when available, else cpu (gloo)."""
+    colocated: bool
+    """Policy and generation engines share all devices (engine asleep while training)."""
+    generation_num_devices: int
+    """Split mode only: devices given to generation; the policy gets the rest."""
+    ray_address: str | None
+    """Ray cluster to join; null uses RAY_ADDRESS when set (slurm/ray.sub), else starts a
+    local cluster bound to loopback."""
+
+
+@dataclass
+class CheckpointingConfig:
+    """Checkpoints of the full run state (model, optimizer, scheduler, data, sampler, RNG)."""
+
+    enabled: bool
+    """Write checkpoints."""
+    checkpoint_dir: str | None
+    """Checkpoint directory; null uses <run.output_dir>/checkpoints."""
+    save_period: int
+    """Save every this many steps (and at the end)."""
+    keep_last: int
+    """Keep only the newest this many complete checkpoints."""
+    resume: Literal["auto", "never"]
+    """auto resumes from the newest complete checkpoint in checkpoint_dir."""
+
+
+@dataclass
+class LoggerConfig:
+    """Metrics sinks; metrics.jsonl in the run directory is always written."""
+
+    log_dir: str | None
+    """Log directory; null uses <run.output_dir>/logs."""
+    tensorboard_enabled: bool
+    """Write TensorBoard event files."""
+    wandb_enabled: bool
+    """Log to Weights & Biases (needs wandb installed and configured)."""
+    wandb_project: str
+    """W&B project name."""
+    mlflow_enabled: bool
+    """Log to MLflow (needs mlflow installed)."""
+    mlflow_tracking_uri: str | None
+    """MLflow tracking URI; null uses MLflow's own default."""
+    progress_bar: bool
+    """Show a progress bar over steps with the headline metrics."""
+    plots: bool
+    """Write PNG plots of the main curves to the run directory on exit."""
+
+
+@dataclass
+class DapoMegatronConfig:
+    """A whole run."""
+
+    run: RunConfig
+    """Run identity and directory."""
+    policy: PolicyConfig
+    """Policy model, Megatron layout, optimizer and batch sizes."""
+    generation: GenerationConfig
+    """Rollout generation."""
+    dapo: DapoConfig
+    """The DAPO algorithm."""
+    validation: ValidationConfig
+    """Validation."""
+    data: DataConfig
+    """Datasets."""
+    reward: RewardConfig
+    """Verifiers."""
+    cluster: ClusterConfig
+    """Cluster and placement."""
+    checkpointing: CheckpointingConfig
+    """Checkpointing and resume."""
+    logger: LoggerConfig
+    """Metrics and progress reporting."""

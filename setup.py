@@ -1,0 +1,39 @@
+"""dapo-megatron: DAPO training recipes on Megatron-Core."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="dapo-megatron",
+    version="0.1.0",
+    description="DAPO (Decoupled Clip and Dynamic sAmpling Policy Optimization) on Megatron-Core",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["dapo_megatron", "dapo_megatron.*"]),
+    include_package_data=True,
+    install_requires=[
+        # torch is pinned by scripts/setup.sh (CPU wheel on disk); any >= 2.6 works here.
+        "torch>=2.6",
+        # 0.16.1 is the newest release with a Python 3.11 wheel; newer ones need 3.12.
+        "megatron-core>=0.16.1",
+        "ray>=2.40",
+        "pyyaml>=6.0",
+        "triton>=3.0",
+        "math-verify>=0.7",
+        "transformers>=4.45",
+        "tokenizers>=0.20",
+        "safetensors>=0.4",
+        "numpy",
+        "psutil",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff>=0.6"],
+        "gpu": ["transformer-engine[pytorch]", "vllm"],
+    },
+    entry_points={
+        "console_scripts": [
+            "dapo-train=dapo_megatron.cli:train_main",
+            "dapo-plan=dapo_megatron.cli:plan_main",
+        ]
+    },
+)
