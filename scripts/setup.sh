@@ -22,8 +22,8 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 # torch first, pinned: the CPU wheel lies on disk; an unpinned torch requested by another
 # package would pull a multi-GB CUDA build.
 echo "[setup] installing torch==2.13.0"
-.venv/bin/pip install -q "torch==2.13.0"
+.venv/bin/pip install -q "torch==2.13.0" 2> >(grep -v "is ignored: it is neither" >&2)
 echo "[setup] installing dapo-megatron and test dependencies"
-.venv/bin/pip install -q -e ".[test]"
+.venv/bin/pip install -q -e ".[test]" 2> >(grep -v "is ignored: it is neither" >&2)
 echo "$want" > "$stamp"
 echo "[setup] done"

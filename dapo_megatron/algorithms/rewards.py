@@ -197,19 +197,19 @@ def apply_soft_overlong_punishment(
             f"scores_B and response_lengths_B must have the same shape, got "
             f"{tuple(scores_B.shape)} and {tuple(response_lengths_B.shape)}"
         )
-    scores = scores_B.to(_float_dtype(scores_B))
+    dtype = _float_dtype(scores_B)
     lengths_B = response_lengths_B
     if lengths_B.dtype != torch.bool:
-        # Computing in the scores' precision keeps score + penalty within [score - factor, score];
-        # a float32 penalty added to float64 scores could overshoot by the float32 rounding.
-        lengths_B = lengths_B.to(device=scores.device, dtype=scores.dtype)
+        # Sum in float64 and round once: a float32 penalty added to float64 scores could exceed
+        # penalty_factor by float32 rounding, and bf16 cannot even hold lengths like 16383.
+        lengths_B = lengths_B.to(device=scores_B.device, dtype=torch.float64)
     penalty_B = soft_overlong_penalty(
         lengths_B,
         max_response_length=max_response_length,
         buffer_length=buffer_length,
         penalty_factor=penalty_factor,
     )
-    return scores + penalty_B
+    return (scores_B.to(torch.float64) + penalty_B).to(dtype)
 
 
 def overlong_filter_mask(mask_BT: torch.Tensor, truncated_B: torch.Tensor) -> torch.Tensor:

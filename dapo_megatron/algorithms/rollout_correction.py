@@ -65,7 +65,7 @@ def validate_rollout_correction_args(
         raise ValueError(f"tis_cap={tis_cap!r} must be finite and > 0")
     if not (0 <= mis_low < 1):
         raise ValueError(f"mis_low={mis_low!r} must satisfy 0 <= mis_low < 1")
-    if not (1 < mis_high and math.isfinite(mis_high)):
+    if not (mis_high > 1 and math.isfinite(mis_high)):
         raise ValueError(f"mis_high={mis_high!r} must be finite and > 1")
 
 

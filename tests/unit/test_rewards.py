@@ -378,3 +378,16 @@ def test_finish_reasons_feed_overlong_filter() -> None:
     out = overlong_filter_mask(torch.ones(2, 3), truncated_B)
     # the "length" sample's row is dropped, the "stop" sample's row stays
     assert out.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
+
+
+def test_apply_soft_overlong_punishment_keeps_score_dtype() -> None:
+    out = apply_soft_overlong_punishment(
+        torch.tensor([1.0], dtype=torch.float32),
+        torch.tensor([17]),
+        max_response_length=LMAX,
+        buffer_length=LCACHE,
+        penalty_factor=1.0,
+    )
+    # 1 + (16 - 17) / 4 = 0.75, still float32
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, torch.tensor([0.75]))

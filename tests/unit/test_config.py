@@ -1,0 +1,332 @@
+"""Config system: inheritance, overrides, error messages, validation, shipped YAML files."""
+
+from __future__ import annotations
+
+import ast
+import json
+import dataclasses
+import inspect
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dapo_megatron.config import ConfigError, load_config, schema
+from dapo_megatron.config.loader import all_keys, closest_key
+from dapo_megatron.config.model_arch import PRESETS, arch_from_hf_config
+from dapo_megatron.config.parallel import ParallelDims
+
+REPO = Path(__file__).resolve().parents[2]
+BASE = REPO / "configs" / "dapo_base.yaml"
+TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
+SHIPPED = sorted((REPO / "configs").glob("*.yaml")) + sorted((REPO / "recipes").glob("*.yaml"))
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def error_of(path: Path, *overrides: str) -> str:
+    with pytest.raises(ConfigError) as info:
+        load_config(path, overrides)
+    return str(info.value)
+
+
+# ---------------------------------------------------------------------------------------
+# Shipped files
+
+
+def test_shipped_files_exist():
+    assert BASE in SHIPPED and TINY in SHIPPED
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_yaml_loads_and_validates(path):
+    loaded = load_config(path)
+    assert loaded.report is not None
+    assert loaded.report.dims.world_size > 0
+
+
+def test_base_yaml_comments_every_key():
+    # Every `key: value` line of the base config carries a comment documenting it.
+    for number, line in enumerate(BASE.read_text().splitlines(), 1):
+        stripped = line.strip()
+        if not stripped or stripped.startswith("#") or stripped.endswith(":"):
+            continue
+        assert "#" in stripped, f"configs/dapo_base.yaml:{number} has no comment: {line!r}"
+
+
+def test_every_schema_field_has_a_docstring():
+    tree = ast.parse(inspect.getsource(schema))
+    missing = []
+    for node in tree.body:
+        if not isinstance(node, ast.ClassDef):
+            continue
+        body = node.body
+        for i, stmt in enumerate(body):
+            if isinstance(stmt, ast.AnnAssign):
+                doc = body[i + 1] if i + 1 < len(body) else None
+                if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
+                        and isinstance(doc.value.value, str)):
+                    missing.append(f"{node.name}.{stmt.target.id}")
+    assert missing == []
+
+
+def test_base_defines_every_schema_key_once():
+    raw = yaml.safe_load(BASE.read_text())
+
+    def leaves(tree, prefix=""):
+        for k, v in tree.items():
+            if isinstance(v, dict):
+                yield from leaves(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}"
+
+    schema_leaves = {k for k in all_keys() if not any(o.startswith(k + ".") for o in all_keys())}
+    assert set(leaves(raw)) == schema_leaves
+
+
+# ---------------------------------------------------------------------------------------
+# Inheritance and overrides
+
+
+def test_multi_level_defaults_merge_and_track_sources(tmp_path):
+    mid = write(tmp_path / "a" / "mid.yaml", f"""
+defaults: {BASE}
+dapo:
+  loss:
+    clip_ratio_high: 0.3
+generation:
+  stop_token_ids: [1, 2, 3]
+""")
+    leaf = write(tmp_path / "b" / "leaf.yaml", """
+defaults: ../a/mid.yaml
+dapo:
+  num_prompts_per_step: 64
+generation:
+  stop_token_ids: [7]
+""")
+    loaded = load_config(leaf)
+    cfg = loaded.config
+    assert cfg.dapo.loss.clip_ratio_high == 0.3  # from mid
+    assert cfg.dapo.loss.clip_ratio_low == 0.2  # from base, sibling of an overridden key
+    assert cfg.dapo.num_prompts_per_step == 64  # from leaf
+    assert cfg.generation.stop_token_ids == [7]  # lists are replaced, not concatenated
+    assert loaded.sources["dapo.loss.clip_ratio_high"].endswith("mid.yaml")
+    assert loaded.sources["dapo.loss.clip_ratio_low"].endswith("dapo_base.yaml")
+    assert loaded.sources["dapo.num_prompts_per_step"].endswith("leaf.yaml")
+    assert [Path(f).name for f in loaded.files] == ["dapo_base.yaml", "mid.yaml", "leaf.yaml"]
+    assert mid.exists()
+
+
+def test_overrides_are_yaml_typed():
+    loaded = load_config(TINY, [
+        "dapo.loss.clip_ratio_high=0.3",
+        "policy.optimizer.lr=2e-3",  # YAML 1.1 would read this as a string
+        "generation.stop_token_ids=[5, 6]",
+        "policy.tokenizer_name_or_path=null",
+        "dapo.dynamic_sampling.batch_multiplier=2",  # int widens to float
+        "logger.plots=false",
+    ])
+    cfg = loaded.config
+    assert cfg.dapo.loss.clip_ratio_high == 0.3
+    assert cfg.policy.optimizer.lr == 2e-3 and isinstance(cfg.policy.optimizer.lr, float)
+    assert cfg.generation.stop_token_ids == [5, 6]
+    assert cfg.policy.tokenizer_name_or_path is None
+    assert cfg.dapo.dynamic_sampling.batch_multiplier == 2.0
+    assert cfg.logger.plots is False
+    assert loaded.sources["dapo.loss.clip_ratio_high"] == "command line"
+
+
+def test_later_override_wins():
+    cfg = load_config(TINY, ["dapo.max_num_steps=3", "dapo.max_num_steps=5"]).config
+    assert cfg.dapo.max_num_steps == 5
+
+
+# ---------------------------------------------------------------------------------------
+# Errors name the key, the file and the fix
+
+
+def test_unknown_key_in_file_names_file_and_closest_key(tmp_path):
+    recipe = write(tmp_path / "r.yaml", f"defaults: {BASE}\ndapo:\n  loss:\n    clip_ratio_hihg: 0.3\n")
+    msg = error_of(recipe)
+    assert "dapo.loss.clip_ratio_hihg" in msg
+    assert str(recipe.name) in msg
+    assert "dapo.loss.clip_ratio_high" in msg
+
+
+def test_unknown_override_names_command_line():
+    msg = error_of(TINY, "dapo.dynamic_sampling.max_gen_batchs=3")
+    assert "command line" in msg and "dapo.dynamic_sampling.max_gen_batches" in msg
+
+
+def test_peer_names_map_to_ours():
+    assert closest_key("dapo.eps_high") == "dapo.loss.clip_ratio_high"
+    assert closest_key("algorithm.filter_groups") == "dapo.dynamic_sampling.enabled"
+    assert closest_key("grpo.overlong_buffer_length") == "dapo.overlong_buffer.length"
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("dapo.loss.clip_ratio_low=abc", "expected float"),
+    ("dapo.num_prompts_per_step=2.5", "expected int"),
+    ("dapo.dynamic_sampling.enabled=1", "expected bool"),
+    ("dapo.loss.loss_agg_mode=token-sum", "'token-mean'"),
+    ("dapo.dynamic_sampling.batch_multiplier=sometimes", "float | 'auto'"),
+    ("dapo.loss=3", "expected a section"),
+])
+def test_type_errors_name_key_and_type(override, expected):
+    key = override.split("=")[0]
+    msg = error_of(TINY, override)
+    assert key in msg and expected in msg
+
+
+@pytest.mark.parametrize("override, key, constraint", [
+    ("dapo.loss.clip_ratio_low=-0.1", "dapo.loss.clip_ratio_low", "[0, 1)"),
+    ("dapo.dynamic_sampling.batch_multiplier=0.5", "dapo.dynamic_sampling.batch_multiplier",
+     ">= 1"),
+    ("dapo.overlong_buffer.length=16", "dapo.overlong_buffer.length",
+     "generation.max_response_length = 16"),
+    ("policy.megatron.pipeline_model_parallel_size=4", "policy.megatron", "must divide"),
+    ("dapo.loss.clip_ratio_c=0.9", "dapo.loss.clip_ratio_c", "> 1"),
+    ("policy.train_global_batch_size=48", "policy.train_global_batch_size",
+     "train_micro_batch_size * data_parallel_size"),
+    ("policy.megatron.sequence_parallel=true", "sequence_parallel", "tensor_model_parallel_size > 1"),
+    ("policy.megatron.data_parallel_size=4", "data_parallel_size", "gives 2"),
+    ("generation.top_p=0", "generation.top_p", "(0, 1]"),
+    ("policy.max_total_sequence_length=40", "policy.max_total_sequence_length", "= 48"),
+    ("dapo.num_generations_per_prompt=1", "dapo.num_generations_per_prompt", ">= 2 samples"),
+])
+def test_invalid_values_name_key_and_constraint(override, key, constraint):
+    msg = error_of(TINY, override)
+    assert key in msg and constraint in msg
+
+
+def test_query_groups_not_divisible_by_tp():
+    # tiny-qwen2: 4 heads, 2 query groups. TP=4 divides the heads but not the groups.
+    msg = error_of(TINY, "cluster.gpus_per_node=4", "policy.megatron.tensor_model_parallel_size=4")
+    assert "num_query_groups (key/value heads) = 2" in msg
+    assert "num_attention_heads" not in msg
+
+
+def test_all_violations_reported_together():
+    msg = error_of(TINY, "dapo.loss.clip_ratio_low=-1", "generation.temperature=0")
+    assert msg.startswith("2 invalid settings")
+
+
+def test_defaults_cycle_and_missing_parent(tmp_path):
+    write(tmp_path / "a.yaml", "defaults: b.yaml\n")
+    write(tmp_path / "b.yaml", "defaults: a.yaml\n")
+    assert "cycle" in error_of(tmp_path / "a.yaml")
+    orphan = write(tmp_path / "c.yaml", "defaults: nowhere.yaml\n")
+    msg = error_of(orphan)
+    assert "nowhere.yaml not found" in msg and "c.yaml" in msg
+
+
+def test_missing_key_without_defaults_points_to_base(tmp_path):
+    msg = error_of(write(tmp_path / "bare.yaml", "run:\n  name: x\n"))
+    assert "missing key" in msg and "dapo_base.yaml" in msg
+
+
+def test_bad_override_syntax():
+    assert "expected key=value" in error_of(TINY, "dapo.loss.clip_ratio_low")
+    assert "is a value, not a section" in error_of(TINY, "run.name.first=x")
+
+
+# ---------------------------------------------------------------------------------------
+# Architecture and parallel layout
+
+
+def test_checkpoint_config_json_wins_over_preset(tmp_path):
+    hf = {"model_type": "llama", "num_hidden_layers": 6, "hidden_size": 96,
+          "intermediate_size": 256, "num_attention_heads": 6, "num_key_value_heads": 3,
+          "vocab_size": 100, "max_position_embeddings": 128}
+    model = tmp_path / "model"
+    model.mkdir()
+
+    (model / "config.json").write_text(json.dumps(hf))
+    loaded = load_config(TINY, [f"policy.model_name_or_path={model}"])
+    assert loaded.report.arch.num_layers == 6
+    assert "config.json" in loaded.report.arch_source
+    # 3 query groups cannot be split over TP=2.
+    msg = error_of(TINY, f"policy.model_name_or_path={model}", "cluster.gpus_per_node=2",
+                   "policy.megatron.tensor_model_parallel_size=2")
+    assert "num_query_groups (key/value heads) = 3" in msg
+
+
+def test_unknown_model_type_is_an_error():
+    with pytest.raises(ConfigError, match="model_type 'gpt2' is not supported"):
+        arch_from_hf_config({"model_type": "gpt2"}, "x/config.json")
+
+
+@pytest.mark.parametrize("preset, params", [
+    # Published parameter counts of the Hugging Face checkpoints.
+    ("qwen2.5-7b", 7_615_616_512),
+    ("qwen2.5-0.5b", 494_032_768),
+    ("llama-3.1-8b", 8_030_261_248),
+    ("llama-3.1-70b", 70_553_706_496),
+])
+def test_preset_parameter_counts(preset, params):
+    assert PRESETS[preset].num_parameters() == params
+
+
+def test_tiny_parameter_count_by_hand():
+    # tiny-qwen2: h=64, 4 heads of 16, 2 kv groups -> kv width 32, ffn 128, vocab 64, tied.
+    # attention: q 64*64 + k,v 2*64*32 + o 64*64 = 4096 + 4096 + 4096 = 12288; biases 64+64 = 128
+    # mlp: 3*64*128 = 24576; norms 2*64 = 128 -> layer 37120; 2 layers = 74240
+    # embedding 64*64 = 4096 (tied), final norm 64 -> 78400
+    assert PRESETS["tiny-qwen2"].num_parameters() == 78400
+
+
+def test_parallel_dims_derive_dp_and_reject_bad_layouts():
+    dims = ParallelDims.build(world_size=32, tp=4, pp=2, cp=2, dp=None, sequence_parallel=True)
+    assert (dims.dp, dims.world_size, dims.model_parallel_size) == (2, 32, 16)
+    with pytest.raises(ConfigError, match="must divide the policy world size 12"):
+        ParallelDims.build(world_size=12, tp=8, pp=1, cp=1, dp=None, sequence_parallel=False)
+    with pytest.raises(ConfigError, match="context_parallel_size = 0"):
+        ParallelDims.build(world_size=8, tp=1, pp=1, cp=0, dp=None, sequence_parallel=False)
+
+
+def test_split_mode_world_size():
+    loaded = load_config(TINY, ["cluster.gpus_per_node=4", "cluster.colocated=false",
+                                "cluster.generation_num_devices=2"])
+    assert loaded.report.dims.dp == 2
+    msg = error_of(TINY, "cluster.colocated=false", "cluster.generation_num_devices=0")
+    assert "cluster.generation_num_devices" in msg
+
+
+# ---------------------------------------------------------------------------------------
+# The command line
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    code = "import sys; from dapo_megatron.cli import train_main; sys.exit(train_main())"
+    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
+                          cwd=REPO, timeout=120)
+
+
+def test_cli_dry_run_validates_tiny_recipe():
+    out = run_cli("--config", str(TINY), "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "TP1 PP1 CP1 DP2" in out.stdout and "configuration is valid" in out.stdout
+
+
+def test_cli_print_config_is_the_resolved_config():
+    out = run_cli("--config", str(TINY), "dapo.loss.clip_ratio_high=0.31", "--print-config")
+    assert out.returncode == 0, out.stderr
+    printed = yaml.safe_load(out.stdout)
+    expected = dataclasses.asdict(load_config(TINY, ["dapo.loss.clip_ratio_high=0.31"]).config)
+    expected["policy"]["megatron"]["data_parallel_size"] = 2  # derived: world 2 / (1*1*1)
+    assert printed == expected
+    assert printed["dapo"]["loss"]["clip_ratio_high"] == 0.31
+
+
+def test_cli_user_error_has_no_traceback():
+    out = run_cli("--config", str(TINY), "dapo.loss.clip_ratio_low=-1")
+    assert out.returncode == 2
+    assert out.stderr.startswith("error: ") and "Traceback" not in out.stderr
+    out = run_cli("--config", "does/not/exist.yaml")
+    assert out.returncode == 2 and "does/not/exist.yaml not found" in out.stderr
