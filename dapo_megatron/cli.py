@@ -25,10 +25,15 @@ USER_ERROR_EXIT = 2
 
 def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=description)
-    parser.add_argument("--config", type=Path, default=None,
-                        help=f"recipe YAML (default: {DEFAULT_RECIPE.name})")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="overrides such as dapo.loss.clip_ratio_high=0.28 (YAML values)")
+    parser.add_argument(
+        "--config", type=Path, default=None, help=f"recipe YAML (default: {DEFAULT_RECIPE.name})"
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="overrides such as dapo.loss.clip_ratio_high=0.28 (YAML values)",
+    )
     return parser
 
 
@@ -51,10 +56,14 @@ def _run_guarded(main: Callable[[], int]) -> int:
 def train_main(argv: Sequence[str] | None = None) -> int:
     """dapo-train: validate a recipe, print it or its plan, then train."""
     parser = _parser("dapo-train", "Train a policy with DAPO on Megatron-Core.")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved config and exit")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="validate everything and print the plan without starting anything")
+    parser.add_argument(
+        "--print-config", action="store_true", help="print the resolved config and exit"
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate everything and print the plan without starting anything",
+    )
     args = parser.parse_args(argv)
 
     def main() -> int:
@@ -68,8 +77,10 @@ def train_main(argv: Sequence[str] | None = None) -> int:
             return 0
         # The Ray controller and the DAPO loop are not part of the package yet: stop after
         # validation instead of pretending to train.
-        print("dapo-train: the training loop is not available in this version; the recipe "
-              "was validated and planned above, nothing was started")
+        print(
+            "dapo-train: the training loop is not available in this version; the recipe "
+            "was validated and planned above, nothing was started"
+        )
         return 0
 
     return _run_guarded(main)

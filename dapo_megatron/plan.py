@@ -67,34 +67,55 @@ def format_plan(loaded: LoadedConfig) -> str:
     dims, arch, plan = report.dims, report.arch, step_plan(loaded)
     rows: list[tuple[str, str]] = [("recipe", " <- ".join(reversed(loaded.files)))]
     if arch is not None:
-        rows.append((
-            "model",
-            f"{arch.family}, {arch.num_layers} layers, hidden {arch.hidden_size}, heads "
-            f"{arch.num_attention_heads}/{arch.num_query_groups} kv, vocab {arch.vocab_size}, "
-            f"{_human_count(arch.num_parameters())} params ({report.arch_source})",
-        ))
+        rows.append(
+            (
+                "model",
+                f"{arch.family}, {arch.num_layers} layers, hidden {arch.hidden_size}, heads "
+                f"{arch.num_attention_heads}/{arch.num_query_groups} kv, vocab {arch.vocab_size}, "
+                f"{_human_count(arch.num_parameters())} params ({report.arch_source})",
+            )
+        )
     else:
         rows.append(("model", f"architecture unknown: {report.arch_source}"))
     cl = cfg.cluster
     mode = "colocated" if cl.colocated else f"split, {cl.generation_num_devices} for generation"
-    rows.append(("cluster", f"{cl.num_nodes} node(s) x {cl.gpus_per_node} devices "
-                            f"({cl.device}), {mode}"))
-    rows.append(("policy", f"TP{dims.tp} PP{dims.pp} CP{dims.cp} DP{dims.dp}"
-                           f"{' +SP' if dims.sequence_parallel else ''}, world {dims.world_size}, "
-                           f"{cfg.policy.precision}"))
-    rows.append(("generation", f"{cfg.generation.backend}: {plan.num_engines} engine(s) x TP"
-                               f"{cfg.generation.engine.tensor_parallel_size}, response cap "
-                               f"{cfg.generation.max_response_length} tokens"))
+    rows.append(
+        ("cluster", f"{cl.num_nodes} node(s) x {cl.gpus_per_node} devices ({cl.device}), {mode}")
+    )
+    rows.append(
+        (
+            "policy",
+            f"TP{dims.tp} PP{dims.pp} CP{dims.cp} DP{dims.dp}"
+            f"{' +SP' if dims.sequence_parallel else ''}, world {dims.world_size}, "
+            f"{cfg.policy.precision}",
+        )
+    )
+    rows.append(
+        (
+            "generation",
+            f"{cfg.generation.backend}: {plan.num_engines} engine(s) x TP"
+            f"{cfg.generation.engine.tensor_parallel_size}, response cap "
+            f"{cfg.generation.max_response_length} tokens",
+        )
+    )
     d = cfg.dapo
-    rows.append(("step", f"{d.num_prompts_per_step} prompts x {d.num_generations_per_prompt} = "
-                         f"{plan.samples_per_step} samples -> {plan.optimizer_steps_per_step} "
-                         f"optimizer step(s) of {cfg.policy.train_global_batch_size}, "
-                         f"{plan.micro_batches_per_rank} micro-batch(es) of "
-                         f"{cfg.policy.train_micro_batch_size} per DP rank"))
+    rows.append(
+        (
+            "step",
+            f"{d.num_prompts_per_step} prompts x {d.num_generations_per_prompt} = "
+            f"{plan.samples_per_step} samples -> {plan.optimizer_steps_per_step} "
+            f"optimizer step(s) of {cfg.policy.train_global_batch_size}, "
+            f"{plan.micro_batches_per_rank} micro-batch(es) of "
+            f"{cfg.policy.train_micro_batch_size} per DP rank",
+        )
+    )
     ds = d.dynamic_sampling
     if ds.enabled:
-        first = ("set from the keep rate (auto)" if plan.first_round_prompts is None
-                 else f"{plan.first_round_prompts} prompts in round 1")
+        first = (
+            "set from the keep rate (auto)"
+            if plan.first_round_prompts is None
+            else f"{plan.first_round_prompts} prompts in round 1"
+        )
         limit = "unlimited" if ds.max_gen_batches <= 0 else f"at most {ds.max_gen_batches}"
         rows.append(("dyn. sampling", f"{first}, {limit} rounds, surplus {ds.surplus}"))
     else:

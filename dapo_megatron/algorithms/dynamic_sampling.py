@@ -31,6 +31,7 @@ from typing import Any, Generic, Literal, TypeVar
 import torch
 
 __all__ = [
+    "auto_batch_multiplier",
     "DynamicSampler",
     "DynamicSamplingExhausted",
     "DynamicSamplingStats",
@@ -41,6 +42,7 @@ G = TypeVar("G")
 
 _STATE_FORMAT_VERSION = 1
 _SURPLUS_POLICIES = ("carry", "discard")
+_CARRY_ITEM_KEYS = frozenset({"group", "age", "reward_sum", "num_samples"})
 _TOTAL_KEYS = (
     "num_steps",
     "num_gen_batches",
@@ -83,6 +85,27 @@ def groups_with_variance(metric_GN: torch.Tensor) -> torch.Tensor:
     if metric.is_floating_point() and not torch.isfinite(metric).all():
         raise ValueError("metric_GN must be finite (found NaN or inf)")
     return metric.amax(dim=1) != metric.amin(dim=1)
+
+
+def auto_batch_multiplier(
+    keep_rate: float, *, max_multiplier: float, headroom: float = 1.2
+) -> float:
+    """Batch multiplier for the next step from an observed keep rate (``batch_multiplier: auto``).
+
+    With a keep rate k, generating ``remaining / k`` prompts fills the batch in one round on
+    average; ``headroom`` (> 1) buys a margin against an unlucky round, whose surplus is carried
+    rather than wasted. The result is clamped to ``[1, max_multiplier]``; a keep rate of 0
+    (nothing kept yet) asks for the maximum.
+    """
+    if not 0.0 <= keep_rate <= 1.0 or math.isnan(keep_rate):
+        raise ValueError(f"keep_rate must be in [0, 1], got {keep_rate}")
+    if max_multiplier < 1.0:
+        raise ValueError(f"max_multiplier must be >= 1, got {max_multiplier}")
+    if headroom < 1.0:
+        raise ValueError(f"headroom must be >= 1, got {headroom}")
+    if keep_rate == 0.0:
+        return float(max_multiplier)
+    return float(min(max(headroom / keep_rate, 1.0), max_multiplier))
 
 
 class DynamicSamplingExhausted(RuntimeError):
@@ -487,13 +510,19 @@ class DynamicSampler(Generic[G]):
             raise ValueError(
                 f"state['format_version'] must be {_STATE_FORMAT_VERSION}, got {version!r}"
             )
+        if not isinstance(state.get("carry"), list) or not isinstance(state.get("totals"), dict):
+            raise ValueError("state must hold a 'carry' list and a 'totals' dict")
         carry: list[_Entry[G]] = []
         for index, item in enumerate(state["carry"]):
-            _check_int(f"state['carry'][{index}]['age']", item["age"], minimum=0)
-            _check_int(f"state['carry'][{index}]['num_samples']", item["num_samples"], minimum=1)
-            carry.append(
-                _Entry(item["group"], float(item["reward_sum"]), item["num_samples"], item["age"])
-            )
+            where = f"state['carry'][{index}]"
+            if not isinstance(item, dict) or set(item) != _CARRY_ITEM_KEYS:
+                raise ValueError(f"{where} must be a dict with keys {sorted(_CARRY_ITEM_KEYS)}")
+            _check_int(f"{where}['age']", item["age"], minimum=0)
+            _check_int(f"{where}['num_samples']", item["num_samples"], minimum=1)
+            reward_sum = item["reward_sum"]
+            if isinstance(reward_sum, bool) or not isinstance(reward_sum, (int, float)):
+                raise ValueError(f"{where}['reward_sum'] must be a number, got {reward_sum!r}")
+            carry.append(_Entry(item["group"], float(reward_sum), item["num_samples"], item["age"]))
         totals = state["totals"]
         if set(totals) != set(_TOTAL_KEYS):
             raise ValueError(

@@ -109,12 +109,15 @@ def _read_yaml(path: Path, referenced_from: str | None) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise ConfigError(f"{display_path(path)}: top level must be a mapping, got {type(data).__name__}")
+        raise ConfigError(
+            f"{display_path(path)}: top level must be a mapping, got {type(data).__name__}"
+        )
     return data
 
 
-def _merge(dst: dict, src: dict, sources: dict[str, str], origin: str | dict[str, str],
-           prefix: str = "") -> None:
+def _merge(
+    dst: dict, src: dict, sources: dict[str, str], origin: str | dict[str, str], prefix: str = ""
+) -> None:
     """Deep-merge src into dst: mappings merge key by key, anything else replaces.
 
     `origin` is the file src came from, or (for an already merged parent tree) the mapping of
@@ -139,8 +142,9 @@ def _copy(value: Any) -> Any:
     return value
 
 
-def _record_sources(value: Any, dotted: str, sources: dict[str, str],
-                    origin: str | dict[str, str]) -> None:
+def _record_sources(
+    value: Any, dotted: str, sources: dict[str, str], origin: str | dict[str, str]
+) -> None:
     if isinstance(value, dict) and value:
         for k, v in value.items():
             _record_sources(v, f"{dotted}.{k}", sources, origin)
@@ -148,8 +152,9 @@ def _record_sources(value: Any, dotted: str, sources: dict[str, str],
         sources[dotted] = origin if isinstance(origin, str) else origin.get(dotted, "unknown file")
 
 
-def _load_tree(path: Path, chain: tuple[Path, ...], files: list[str],
-               referenced_from: str | None = None) -> tuple[dict, dict[str, str]]:
+def _load_tree(
+    path: Path, chain: tuple[Path, ...], files: list[str], referenced_from: str | None = None
+) -> tuple[dict, dict[str, str]]:
     """Load `path` with its `defaults:` parents merged underneath it.
 
     Returns the merged tree and, for each leaf, the file that set it.
@@ -207,7 +212,13 @@ def apply_overrides(tree: dict, overrides: Sequence[str], sources: dict[str, str
                     _raise_unknown(prefix, CLI_SOURCE)
                 raise ConfigError(f"override {item!r}: {prefix} is a value, not a section")
             node = child
-        _merge(node, {parts[-1]: value}, sources, CLI_SOURCE, ".".join(parts[:-1]) + "." if len(parts) > 1 else "")
+        _merge(
+            node,
+            {parts[-1]: value},
+            sources,
+            CLI_SOURCE,
+            ".".join(parts[:-1]) + "." if len(parts) > 1 else "",
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -270,7 +281,9 @@ def _coerce(value: Any, tp: Any) -> Any:
                 return out
         return _NO_MATCH
     if origin is Literal:
-        return value if value in typing.get_args(tp) and isinstance(value, str | bool) else _NO_MATCH
+        return (
+            value if value in typing.get_args(tp) and isinstance(value, str | bool) else _NO_MATCH
+        )
     if origin is list:
         if not isinstance(value, list):
             return _NO_MATCH
@@ -342,8 +355,9 @@ def _source_of(dotted: str, sources: dict[str, str]) -> str:
 # Entry point
 
 
-def load_config(path: str | Path, overrides: Sequence[str] = (), *,
-                validate: bool = True) -> LoadedConfig:
+def load_config(
+    path: str | Path, overrides: Sequence[str] = (), *, validate: bool = True
+) -> LoadedConfig:
     """Load, merge, override, type-check and (by default) validate a recipe."""
     files: list[str] = []
     tree, sources = _load_tree(Path(path), (), files)

@@ -60,16 +60,50 @@ class ModelArch:
         return self.num_layers * layer + embeddings + h  # + final norm
 
 
-def _qwen2(layers: int, hidden: int, ffn: int, heads: int, groups: int, vocab: int,
-           *, max_pos: int = 32768, theta: float = 1e6, eps: float = 1e-6,
-           tied: bool = False) -> ModelArch:
-    return ModelArch("qwen2", layers, hidden, ffn, heads, groups, vocab, max_pos, theta, eps,
-                     tied, add_qkv_bias=True)
+def _qwen2(
+    layers: int,
+    hidden: int,
+    ffn: int,
+    heads: int,
+    groups: int,
+    vocab: int,
+    *,
+    max_pos: int = 32768,
+    theta: float = 1e6,
+    eps: float = 1e-6,
+    tied: bool = False,
+) -> ModelArch:
+    return ModelArch(
+        "qwen2",
+        layers,
+        hidden,
+        ffn,
+        heads,
+        groups,
+        vocab,
+        max_pos,
+        theta,
+        eps,
+        tied,
+        add_qkv_bias=True,
+    )
 
 
 def _llama(layers: int, hidden: int, ffn: int, heads: int, groups: int) -> ModelArch:
-    return ModelArch("llama", layers, hidden, ffn, heads, groups, 128256, 131072, 500000.0,
-                     1e-5, False, add_qkv_bias=False)
+    return ModelArch(
+        "llama",
+        layers,
+        hidden,
+        ffn,
+        heads,
+        groups,
+        128256,
+        131072,
+        500000.0,
+        1e-5,
+        False,
+        add_qkv_bias=False,
+    )
 
 
 PRESETS: dict[str, ModelArch] = {

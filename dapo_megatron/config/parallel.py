@@ -33,13 +33,16 @@ class ParallelDims:
         return self.tp * self.pp * self.cp
 
     @classmethod
-    def build(cls, *, world_size: int, tp: int, pp: int, cp: int, dp: int | None,
-              sequence_parallel: bool) -> ParallelDims:
+    def build(
+        cls, *, world_size: int, tp: int, pp: int, cp: int, dp: int | None, sequence_parallel: bool
+    ) -> ParallelDims:
         """Derive dp when None and check every constraint, naming the key that breaks it."""
         prefix = "policy.megatron."
-        for key, size in (("tensor_model_parallel_size", tp),
-                          ("pipeline_model_parallel_size", pp),
-                          ("context_parallel_size", cp)):
+        for key, size in (
+            ("tensor_model_parallel_size", tp),
+            ("pipeline_model_parallel_size", pp),
+            ("context_parallel_size", cp),
+        ):
             if size < 1:
                 raise ConfigError(f"{prefix}{key} = {size}: must be >= 1")
         if sequence_parallel and tp == 1:

@@ -12,7 +12,12 @@ from typing import Any
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import LoadedConfig
 from dapo_megatron.config.model_arch import ModelArch, resolve_arch
-from dapo_megatron.config.parallel import ParallelDims, generation_devices, parallel_dims, policy_world_size
+from dapo_megatron.config.parallel import (
+    ParallelDims,
+    generation_devices,
+    parallel_dims,
+    policy_world_size,
+)
 
 
 @dataclass
@@ -83,7 +88,9 @@ def validate_config(loaded: LoadedConfig) -> ValidationReport:
             _check_arch(c, dims, arch, arch_source, warnings)
     if c.errors:
         n = len(c.errors)
-        raise ConfigError(f"{n} invalid setting{'s' if n > 1 else ''}:\n  - " + "\n  - ".join(c.errors))
+        raise ConfigError(
+            f"{n} invalid setting{'s' if n > 1 else ''}:\n  - " + "\n  - ".join(c.errors)
+        )
     assert dims is not None
     return ValidationReport(dims=dims, arch=arch, arch_source=arch_source, warnings=warnings)
 
@@ -96,11 +103,17 @@ def _check_run_and_cluster(c: _Checker) -> None:
     cl = c.loaded.config.cluster
     total = cl.num_nodes * cl.gpus_per_node
     if cl.colocated:
-        c.require(cl.generation_num_devices == 0, "cluster.generation_num_devices",
-                  "must be 0 when cluster.colocated is true (engines share all devices)")
+        c.require(
+            cl.generation_num_devices == 0,
+            "cluster.generation_num_devices",
+            "must be 0 when cluster.colocated is true (engines share all devices)",
+        )
     else:
-        c.require(0 < cl.generation_num_devices < total, "cluster.generation_num_devices",
-                  f"split mode needs 0 < generation devices < num_nodes * gpus_per_node = {total}")
+        c.require(
+            0 < cl.generation_num_devices < total,
+            "cluster.generation_num_devices",
+            f"split mode needs 0 < generation devices < num_nodes * gpus_per_node = {total}",
+        )
     c.at_least("checkpointing.save_period", 1)
     c.at_least("checkpointing.keep_last", 1)
 
@@ -109,12 +122,18 @@ def _check_policy(c: _Checker) -> None:
     p = c.loaded.config.policy
     c.require(bool(p.model_name_or_path), "policy.model_name_or_path", "must not be empty")
     if p.init_model_if_missing:
-        c.require(p.model_arch is not None, "policy.model_arch",
-                  "policy.init_model_if_missing needs an architecture preset to create")
+        c.require(
+            p.model_arch is not None,
+            "policy.model_arch",
+            "policy.init_model_if_missing needs an architecture preset to create",
+        )
     c.positive("policy.optimizer.lr")
     c.at_least("policy.optimizer.min_lr", 0)
-    c.require(p.optimizer.min_lr <= p.optimizer.lr, "policy.optimizer.min_lr",
-              f"must be <= policy.optimizer.lr = {p.optimizer.lr}")
+    c.require(
+        p.optimizer.min_lr <= p.optimizer.lr,
+        "policy.optimizer.min_lr",
+        f"must be <= policy.optimizer.lr = {p.optimizer.lr}",
+    )
     c.at_least("policy.optimizer.weight_decay", 0)
     for beta in ("adam_beta1", "adam_beta2"):
         key = f"policy.optimizer.{beta}"
@@ -129,8 +148,11 @@ def _check_policy(c: _Checker) -> None:
     c.at_least("policy.train_micro_batch_size", 1)
     c.at_least("policy.logprob_micro_batch_size", 1)
     needed = c.loaded.config.data.max_prompt_length + c.loaded.config.generation.max_response_length
-    c.require(p.max_total_sequence_length >= needed, "policy.max_total_sequence_length",
-              f"must be >= data.max_prompt_length + generation.max_response_length = {needed}")
+    c.require(
+        p.max_total_sequence_length >= needed,
+        "policy.max_total_sequence_length",
+        f"must be >= data.max_prompt_length + generation.max_response_length = {needed}",
+    )
 
 
 def _check_generation(c: _Checker) -> None:
@@ -147,13 +169,19 @@ def _check_generation(c: _Checker) -> None:
     devices = generation_devices(c.loaded.config)
     tp = g.engine.tensor_parallel_size
     if g.engine.num_engines is None:
-        c.require(devices % tp == 0, "generation.engine.tensor_parallel_size",
-                  f"must divide the {devices} generation devices")
+        c.require(
+            devices % tp == 0,
+            "generation.engine.tensor_parallel_size",
+            f"must divide the {devices} generation devices",
+        )
     else:
         c.at_least("generation.engine.num_engines", 1)
-        c.require(g.engine.num_engines * tp <= devices, "generation.engine.num_engines",
-                  f"num_engines * tensor_parallel_size = {g.engine.num_engines * tp} exceeds "
-                  f"the {devices} generation devices")
+        c.require(
+            g.engine.num_engines * tp <= devices,
+            "generation.engine.num_engines",
+            f"num_engines * tensor_parallel_size = {g.engine.num_engines * tp} exceeds "
+            f"the {devices} generation devices",
+        )
 
 
 def _check_dapo(c: _Checker) -> None:
@@ -161,12 +189,18 @@ def _check_dapo(c: _Checker) -> None:
     c.at_least("dapo.num_prompts_per_step", 1)
     c.at_least("dapo.num_generations_per_prompt", 1)
     c.at_least("dapo.max_num_steps", 1)
-    c.require(0 <= d.loss.clip_ratio_low < 1, "dapo.loss.clip_ratio_low",
-              "eps_low must be in [0, 1) (the lower clip bound 1 - eps_low must stay > 0)")
+    c.require(
+        0 <= d.loss.clip_ratio_low < 1,
+        "dapo.loss.clip_ratio_low",
+        "eps_low must be in [0, 1) (the lower clip bound 1 - eps_low must stay > 0)",
+    )
     c.at_least("dapo.loss.clip_ratio_high", 0)
     if d.loss.clip_ratio_c is not None:
-        c.require(d.loss.clip_ratio_c > 1, "dapo.loss.clip_ratio_c",
-                  "the dual-clip bound must be > 1 (or null to disable)")
+        c.require(
+            d.loss.clip_ratio_c > 1,
+            "dapo.loss.clip_ratio_c",
+            "the dual-clip bound must be > 1 (or null to disable)",
+        )
     if d.loss.loss_scale_length is not None:
         c.at_least("dapo.loss.loss_scale_length", 1)
     c.at_least("dapo.loss.kl_coef", 0)
@@ -177,24 +211,36 @@ def _check_dapo(c: _Checker) -> None:
     c.at_least("dapo.advantage.eps", 0)
     ds = d.dynamic_sampling
     if ds.batch_multiplier != "auto":
-        c.require(ds.batch_multiplier >= 1, "dapo.dynamic_sampling.batch_multiplier",
-                  "must be >= 1 or auto (it multiplies the prompts generated per round)")
+        c.require(
+            ds.batch_multiplier >= 1,
+            "dapo.dynamic_sampling.batch_multiplier",
+            "must be >= 1 or auto (it multiplies the prompts generated per round)",
+        )
     c.at_least("dapo.dynamic_sampling.max_batch_multiplier", 1)
     c.at_least("dapo.dynamic_sampling.max_carry_age", 1)
     if ds.enabled:
-        c.require(d.num_generations_per_prompt >= 2, "dapo.num_generations_per_prompt",
-                  "dynamic sampling needs >= 2 samples per prompt (one sample never varies)")
+        c.require(
+            d.num_generations_per_prompt >= 2,
+            "dapo.num_generations_per_prompt",
+            "dynamic sampling needs >= 2 samples per prompt (one sample never varies)",
+        )
     ob = d.overlong_buffer
     if ob.enabled:
         max_len = c.loaded.config.generation.max_response_length
-        c.require(0 < ob.length < max_len, "dapo.overlong_buffer.length",
-                  f"must be in (0, generation.max_response_length = {max_len}): the buffer "
-                  f"is the last part of the response cap")
+        c.require(
+            0 < ob.length < max_len,
+            "dapo.overlong_buffer.length",
+            f"must be in (0, generation.max_response_length = {max_len}): the buffer "
+            f"is the last part of the response cap",
+        )
         c.at_least("dapo.overlong_buffer.penalty_factor", 0)
     rs = d.reward_scaling
     if rs.enabled:
-        c.require(rs.source_max > rs.source_min, "dapo.reward_scaling.source_max",
-                  f"must be > dapo.reward_scaling.source_min = {rs.source_min}")
+        c.require(
+            rs.source_max > rs.source_min,
+            "dapo.reward_scaling.source_max",
+            f"must be > dapo.reward_scaling.source_min = {rs.source_min}",
+        )
 
 
 def _check_validation_data_reward(c: _Checker) -> None:
@@ -210,11 +256,17 @@ def _check_validation_data_reward(c: _Checker) -> None:
         c.at_least("data.arithmetic.num_train", 1)
         c.at_least("data.arithmetic.num_val", 0)
         c.at_least("data.arithmetic.difficulty", 2)
-        c.require(cfg.reward.verifier == "arithmetic", "reward.verifier",
-                  "data.format arithmetic is scored by the arithmetic verifier")
+        c.require(
+            cfg.reward.verifier == "arithmetic",
+            "reward.verifier",
+            "data.format arithmetic is scored by the arithmetic verifier",
+        )
     else:
-        c.require(cfg.data.train_path is not None, "data.train_path",
-                  f"data.format {cfg.data.format} reads prompts from a file; set its path")
+        c.require(
+            cfg.data.train_path is not None,
+            "data.train_path",
+            f"data.format {cfg.data.format} reads prompts from a file; set its path",
+        )
     c.positive("reward.timeout_s")
     c.at_least("reward.num_workers", 1)
 
@@ -225,30 +277,47 @@ def _check_batches(c: _Checker, dims: ParallelDims) -> None:
     if p.train_micro_batch_size < 1 or p.train_global_batch_size < 1:
         return
     per_round = p.train_micro_batch_size * dims.dp
-    c.require(p.train_global_batch_size % per_round == 0, "policy.train_global_batch_size",
-              f"must be a multiple of train_micro_batch_size * data_parallel_size = "
-              f"{p.train_micro_batch_size} * {dims.dp} = {per_round}")
+    c.require(
+        p.train_global_batch_size % per_round == 0,
+        "policy.train_global_batch_size",
+        f"must be a multiple of train_micro_batch_size * data_parallel_size = "
+        f"{p.train_micro_batch_size} * {dims.dp} = {per_round}",
+    )
     samples = d.num_prompts_per_step * d.num_generations_per_prompt
-    c.require(samples % p.train_global_batch_size == 0, "policy.train_global_batch_size",
-              f"must divide the samples per step, dapo.num_prompts_per_step * "
-              f"dapo.num_generations_per_prompt = {samples}, so every sample is trained on")
+    c.require(
+        samples % p.train_global_batch_size == 0,
+        "policy.train_global_batch_size",
+        f"must divide the samples per step, dapo.num_prompts_per_step * "
+        f"dapo.num_generations_per_prompt = {samples}, so every sample is trained on",
+    )
 
 
-def _check_arch(c: _Checker, dims: ParallelDims, arch: ModelArch, source: str,
-                warnings: list[str]) -> None:
+def _check_arch(
+    c: _Checker, dims: ParallelDims, arch: ModelArch, source: str, warnings: list[str]
+) -> None:
     tp_key = "policy.megatron.tensor_model_parallel_size"
-    c.require(arch.num_attention_heads % dims.tp == 0, tp_key,
-              f"must divide num_attention_heads = {arch.num_attention_heads} ({source})")
-    c.require(arch.num_query_groups % dims.tp == 0, tp_key,
-              f"must divide num_query_groups (key/value heads) = {arch.num_query_groups} "
-              f"({source})")
-    c.require(arch.num_layers % dims.pp == 0, "policy.megatron.pipeline_model_parallel_size",
-              f"must divide num_layers = {arch.num_layers} ({source})")
+    c.require(
+        arch.num_attention_heads % dims.tp == 0,
+        tp_key,
+        f"must divide num_attention_heads = {arch.num_attention_heads} ({source})",
+    )
+    c.require(
+        arch.num_query_groups % dims.tp == 0,
+        tp_key,
+        f"must divide num_query_groups (key/value heads) = {arch.num_query_groups} ({source})",
+    )
+    c.require(
+        arch.num_layers % dims.pp == 0,
+        "policy.megatron.pipeline_model_parallel_size",
+        f"must divide num_layers = {arch.num_layers} ({source})",
+    )
     engine_tp = c.loaded.config.generation.engine.tensor_parallel_size
     if engine_tp >= 1:
-        c.require(arch.num_query_groups % engine_tp == 0 or engine_tp % arch.num_query_groups == 0,
-                  "generation.engine.tensor_parallel_size",
-                  f"must divide or be a multiple of num_query_groups = {arch.num_query_groups}")
+        c.require(
+            arch.num_query_groups % engine_tp == 0 or engine_tp % arch.num_query_groups == 0,
+            "generation.engine.tensor_parallel_size",
+            f"must divide or be a multiple of num_query_groups = {arch.num_query_groups}",
+        )
     length = c.loaded.config.policy.max_total_sequence_length
     if length > arch.max_position_embeddings:
         warnings.append(

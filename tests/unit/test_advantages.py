@@ -31,22 +31,24 @@ def test_default_eps_is_small_and_used() -> None:
     big_eps = group_advantages(rewards, eps=1.0)
     # mean 0.5, std sqrt((0.25 + 0.25) / 1) = 0.70711; 0.5 / 1.70711 = 0.29289
     expected = 0.5 / (math.sqrt(0.5) + 1.0)
-    torch.testing.assert_close(
-        big_eps, torch.tensor([[expected, -expected]], dtype=torch.float64)
-    )
+    torch.testing.assert_close(big_eps, torch.tensor([[expected, -expected]], dtype=torch.float64))
 
 
 def test_no_std_normalisation() -> None:
     out = group_advantages(ONE_OF_FOUR, norm_by_std=False)
     # r - 0.25
-    torch.testing.assert_close(out, torch.tensor([[0.75, -0.25, -0.25, -0.25]], dtype=torch.float64))
+    torch.testing.assert_close(
+        out, torch.tensor([[0.75, -0.25, -0.25, -0.25]], dtype=torch.float64)
+    )
 
 
 def test_leave_one_out_without_std() -> None:
     out = group_advantages(ONE_OF_FOUR, norm_by_std=False, leave_one_out=True)
     # sample 0: 1 - (0 + 0 + 0) / 3 = 1; others: 0 - (1 + 0 + 0) / 3 = -1/3
     third = 1.0 / 3.0
-    torch.testing.assert_close(out, torch.tensor([[1.0, -third, -third, -third]], dtype=torch.float64))
+    torch.testing.assert_close(
+        out, torch.tensor([[1.0, -third, -third, -third]], dtype=torch.float64)
+    )
 
 
 def test_leave_one_out_with_std() -> None:
@@ -77,11 +79,15 @@ def test_several_groups_are_independent() -> None:
 @pytest.mark.parametrize("norm_by_std", [True, False])
 @pytest.mark.parametrize("leave_one_out", [True, False])
 @pytest.mark.parametrize("eps", [1e-6, 0.0])
-def test_constant_groups_are_exactly_zero(norm_by_std: bool, leave_one_out: bool, eps: float) -> None:
+def test_constant_groups_are_exactly_zero(
+    norm_by_std: bool, leave_one_out: bool, eps: float
+) -> None:
     # 0.1 is inexact in binary: the mean of three copies can differ from 0.1 by rounding,
     # which without the explicit zeroing would leak a tiny / eps advantage.
     rewards_GN = torch.tensor([[0.1, 0.1, 0.1], [-7.0, -7.0, -7.0], [1.0, 0.0, 1.0]])
-    out = group_advantages(rewards_GN, norm_by_std=norm_by_std, leave_one_out=leave_one_out, eps=eps)
+    out = group_advantages(
+        rewards_GN, norm_by_std=norm_by_std, leave_one_out=leave_one_out, eps=eps
+    )
     assert torch.equal(out[:2], torch.zeros(2, 3))
     assert (out[2] != 0).all()
 
@@ -101,7 +107,9 @@ def test_dtype_handling_and_empty() -> None:
     torch.testing.assert_close(out, torch.tensor([[math.sqrt(0.5), -math.sqrt(0.5)]]))
     bools = group_advantages(torch.tensor([[True, False]]), norm_by_std=False)
     torch.testing.assert_close(bools, torch.tensor([[0.5, -0.5]]))
-    assert group_advantages(torch.tensor([[1.0, 0.0]], dtype=torch.bfloat16)).dtype == torch.bfloat16
+    assert (
+        group_advantages(torch.tensor([[1.0, 0.0]], dtype=torch.bfloat16)).dtype == torch.bfloat16
+    )
     assert group_advantages(torch.empty(0, 4)).shape == (0, 4)
 
 
@@ -165,9 +173,7 @@ def test_property_shift_invariant(
     shifted = group_advantages(rewards_GN + shift, **kwargs)
     # Adding `shift` may merge nearly-equal values into a constant group; compare the others.
     still_varied = (rewards_GN + shift).amax(dim=1) != (rewards_GN + shift).amin(dim=1)
-    torch.testing.assert_close(
-        shifted[still_varied], base[still_varied], atol=1e-6, rtol=1e-6
-    )
+    torch.testing.assert_close(shifted[still_varied], base[still_varied], atol=1e-6, rtol=1e-6)
 
 
 @settings(max_examples=60, deadline=None)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import ast
-import json
 import dataclasses
 import inspect
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -70,8 +70,11 @@ def test_every_schema_field_has_a_docstring():
         for i, stmt in enumerate(body):
             if isinstance(stmt, ast.AnnAssign):
                 doc = body[i + 1] if i + 1 < len(body) else None
-                if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant)
-                        and isinstance(doc.value.value, str)):
+                if not (
+                    isinstance(doc, ast.Expr)
+                    and isinstance(doc.value, ast.Constant)
+                    and isinstance(doc.value.value, str)
+                ):
                     missing.append(f"{node.name}.{stmt.target.id}")
     assert missing == []
 
@@ -95,21 +98,27 @@ def test_base_defines_every_schema_key_once():
 
 
 def test_multi_level_defaults_merge_and_track_sources(tmp_path):
-    mid = write(tmp_path / "a" / "mid.yaml", f"""
+    mid = write(
+        tmp_path / "a" / "mid.yaml",
+        f"""
 defaults: {BASE}
 dapo:
   loss:
     clip_ratio_high: 0.3
 generation:
   stop_token_ids: [1, 2, 3]
-""")
-    leaf = write(tmp_path / "b" / "leaf.yaml", """
+""",
+    )
+    leaf = write(
+        tmp_path / "b" / "leaf.yaml",
+        """
 defaults: ../a/mid.yaml
 dapo:
   num_prompts_per_step: 64
 generation:
   stop_token_ids: [7]
-""")
+""",
+    )
     loaded = load_config(leaf)
     cfg = loaded.config
     assert cfg.dapo.loss.clip_ratio_high == 0.3  # from mid
@@ -124,14 +133,17 @@ generation:
 
 
 def test_overrides_are_yaml_typed():
-    loaded = load_config(TINY, [
-        "dapo.loss.clip_ratio_high=0.3",
-        "policy.optimizer.lr=2e-3",  # YAML 1.1 would read this as a string
-        "generation.stop_token_ids=[5, 6]",
-        "policy.tokenizer_name_or_path=null",
-        "dapo.dynamic_sampling.batch_multiplier=2",  # int widens to float
-        "logger.plots=false",
-    ])
+    loaded = load_config(
+        TINY,
+        [
+            "dapo.loss.clip_ratio_high=0.3",
+            "policy.optimizer.lr=2e-3",  # YAML 1.1 would read this as a string
+            "generation.stop_token_ids=[5, 6]",
+            "policy.tokenizer_name_or_path=null",
+            "dapo.dynamic_sampling.batch_multiplier=2",  # int widens to float
+            "logger.plots=false",
+        ],
+    )
     cfg = loaded.config
     assert cfg.dapo.loss.clip_ratio_high == 0.3
     assert cfg.policy.optimizer.lr == 2e-3 and isinstance(cfg.policy.optimizer.lr, float)
@@ -152,7 +164,9 @@ def test_later_override_wins():
 
 
 def test_unknown_key_in_file_names_file_and_closest_key(tmp_path):
-    recipe = write(tmp_path / "r.yaml", f"defaults: {BASE}\ndapo:\n  loss:\n    clip_ratio_hihg: 0.3\n")
+    recipe = write(
+        tmp_path / "r.yaml", f"defaults: {BASE}\ndapo:\n  loss:\n    clip_ratio_hihg: 0.3\n"
+    )
     msg = error_of(recipe)
     assert "dapo.loss.clip_ratio_hihg" in msg
     assert str(recipe.name) in msg
@@ -170,36 +184,55 @@ def test_peer_names_map_to_ours():
     assert closest_key("grpo.overlong_buffer_length") == "dapo.overlong_buffer.length"
 
 
-@pytest.mark.parametrize("override, expected", [
-    ("dapo.loss.clip_ratio_low=abc", "expected float"),
-    ("dapo.num_prompts_per_step=2.5", "expected int"),
-    ("dapo.dynamic_sampling.enabled=1", "expected bool"),
-    ("dapo.loss.loss_agg_mode=token-sum", "'token-mean'"),
-    ("dapo.dynamic_sampling.batch_multiplier=sometimes", "float | 'auto'"),
-    ("dapo.loss=3", "expected a section"),
-])
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("dapo.loss.clip_ratio_low=abc", "expected float"),
+        ("dapo.num_prompts_per_step=2.5", "expected int"),
+        ("dapo.dynamic_sampling.enabled=1", "expected bool"),
+        ("dapo.loss.loss_agg_mode=token-sum", "'token-mean'"),
+        ("dapo.dynamic_sampling.batch_multiplier=sometimes", "float | 'auto'"),
+        ("dapo.loss=3", "expected a section"),
+    ],
+)
 def test_type_errors_name_key_and_type(override, expected):
     key = override.split("=")[0]
     msg = error_of(TINY, override)
     assert key in msg and expected in msg
 
 
-@pytest.mark.parametrize("override, key, constraint", [
-    ("dapo.loss.clip_ratio_low=-0.1", "dapo.loss.clip_ratio_low", "[0, 1)"),
-    ("dapo.dynamic_sampling.batch_multiplier=0.5", "dapo.dynamic_sampling.batch_multiplier",
-     ">= 1"),
-    ("dapo.overlong_buffer.length=16", "dapo.overlong_buffer.length",
-     "generation.max_response_length = 16"),
-    ("policy.megatron.pipeline_model_parallel_size=4", "policy.megatron", "must divide"),
-    ("dapo.loss.clip_ratio_c=0.9", "dapo.loss.clip_ratio_c", "> 1"),
-    ("policy.train_global_batch_size=48", "policy.train_global_batch_size",
-     "train_micro_batch_size * data_parallel_size"),
-    ("policy.megatron.sequence_parallel=true", "sequence_parallel", "tensor_model_parallel_size > 1"),
-    ("policy.megatron.data_parallel_size=4", "data_parallel_size", "gives 2"),
-    ("generation.top_p=0", "generation.top_p", "(0, 1]"),
-    ("policy.max_total_sequence_length=40", "policy.max_total_sequence_length", "= 48"),
-    ("dapo.num_generations_per_prompt=1", "dapo.num_generations_per_prompt", ">= 2 samples"),
-])
+@pytest.mark.parametrize(
+    "override, key, constraint",
+    [
+        ("dapo.loss.clip_ratio_low=-0.1", "dapo.loss.clip_ratio_low", "[0, 1)"),
+        (
+            "dapo.dynamic_sampling.batch_multiplier=0.5",
+            "dapo.dynamic_sampling.batch_multiplier",
+            ">= 1",
+        ),
+        (
+            "dapo.overlong_buffer.length=16",
+            "dapo.overlong_buffer.length",
+            "generation.max_response_length = 16",
+        ),
+        ("policy.megatron.pipeline_model_parallel_size=4", "policy.megatron", "must divide"),
+        ("dapo.loss.clip_ratio_c=0.9", "dapo.loss.clip_ratio_c", "> 1"),
+        (
+            "policy.train_global_batch_size=48",
+            "policy.train_global_batch_size",
+            "train_micro_batch_size * data_parallel_size",
+        ),
+        (
+            "policy.megatron.sequence_parallel=true",
+            "sequence_parallel",
+            "tensor_model_parallel_size > 1",
+        ),
+        ("policy.megatron.data_parallel_size=4", "data_parallel_size", "gives 2"),
+        ("generation.top_p=0", "generation.top_p", "(0, 1]"),
+        ("policy.max_total_sequence_length=40", "policy.max_total_sequence_length", "= 48"),
+        ("dapo.num_generations_per_prompt=1", "dapo.num_generations_per_prompt", ">= 2 samples"),
+    ],
+)
 def test_invalid_values_name_key_and_constraint(override, key, constraint):
     msg = error_of(TINY, override)
     assert key in msg and constraint in msg
@@ -241,9 +274,16 @@ def test_bad_override_syntax():
 
 
 def test_checkpoint_config_json_wins_over_preset(tmp_path):
-    hf = {"model_type": "llama", "num_hidden_layers": 6, "hidden_size": 96,
-          "intermediate_size": 256, "num_attention_heads": 6, "num_key_value_heads": 3,
-          "vocab_size": 100, "max_position_embeddings": 128}
+    hf = {
+        "model_type": "llama",
+        "num_hidden_layers": 6,
+        "hidden_size": 96,
+        "intermediate_size": 256,
+        "num_attention_heads": 6,
+        "num_key_value_heads": 3,
+        "vocab_size": 100,
+        "max_position_embeddings": 128,
+    }
     model = tmp_path / "model"
     model.mkdir()
 
@@ -252,8 +292,12 @@ def test_checkpoint_config_json_wins_over_preset(tmp_path):
     assert loaded.report.arch.num_layers == 6
     assert "config.json" in loaded.report.arch_source
     # 3 query groups cannot be split over TP=2.
-    msg = error_of(TINY, f"policy.model_name_or_path={model}", "cluster.gpus_per_node=2",
-                   "policy.megatron.tensor_model_parallel_size=2")
+    msg = error_of(
+        TINY,
+        f"policy.model_name_or_path={model}",
+        "cluster.gpus_per_node=2",
+        "policy.megatron.tensor_model_parallel_size=2",
+    )
     assert "num_query_groups (key/value heads) = 3" in msg
 
 
@@ -262,13 +306,16 @@ def test_unknown_model_type_is_an_error():
         arch_from_hf_config({"model_type": "gpt2"}, "x/config.json")
 
 
-@pytest.mark.parametrize("preset, params", [
-    # Published parameter counts of the Hugging Face checkpoints.
-    ("qwen2.5-7b", 7_615_616_512),
-    ("qwen2.5-0.5b", 494_032_768),
-    ("llama-3.1-8b", 8_030_261_248),
-    ("llama-3.1-70b", 70_553_706_496),
-])
+@pytest.mark.parametrize(
+    "preset, params",
+    [
+        # Published parameter counts of the Hugging Face checkpoints.
+        ("qwen2.5-7b", 7_615_616_512),
+        ("qwen2.5-0.5b", 494_032_768),
+        ("llama-3.1-8b", 8_030_261_248),
+        ("llama-3.1-70b", 70_553_706_496),
+    ],
+)
 def test_preset_parameter_counts(preset, params):
     assert PRESETS[preset].num_parameters() == params
 
@@ -291,8 +338,10 @@ def test_parallel_dims_derive_dp_and_reject_bad_layouts():
 
 
 def test_split_mode_world_size():
-    loaded = load_config(TINY, ["cluster.gpus_per_node=4", "cluster.colocated=false",
-                                "cluster.generation_num_devices=2"])
+    loaded = load_config(
+        TINY,
+        ["cluster.gpus_per_node=4", "cluster.colocated=false", "cluster.generation_num_devices=2"],
+    )
     assert loaded.report.dims.dp == 2
     msg = error_of(TINY, "cluster.colocated=false", "cluster.generation_num_devices=0")
     assert "cluster.generation_num_devices" in msg
@@ -304,8 +353,9 @@ def test_split_mode_world_size():
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
     code = "import sys; from dapo_megatron.cli import train_main; sys.exit(train_main())"
-    return subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True,
-                          cwd=REPO, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
 
 
 def test_cli_dry_run_validates_tiny_recipe():

@@ -65,8 +65,14 @@ def test_scale_rewards_empty() -> None:
     [
         (dict(source_min=1.0, source_max=1.0, target_min=0.0, target_max=1.0), "source_max"),
         (dict(source_min=2.0, source_max=1.0, target_min=0.0, target_max=1.0), "source_max"),
-        (dict(source_min=0.0, source_max=float("inf"), target_min=0.0, target_max=1.0), "source_max"),
-        (dict(source_min=0.0, source_max=1.0, target_min=float("nan"), target_max=1.0), "target_min"),
+        (
+            dict(source_min=0.0, source_max=float("inf"), target_min=0.0, target_max=1.0),
+            "source_max",
+        ),
+        (
+            dict(source_min=0.0, source_max=1.0, target_min=float("nan"), target_max=1.0),
+            "target_min",
+        ),
         (dict(source_min=0.0, source_max=1.0, target_min=0.0, target_max="1"), "target_max"),
     ],
 )
@@ -101,7 +107,9 @@ def test_scale_rewards_properties(
     values: list[float], lo: float, width: float, t_lo: float, t_hi: float
 ) -> None:
     rewards_B = torch.tensor(values, dtype=torch.float64)
-    out = scale_rewards(rewards_B, source_min=lo, source_max=lo + width, target_min=t_lo, target_max=t_hi)
+    out = scale_rewards(
+        rewards_B, source_min=lo, source_max=lo + width, target_min=t_lo, target_max=t_hi
+    )
     tol = 1e-9 * (1 + abs(t_lo) + abs(t_hi))
     assert out.min() >= min(t_lo, t_hi) - tol
     assert out.max() <= max(t_lo, t_hi) + tol
@@ -266,9 +274,7 @@ def test_apply_soft_overlong_punishment_validates_penalty_args() -> None:
 
 @settings(max_examples=40, deadline=None)
 @given(
-    pairs=st.lists(
-        st.tuples(st.floats(-1.0, 1.0), st.integers(0, 100)), min_size=1, max_size=20
-    ),
+    pairs=st.lists(st.tuples(st.floats(-1.0, 1.0), st.integers(0, 100)), min_size=1, max_size=20),
     factor=st.floats(0.0, 2.0),
 )
 def test_apply_soft_overlong_punishment_stays_within_factor_of_score(
