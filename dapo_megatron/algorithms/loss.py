@@ -278,7 +278,7 @@ def clipped_pg_loss_per_token(
     adv_BT = advantages_BT.to(dtype)
 
     surrogate_BT = -adv_BT * ratio_BT
-    clipped_surrogate_BT = -adv_BT * ratio_BT.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_low)
+    clipped_surrogate_BT = -adv_BT * ratio_BT.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
     loss_BT = torch.maximum(surrogate_BT, clipped_surrogate_BT)
 
     positive_BT = adv_BT > 0

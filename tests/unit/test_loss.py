@@ -211,9 +211,14 @@ def test_aggregation_argument_validation() -> None:
 
 
 @pytest.mark.parametrize("normalizer", [0.0, -3.0, torch.tensor(0.0, dtype=F64)])
-def test_nonpositive_normalizer_gives_zero_with_grad(normalizer: float | torch.Tensor) -> None:
+@pytest.mark.parametrize("mask", [[[0, 0]], [[1, 0]]])
+def test_nonpositive_normalizer_gives_zero_with_grad(
+    normalizer: float | torch.Tensor, mask: list[list[int]]
+) -> None:
+    # normalizer <= 0 means "nothing valid in the mini-batch": the result is 0 (not 1/0 or
+    # 1/-3 times the local sum), even if this micro-batch's mask is inconsistent with that.
     values = torch.tensor([[1.0, NAN]], dtype=F64, requires_grad=True)
-    out = aggregate_loss(values, torch.tensor([[0, 0]]), "token-mean", normalizer)
+    out = aggregate_loss(values, torch.tensor(mask), "token-mean", normalizer)
     assert out.item() == 0.0
     out.backward()  # still attached to the graph
     assert values.grad.tolist() == [[0.0, 0.0]]
@@ -440,23 +445,50 @@ def test_metric_reduction_ops_and_validation() -> None:
         reduce_loss_metrics([m, {**m, "kl_sum": 0.0}])
 
 
-def test_padding_garbage_does_not_leak() -> None:
-    lp, old = _from_ratios([[1.1, 1.0]])
-    garbage_lp = torch.tensor([[lp[0, 0].item(), -math.inf]], dtype=F64, requires_grad=True)
-    garbage_old = torch.tensor([[OLD, math.nan]], dtype=F64)
-    mask = torch.tensor([[1, 0]])
+@pytest.mark.parametrize(
+    ("estimator", "loss", "grad0"),
+    [
+        # d = lp - ref = log 1.1 = 0.0953101798; k2 = 0.5 * d^2 = 0.5 * 0.0090840304 = 0.0045420152
+        # loss = -2.2 + 0.1 * 0.0045420152 - 0.01 = -2.2095457985
+        # grad = -A r + 0.1 * d = -2.2 + 0.0095310180 = -2.1904689820
+        ("k2", -2.2095457985, -2.1904689820),
+        # k3: log r = -d: 1/1.1 + d - 1 = 0.9090909091 + 0.0953101798 - 1 = 0.0044010889
+        # loss = -2.2 + 0.1 * 0.0044010889 - 0.01 = -2.2095598911
+        # grad = -2.2 + 0.1 * (1 - 1/1.1) = -2.2 + 0.0090909091 = -2.1909090909
+        ("k3", -2.2095598911, -2.1909090909),
+    ],
+)
+def test_padding_garbage_does_not_leak(estimator: str, loss: float, grad0: float) -> None:
+    # Slot 0 is valid: r = 1.1, A = 2, rollout = ref = old, entropy 1.
+    # Slot 1 is padding with a NaN logprob, slot 2 padding with a NaN advantage; both hold NaN
+    # or -inf in every other input. k2 (whose backward multiplies by d) and the NaN advantage
+    # (backward multiplies by A) would turn 0 * NaN into NaN if the padding were not cleaned.
+    lp0 = OLD + math.log(1.1)
+    lp = torch.tensor([[lp0, NAN, -1.0]], dtype=F64, requires_grad=True)
+    old = torch.tensor([[OLD, NAN, NAN]], dtype=F64)
+    adv = torch.tensor([[2.0, 5.0, NAN]], dtype=F64)
+    rollout = torch.tensor([[OLD, NAN, -INF]], dtype=F64)
+    entropy = torch.tensor([[1.0, NAN, NAN]], dtype=F64, requires_grad=True)
+    mask = torch.tensor([[1, 0, 0]])
     out = policy_loss(
-        garbage_lp, garbage_old, torch.tensor([2.0], dtype=F64), mask, normalizer=1.0, **CLIP,
-        rollout_logprobs_BT=garbage_old, rollout_correction="mis",
-        ref_logprobs_BT=garbage_old, kl_coef=0.1,
+        lp, old, adv, mask, normalizer=1.0, **CLIP, rollout_logprobs_BT=rollout,
+        rollout_correction="mis", ref_logprobs_BT=old, kl_coef=0.1, kl_estimator=estimator,
+        entropy_BT=entropy, entropy_coef=0.01,
     )  # fmt: skip
-    # Only token 0 counts: pg = -2 * 1.1 = -2.2; kl k3 of (lp, ref = old): log r = -log 1.1:
-    # 1/1.1 + 0.0953101798 - 1 = 0.0044010889 -> loss = -2.2 + 0.1 * 0.0044010889
-    assert out.loss.item() == pytest.approx(-2.2 + 0.00044010889, abs=1e-10)
+    # loss = -A r + 0.1 * kl - 0.01 * entropy on slot 0 only (values in the parametrisation)
+    assert out.loss.item() == pytest.approx(loss, abs=1e-10)
     out.loss.backward()
-    # d/d lp0 = -A r + 0.1 * (1 - 1/1.1) = -2.2 + 0.0090909091; padding gradient exactly 0
-    assert garbage_lp.grad[0, 0].item() == pytest.approx(-2.2 + 0.0090909091, abs=1e-9)
-    assert garbage_lp.grad[0, 1].item() == 0.0
+    assert lp.grad[0, 0].item() == pytest.approx(grad0, abs=1e-10)
+    assert lp.grad[0, 1:].tolist() == [0.0, 0.0]
+    assert entropy.grad.tolist() == [[-0.01, 0.0, 0.0]]
+    m = out.metrics
+    assert all(math.isfinite(v.item()) for v in m.values())
+    # Padding is neither "valid" nor "masked by MIS", and its ratio (1 after cleaning) must not
+    # win the min: the only valid ratio is 1.1.
+    assert m["num_valid_tokens"].item() == 1.0
+    assert m["num_masked_by_mis"].item() == 0.0
+    assert m["ratio_min"].item() == pytest.approx(1.1)
+    assert m["ratio_max"].item() == pytest.approx(1.1)
 
 
 def test_gradcheck_against_float64_finite_differences() -> None:
@@ -599,9 +631,7 @@ def _reference_token_loss(lr: float, a: float, low: float, high: float, c: float
 
 @settings(max_examples=50, deadline=None)
 @given(
-    tokens=st.lists(
-        st.tuples(st.floats(-3.0, 3.0), st.floats(-5.0, 5.0)), min_size=1, max_size=12
-    ),
+    tokens=st.lists(st.tuples(st.floats(-3.0, 3.0), st.floats(-5.0, 5.0)), min_size=1, max_size=12),
     low=st.floats(0.0, 0.99),
     high=st.floats(0.0, 5.0),
     c=st.one_of(st.none(), st.floats(1.01, 10.0)),

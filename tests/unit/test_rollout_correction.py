@@ -153,9 +153,7 @@ def test_rejects_bad_arguments(kwargs: dict, pattern: str) -> None:
 def test_rejects_mismatched_shapes() -> None:
     old, rollout, mask = _token_case()
     with pytest.raises(ValueError, match=r"rollout_logprobs_BT has shape \(1, 4\)"):
-        rollout_correction_weights(
-            old, rollout[:, :4], mask, mode="tis", level="token", **DEFAULTS
-        )
+        rollout_correction_weights(old, rollout[:, :4], mask, mode="tis", level="token", **DEFAULTS)
     with pytest.raises(ValueError, match=r"mask_BT has shape"):
         mismatch_metrics(old, rollout, mask[0])
 
