@@ -380,3 +380,11 @@ def test_cli_user_error_has_no_traceback():
     assert out.stderr.startswith("error: ") and "Traceback" not in out.stderr
     out = run_cli("--config", "does/not/exist.yaml")
     assert out.returncode == 2 and "does/not/exist.yaml not found" in out.stderr
+
+
+def test_loss_agg_modes_match_the_algorithm():
+    import typing
+
+    from dapo_megatron.algorithms.loss import LOSS_AGG_MODES
+
+    assert typing.get_args(schema.LossAggMode) == LOSS_AGG_MODES
