@@ -142,6 +142,11 @@ def _check_policy(c: _Checker) -> None:
     c.at_least("policy.optimizer.clip_grad", 0)
     c.at_least("policy.scheduler.lr_warmup_steps", 0)
     c.at_least("policy.scheduler.lr_warmup_init", 0)
+    c.require(
+        p.scheduler.lr_warmup_init <= p.optimizer.lr,
+        "policy.scheduler.lr_warmup_init",
+        f"must be <= policy.optimizer.lr = {p.optimizer.lr}",
+    )
     if p.scheduler.lr_decay_steps is not None:
         c.at_least("policy.scheduler.lr_decay_steps", 1)
     c.at_least("policy.train_global_batch_size", 1)

@@ -1,0 +1,11 @@
+"""Token logprobs (and entropy) straight from final hidden states and the output layer.
+
+:func:`linear_logprob` is the single entry point the Megatron policy uses for its logprob
+pass and train step. It never materialises the fp32 ``[tokens, vocab]`` logits (the chunked
+path recomputes logit chunks in backward), works with a vocab-parallel output layer over a
+tensor-parallel group, and picks an implementation with ``impl`` (see :mod:`.dispatch`).
+"""
+
+from dapo_megatron.kernels.dispatch import LOGPROB_IMPLS, LogprobImpl, linear_logprob
+
+__all__ = ["LOGPROB_IMPLS", "LogprobImpl", "linear_logprob"]

@@ -1,0 +1,153 @@
+"""The one entry point for token logprobs from hidden states: validation + implementation choice.
+
+The Megatron policy's logprob pass and train step call :func:`linear_logprob`; the
+implementations behind it compute the same numbers:
+
+  ``"reference"``  materialised logits (:mod:`.reference`): single process, tests and debugging;
+  ``"chunked"``    memory-lean autograd.Function (:mod:`.chunked`), vocab-parallel;
+  ``"auto"``       currently always ``"chunked"``. When the fused Triton kernel lands it will be
+                   picked here for CUDA tensors, with ``"chunked"`` kept for CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import torch
+import torch.distributed as dist
+
+from dapo_megatron.kernels.chunked import (
+    chunked_linear_logprob,
+    compute_dtype_for,
+    default_chunk_size,
+)
+from dapo_megatron.kernels.reference import linear_logprob_reference
+
+LogprobImpl = Literal["auto", "chunked", "reference"]
+LOGPROB_IMPLS: tuple[str, ...] = ("auto", "chunked", "reference")
+_FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+def _validate(
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    targets_N: torch.Tensor,
+    temperature: float,
+    vocab_start: int,
+    tp_group: Any,
+    chunk_size: int | None,
+    impl: str,
+) -> None:
+    """Raise ValueError naming the first bad argument and its value."""
+    if impl not in LOGPROB_IMPLS:
+        raise ValueError(f"impl must be one of {LOGPROB_IMPLS}, got {impl!r}")
+    if hidden_NH.dim() != 2:
+        raise ValueError(f"hidden_NH must be 2-D [N, H], got shape {tuple(hidden_NH.shape)}")
+    if weight_VH.dim() != 2 or weight_VH.shape[1] != hidden_NH.shape[1]:
+        raise ValueError(
+            f"weight_VH must be [V_local, H={hidden_NH.shape[1]}], got shape "
+            f"{tuple(weight_VH.shape)}"
+        )
+    if weight_VH.shape[0] == 0:
+        raise ValueError("weight_VH has no vocabulary rows (shape[0] == 0)")
+    if targets_N.shape != hidden_NH.shape[:1]:
+        raise ValueError(
+            f"targets_N must have shape [N={hidden_NH.shape[0]}], got {tuple(targets_N.shape)}"
+        )
+    if hidden_NH.dtype not in _FLOAT_DTYPES or weight_VH.dtype != hidden_NH.dtype:
+        raise ValueError(
+            f"hidden_NH and weight_VH must share a float dtype, got hidden_NH.dtype="
+            f"{hidden_NH.dtype}, weight_VH.dtype={weight_VH.dtype}"
+        )
+    if targets_N.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"targets_N must be int32 or int64, got dtype {targets_N.dtype}")
+    if not hidden_NH.device == weight_VH.device == targets_N.device:
+        raise ValueError(
+            f"hidden_NH, weight_VH and targets_N must be on one device, got "
+            f"{hidden_NH.device}, {weight_VH.device}, {targets_N.device}"
+        )
+    if not (isinstance(temperature, (int, float)) and 0.0 < temperature < float("inf")):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature!r}")
+    if chunk_size is not None and (not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
+    tp_size = 1 if tp_group is None else dist.get_world_size(tp_group)
+    vocab_global = weight_VH.shape[0] * tp_size
+    if not 0 <= vocab_start <= vocab_global - weight_VH.shape[0]:
+        raise ValueError(
+            f"vocab_start={vocab_start} puts the shard of {weight_VH.shape[0]} rows outside "
+            f"the global vocabulary [0, {vocab_global}) (tp size {tp_size})"
+        )
+    if impl == "reference" and tp_size > 1:
+        raise ValueError(f"impl='reference' is single-process, got a tp_group of size {tp_size}")
+    if targets_N.numel() > 0:
+        lo, hi = int(targets_N.min()), int(targets_N.max())
+        if lo < 0 or hi >= vocab_global:
+            bad = lo if lo < 0 else hi
+            raise ValueError(
+                f"targets_N holds token id {bad}, outside the vocabulary [0, {vocab_global}) "
+                "(mask ignored positions, e.g. -100, to a valid id before calling)"
+            )
+
+
+def linear_logprob(
+    hidden_NH: torch.Tensor,
+    weight_VH: torch.Tensor,
+    targets_N: torch.Tensor,
+    *,
+    temperature: float = 1.0,
+    vocab_start: int = 0,
+    tp_group: Any = None,
+    compute_entropy: bool = False,
+    chunk_size: int | None = None,
+    impl: LogprobImpl = "auto",
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per-token ``log softmax(h W^T / T)[target]`` (and entropy) over a vocab-parallel weight.
+
+    Args:
+        hidden_NH: ``[N, H]`` final hidden states (bf16/fp16/fp32/fp64), the full tensor on
+            every rank of ``tp_group`` (gather sequence-parallel activations first).
+        weight_VH: ``[V_local, H]`` this rank's rows of the output layer, same dtype; global
+            vocabulary ids ``[vocab_start, vocab_start + V_local)``. V_global is
+            ``V_local * tp size`` (Megatron pads the vocabulary evenly).
+        targets_N: ``[N]`` int32/int64 GLOBAL token ids, all in ``[0, V_global)``.
+        temperature: logits are divided by it; > 0.
+        vocab_start: global id of ``weight_VH[0]``.
+        tp_group: process group over which the vocabulary is split; None = single process.
+        compute_entropy: also return the entropy of each row's distribution.
+        chunk_size: tokens per chunk (chunked path); None = about 256 MiB of logits per chunk.
+        impl: ``"auto"``, ``"chunked"`` or ``"reference"`` (see the module docstring).
+
+    Returns:
+        ``(logprob_N, entropy_N or None)``, fp32 (fp64 for fp64 inputs), differentiable
+        w.r.t. ``hidden_NH`` and ``weight_VH``. ``logprob_N <= 0`` and ``entropy_N >= 0``.
+
+    Raises:
+        ValueError: a shape, dtype, device, temperature, chunk size, vocab range or target id
+            is invalid.
+    """
+    _validate(hidden_NH, weight_VH, targets_N, temperature, vocab_start, tp_group, chunk_size, impl)
+    targets_N = targets_N.long()
+    if impl == "reference":
+        # Upcast like the chunked path does, so both compute the same numbers in the same
+        # output dtype and callers can switch implementations freely.
+        cdtype = compute_dtype_for(hidden_NH.dtype)
+        return linear_logprob_reference(
+            hidden_NH.to(cdtype),
+            weight_VH.to(cdtype),
+            targets_N,
+            temperature=temperature,
+            compute_entropy=compute_entropy,
+        )
+    # "auto": the fused Triton kernel will be chosen here for CUDA tensors once it exists.
+    if chunk_size is None:
+        chunk_size = default_chunk_size(weight_VH.shape[0], hidden_NH.dtype)
+    return chunked_linear_logprob(
+        hidden_NH,
+        weight_VH,
+        targets_N,
+        temperature=float(temperature),
+        vocab_start=vocab_start,
+        tp_group=tp_group,
+        compute_entropy=compute_entropy,
+        chunk_size=chunk_size,
+    )
