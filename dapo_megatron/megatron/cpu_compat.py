@@ -1,0 +1,195 @@
+"""Run Megatron-Core's TP/SP/PP paths on a CUDA-less machine (gloo backend).
+
+Megatron-Core is written for GPUs: it allocates on ``torch.cuda.current_device()`` or on
+``device="cuda"``, keeps its model-parallel RNG states in the CUDA generator and
+synchronises CUDA before point-to-point sends. None of that has a meaning on a CPU-only
+torch build, where every ``torch.cuda`` call raises "Torch not compiled with CUDA enabled".
+
+``apply_cpu_compat()`` installs the few patches below, each documented with the Megatron
+code path that breaks without it. It does nothing when CUDA is available (the GPU path
+runs unpatched Megatron) and is idempotent. It is the only place in the package that
+patches torch or Megatron. Devices are rewritten only inside the Megatron functions that
+need it (``_CPU_DEVICE_ENTRY_POINTS``), not globally, so that the rest of the process
+keeps torch's normal semantics and pays no overhead. Those functions are replaced in
+their modules: reach them through Megatron's own lookups (``get_forward_backward_func``),
+or import them by name only after ``apply_cpu_compat()`` (``initialize_parallel`` calls it).
+
+Covered so far: model build, forward/backward (local spec, TP, SP, PP schedules) and the
+RNG tracker. Not yet: Megatron's DDP and optimizers, which allocate on "cuda" in their
+constructors and steps and use CUDA streams.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_applied = False
+
+
+def apply_cpu_compat() -> bool:
+    """Patch torch.cuda and Megatron-Core for CPU execution; returns True if patches are active.
+
+    Safe to call many times and from every entry point that touches Megatron (parallel
+    initialisation and model build call it). A no-op (returns False) when CUDA is available.
+    """
+    global _applied
+    if torch.cuda.is_available():
+        return False
+    if _applied:
+        return True
+    _patch_current_device()
+    _patch_synchronize()
+    _patch_cuda_rng()
+    _patch_megatron_rng_tracker()
+    for module_name, attribute in _CPU_DEVICE_ENTRY_POINTS:
+        _run_under_cpu_devices(module_name, attribute)
+    _applied = True
+    return True
+
+
+def _patch_current_device() -> None:
+    """``torch.cuda.current_device()`` returns the CPU device.
+
+    Megatron allocates with ``device=torch.cuda.current_device()`` in the rotary embedding
+    (``RotaryEmbedding.__init__``/``get_emb`` moves ``inv_freq`` there on the first
+    forward), in attention and GPTModel buffers, and in the pipeline point-to-point shape
+    exchange (``p2p_communication._communicate_shapes``/``_communicate``). Returning a
+    ``torch.device("cpu")`` (rather than an index, which torch reads as ``cuda:<index>``)
+    makes all of those plain CPU allocations.
+    """
+    torch.cuda.current_device = lambda: torch.device("cpu")
+
+
+def _patch_synchronize() -> None:
+    """``torch.cuda.synchronize()`` is a no-op.
+
+    ``p2p_communication._communicate`` synchronises CUDA after batched isend/irecv so that
+    a race in NCCL cannot corrupt the received tensors; gloo's CPU ops have completed when
+    ``wait()`` returns, so there is nothing to wait for.
+    """
+    torch.cuda.synchronize = lambda device=None: None
+
+
+def _patch_cuda_rng() -> None:
+    """Map the CUDA RNG functions onto the CPU default generator.
+
+    ``tensor_parallel.model_parallel_cuda_manual_seed`` (needed even at world size 1: the
+    model's weight init and attention dropout fork the tracker's 'model-parallel-rng'
+    state) calls ``torch.cuda.manual_seed`` and ``torch.cuda.get_rng_state``. On a CPU
+    build the first is silently queued forever and the second raises. Mapping them to the
+    generator that CPU ops actually draw from keeps the tracker's semantics: inside
+    ``fork()`` random ops see the per-TP-rank seed, outside they see the data-parallel one.
+    ``torch.cuda.manual_seed_all`` is deliberately left alone: ``torch.manual_seed`` calls
+    it, so routing it to ``torch.manual_seed`` would recurse forever.
+    """
+    generator = torch.default_generator
+
+    def manual_seed(seed: int) -> None:
+        generator.manual_seed(int(seed))
+
+    def get_rng_state(device: Any = "cuda") -> torch.Tensor:
+        return generator.get_state()
+
+    def set_rng_state(new_state: torch.Tensor, device: Any = "cuda") -> None:
+        generator.set_state(new_state)
+
+    torch.cuda.manual_seed = manual_seed
+    torch.cuda.get_rng_state = get_rng_state
+    torch.cuda.random.get_rng_state = get_rng_state
+    torch.cuda.set_rng_state = set_rng_state
+    torch.cuda.random.set_rng_state = set_rng_state
+
+
+def _patch_megatron_rng_tracker() -> None:
+    """Megatron's private CUDA RNG helpers use the CPU default generator.
+
+    ``CudaRNGStatesTracker.add/fork`` save and restore states through
+    ``tensor_parallel.random._get_cuda_rng_state/_set_cuda_rng_state``. The setter goes
+    through ``torch.cuda._lazy_call``, which on a CPU build only queues the callback: the
+    fork would silently keep drawing from the wrong state. The tracker looks these names
+    up in its module at call time, so replacing the module attributes is enough.
+    """
+    from megatron.core.tensor_parallel import random as mpu_random
+
+    generator = torch.default_generator
+
+    def get_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False
+                  ) -> torch.Tensor:
+        return generator.get_state()
+
+    def set_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
+        generator.set_state(new_state)
+
+    mpu_random._get_cuda_rng_state = get_state
+    mpu_random._set_cuda_rng_state = set_state
+
+
+def _is_cuda_device(device: Any) -> bool:
+    if isinstance(device, torch.device):
+        return device.type == "cuda"
+    if isinstance(device, str):
+        return device.startswith("cuda")
+    # A bare index means cuda:<index> to torch; bool is an int but never a device.
+    return isinstance(device, int) and not isinstance(device, bool)
+
+
+class _CudaDevicesOnCpu(TorchFunctionMode):
+    """Rewrites CUDA device arguments to CPU and drops pinning, for the torch calls under it.
+
+    Covers ``device=`` keywords (``torch.zeros(..., device="cuda")``), ``Tensor.to("cuda")``,
+    ``Tensor.cuda()`` and ``pin_memory=True`` (pinning needs a CUDA driver).
+    """
+
+    def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if func is torch.Tensor.cuda:
+            return args[0]
+        if _is_cuda_device(kwargs.get("device")):
+            kwargs["device"] = torch.device("cpu")
+        if kwargs.get("pin_memory"):
+            kwargs["pin_memory"] = False
+        if func is torch.Tensor.to:
+            args = tuple(torch.device("cpu") if isinstance(a, (str, torch.device))
+                         and _is_cuda_device(a) else a for a in args)
+        return func(*args, **kwargs)
+
+
+# (module, attribute) of the Megatron functions that allocate on "cuda" by name; each runs
+# under _CudaDevicesOnCpu. Why each one is needed:
+_CPU_DEVICE_ENTRY_POINTS: tuple[tuple[str, str], ...] = (
+    # The causal mask of the local (non-TE) core attention is built with
+    # torch.ones(sq, sq, device="cuda") on every forward (FusedScaleMaskSoftmax).
+    ("megatron.core.fusions.fused_softmax", "get_default_causal_mask"),
+    # Tied embeddings with PP > 1: the last stage's output weight copy is moved with
+    # weight.data.cuda() before the all-reduce that syncs it with the first stage.
+    ("megatron.core.models.common.language_module.language_module",
+     "LanguageModule.setup_embeddings_and_output_layer"),
+    # The pipeline schedules count tokens in torch.zeros([], device="cuda").
+    ("megatron.core.pipeline_parallel.schedules", "forward_backward_no_pipelining"),
+    ("megatron.core.pipeline_parallel.schedules",
+     "forward_backward_pipelining_without_interleaving"),
+    ("megatron.core.pipeline_parallel.schedules", "forward_backward_pipelining_with_interleaving"),
+)
+
+
+def _run_under_cpu_devices(module_name: str, attribute: str) -> None:
+    """Replace module.attribute (a function or Class.method) by a wrapper under the mode."""
+    owner: Any = importlib.import_module(module_name)
+    *path, name = attribute.split(".")
+    for part in path:
+        owner = getattr(owner, part)
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _CudaDevicesOnCpu():
+            return original(*args, **kwargs)
+
+    setattr(owner, name, wrapper)

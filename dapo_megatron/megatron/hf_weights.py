@@ -1,0 +1,311 @@
+"""Hugging Face <-> Megatron-Core weights for the Qwen2 / Llama GPT model of model.py.
+
+Import (``load_hf_checkpoint``) fills this rank's TP shard of this rank's pipeline stage
+straight from the safetensors files: each tensor is opened lazily with ``safe_open`` and
+only the rows/columns of this rank's shard are read, so no rank ever holds the full model.
+
+Export (``export_hf_weights``) streams full HF-named tensors, one parameter at a time:
+the owning stage all-gathers the TP shards, broadcasts the result over the pipeline group,
+and every rank un-fuses it into HF tensors. All ranks must iterate to the end together
+(the loop issues collectives); all see the same names in the same order. This iterator
+feeds the generation engine's weight refit.
+
+Megatron layouts handled here (np query heads, ng query groups, hn head dim, tp ranks):
+
+* ``linear_qkv``: rows grouped per query group, ``[q heads of the group, k, v]``:
+  ``[ng, np/ng + 2, hn, h]``; a TP rank holds ng/tp consecutive groups.
+* ``linear_fc1`` (SwiGLU): each TP rank holds ``[gate shard; up shard]``, so the
+  TP-concatenated tensor is ``[tp, 2, ffn/tp, h]``.
+* column-parallel (qkv, fc1, embedding, output layer) split rows; row-parallel
+  (``linear_proj``, ``linear_fc2``) split columns; norms are replicated.
+* embedding/output layer rows are padded to ``padded_vocab_size``; padding rows are zero
+  on import and dropped on export.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from safetensors import safe_open
+
+from dapo_megatron.config.model_arch import ModelArch
+from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.megatron.model import padded_vocab_size
+
+# How a Megatron parameter is split over TP and fused from HF tensors.
+REPLICATED, VOCAB, QKV, FC1, ROW = "replicated", "vocab", "qkv", "fc1", "row"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    """One Megatron parameter of one pipeline stage and the HF tensors it is made of."""
+
+    megatron: tuple[str, ...]
+    """Candidate names in the stage module: local spec first, Transformer Engine second."""
+    hf: tuple[str, ...]
+    """HF tensor names, in fusion order (q, k, v or gate, up)."""
+    kind: str
+    """REPLICATED, VOCAB, QKV, FC1 or ROW."""
+    stage: int
+    """Pipeline stage that owns the parameter."""
+    full_shape: tuple[int, ...]
+    """Shape after concatenating the TP shards (padded vocab rows included)."""
+    export: bool = True
+    """False for the last stage's copy of tied embeddings (exported once, from stage 0)."""
+
+
+def _layer_entries(arch: ModelArch, layer: int, local: int, stage: int) -> list[_Entry]:
+    h, f = arch.hidden_size, arch.ffn_hidden_size
+    qkv_rows = (arch.num_attention_heads + 2 * arch.num_query_groups) * arch.head_dim
+    hf = f"model.layers.{layer}."
+    mg = f"decoder.layers.{local}."
+    attn = [f"{hf}self_attn.{p}_proj" for p in "qkv"]
+    entries = [
+        _Entry((f"{mg}input_layernorm.weight", f"{mg}self_attention.linear_qkv.layer_norm_weight"),
+               (f"{hf}input_layernorm.weight",), REPLICATED, stage, (h,)),
+        _Entry((f"{mg}self_attention.linear_qkv.weight",), tuple(f"{a}.weight" for a in attn),
+               QKV, stage, (qkv_rows, h)),
+    ]
+    if arch.add_qkv_bias:
+        entries.append(_Entry((f"{mg}self_attention.linear_qkv.bias",),
+                              tuple(f"{a}.bias" for a in attn), QKV, stage, (qkv_rows,)))
+    entries += [
+        _Entry((f"{mg}self_attention.linear_proj.weight",), (f"{hf}self_attn.o_proj.weight",),
+               ROW, stage, (h, arch.num_attention_heads * arch.head_dim)),
+        _Entry((f"{mg}pre_mlp_layernorm.weight", f"{mg}mlp.linear_fc1.layer_norm_weight"),
+               (f"{hf}post_attention_layernorm.weight",), REPLICATED, stage, (h,)),
+        _Entry((f"{mg}mlp.linear_fc1.weight",),
+               (f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight"), FC1, stage, (2 * f, h)),
+        _Entry((f"{mg}mlp.linear_fc2.weight",), (f"{hf}mlp.down_proj.weight",), ROW, stage,
+               (h, f)),
+    ]
+    return entries
+
+
+def _entries(arch: ModelArch, dims: ParallelDims) -> list[_Entry]:
+    """Every parameter of the model, all stages, in HF order (embedding, layers, head)."""
+    if arch.num_layers % dims.pp != 0:
+        raise ValueError(f"num_layers {arch.num_layers} is not divisible by pp {dims.pp}")
+    per_stage = arch.num_layers // dims.pp
+    last = dims.pp - 1
+    vocab_shape = (padded_vocab_size(arch.vocab_size, dims.tp), arch.hidden_size)
+    entries = [_Entry(("embedding.word_embeddings.weight",), ("model.embed_tokens.weight",),
+                      VOCAB, 0, vocab_shape)]
+    for layer in range(arch.num_layers):
+        entries += _layer_entries(arch, layer, layer % per_stage, layer // per_stage)
+    entries.append(_Entry(("decoder.final_layernorm.weight",), ("model.norm.weight",),
+                          REPLICATED, last, (arch.hidden_size,)))
+    if not arch.tie_word_embeddings:
+        entries.append(_Entry(("output_layer.weight",), ("lm_head.weight",), VOCAB, last,
+                              vocab_shape))
+    elif dims.pp > 1:
+        # With PP, Megatron keeps a copy of the tied embedding as the last stage's output
+        # layer (kept in sync by a gradient all-reduce); it is filled from embed_tokens.
+        entries.append(_Entry(("output_layer.weight",), ("model.embed_tokens.weight",),
+                              VOCAB, last, vocab_shape, export=False))
+    return entries
+
+
+def _resolve(entry: _Entry, params: dict[str, torch.nn.Parameter]) -> str:
+    for name in entry.megatron:
+        if name in params:
+            return name
+    raise KeyError(f"the model has none of {entry.megatron} (for HF {entry.hf[0]})")
+
+
+class _LazyCheckpoint:
+    """Reads slices of tensors from a directory of safetensors files without loading them."""
+
+    def __init__(self, hf_dir: str | Path, stack: ExitStack) -> None:
+        index = Path(hf_dir) / "model.safetensors.index.json"
+        if index.is_file():
+            # The index names the model's shards; other *.safetensors (adapters...) are
+            # not part of it.
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            files = sorted({Path(hf_dir) / name for name in weight_map.values()})
+        else:
+            files = sorted(Path(hf_dir).glob("*.safetensors"))
+        if not files:
+            raise FileNotFoundError(f"no *.safetensors files in {hf_dir}")
+        self._handles = {}
+        for path in files:
+            handle = stack.enter_context(safe_open(str(path), framework="pt", device="cpu"))
+            self._handles.update(dict.fromkeys(handle.keys(), handle))
+        self._dir = hf_dir
+
+    def slice(self, name: str, rows: slice = slice(None), cols: slice | None = None
+              ) -> torch.Tensor:
+        """``tensor[rows]`` or ``tensor[rows, cols]`` of HF tensor ``name``, read lazily."""
+        if name not in self._handles:
+            raise KeyError(f"tensor {name!r} is not in the checkpoint {self._dir}")
+        lazy = self._handles[name].get_slice(name)
+        return lazy[rows] if cols is None else lazy[rows, cols]
+
+
+def _span(size: int, rank: int, world: int) -> slice:
+    """This rank's equal share of ``size`` rows."""
+    if size % world != 0:
+        raise ValueError(f"dimension {size} is not divisible by tensor parallel size {world}")
+    step = size // world
+    return slice(rank * step, (rank + 1) * step)
+
+
+def _read_shard(entry: _Entry, ckpt: _LazyCheckpoint, arch: ModelArch, rank: int, tp: int
+                ) -> torch.Tensor:
+    """This TP rank's shard of ``entry`` in Megatron layout, read from the HF checkpoint."""
+    if entry.kind == REPLICATED:
+        return ckpt.slice(entry.hf[0])
+    if entry.kind == ROW:
+        return ckpt.slice(entry.hf[0], slice(None), _span(entry.full_shape[1], rank, tp))
+    if entry.kind == FC1:
+        rows = _span(arch.ffn_hidden_size, rank, tp)
+        return torch.cat([ckpt.slice(name, rows) for name in entry.hf])
+    if entry.kind == VOCAB:
+        return _read_vocab_shard(entry, ckpt, arch, rank, tp)
+    # QKV: this rank's query groups; q rows of a group are contiguous in HF's q_proj.
+    hn, groups = arch.head_dim, _span(arch.num_query_groups, rank, tp)
+    local_groups = groups.stop - groups.start
+    q_per_group = arch.num_attention_heads // arch.num_query_groups
+    q_name, k_name, v_name = entry.hf
+    q = ckpt.slice(q_name, slice(groups.start * q_per_group * hn, groups.stop * q_per_group * hn))
+    k = ckpt.slice(k_name, slice(groups.start * hn, groups.stop * hn))
+    v = ckpt.slice(v_name, slice(groups.start * hn, groups.stop * hn))
+    rest = q.shape[1:]
+    fused = torch.cat([q.reshape(local_groups, q_per_group * hn, *rest),
+                       k.reshape(local_groups, hn, *rest),
+                       v.reshape(local_groups, hn, *rest)], dim=1)
+    return fused.reshape(-1, *rest)
+
+
+def _read_vocab_shard(entry: _Entry, ckpt: _LazyCheckpoint, arch: ModelArch, rank: int,
+                      tp: int) -> torch.Tensor:
+    """Rows of the padded vocabulary on this rank: real rows from HF, then zero rows."""
+    rows = _span(entry.full_shape[0], rank, tp)
+    real_stop = min(rows.stop, arch.vocab_size)
+    real = ckpt.slice(entry.hf[0], slice(rows.start, max(real_stop, rows.start)))
+    padding = real.new_zeros(rows.stop - rows.start - real.shape[0], arch.hidden_size)
+    return torch.cat([real, padding])
+
+
+def _check_layer_offset(model: torch.nn.Module, arch: ModelArch, dims: ParallelDims) -> None:
+    """Our stage -> layer map must match the one Megatron built the model with."""
+    per_stage = arch.num_layers // dims.pp
+    offset = parallel_state.get_pipeline_model_parallel_rank() * per_stage
+    built = [layer.layer_number - 1 for layer in model.decoder.layers]
+    if built != list(range(offset, offset + per_stage)):
+        raise ValueError(f"stage holds global layers {built}, expected {offset}..{offset + per_stage - 1}")
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside Megatron's DDP / Float16Module wrappers (same Parameters)."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
+@torch.no_grad()
+def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, arch: ModelArch,
+                       dims: ParallelDims) -> None:
+    """Copy an HF safetensors checkpoint (one or many shards) into this rank's model shard.
+
+    Args:
+        model: this rank's GPTModel stage from ``model.build_model(arch, dims, ...)``,
+            possibly wrapped in DDP/Float16Module. Load before building the optimizer:
+            mixed-precision optimizers copy their fp32 master weights at construction.
+        hf_dir: directory with ``*.safetensors`` (e.g. written by ``save_pretrained``).
+        arch: the checkpoint's architecture.
+        dims: the layout the model was built with (requires ``initialize_parallel``).
+
+    Raises:
+        KeyError / ValueError: a tensor is missing from the checkpoint, has the wrong
+            shape, or a model parameter has no HF source.
+    """
+    model = _unwrap(model)
+    _check_layer_offset(model, arch, dims)
+    params = dict(model.named_parameters())
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    loaded: set[str] = set()
+    with ExitStack() as stack:
+        ckpt = _LazyCheckpoint(hf_dir, stack)
+        for entry in _entries(arch, dims):
+            if entry.stage != stage:
+                continue
+            name = _resolve(entry, params)
+            shard = _read_shard(entry, ckpt, arch, tp_rank, dims.tp)
+            if tuple(shard.shape) != tuple(params[name].shape):
+                raise ValueError(
+                    f"{name}: HF {entry.hf} give a shard of shape {tuple(shard.shape)}, the "
+                    f"model expects {tuple(params[name].shape)}; does arch match {hf_dir}?"
+                )
+            params[name].copy_(shard)
+            loaded.add(name)
+    missing = sorted(set(params) - loaded)
+    if missing:
+        raise KeyError(f"model parameters with no HF source: {missing}")
+
+
+def _gather_tp(local: torch.Tensor, kind: str, group: dist.ProcessGroup, tp: int
+               ) -> torch.Tensor:
+    """Concatenate the TP shards of a parameter (a fresh tensor, never the parameter)."""
+    if kind == REPLICATED or tp == 1:
+        return local.detach().clone()
+    shards = [torch.empty_like(local) for _ in range(tp)]
+    dist.all_gather(shards, local.detach().contiguous(), group=group)
+    return torch.cat(shards, dim=1 if kind == ROW else 0)
+
+
+def _unfuse(entry: _Entry, full: torch.Tensor, arch: ModelArch, tp: int
+            ) -> list[tuple[str, torch.Tensor]]:
+    """Split a TP-concatenated Megatron tensor back into its HF tensors."""
+    if entry.kind == VOCAB:
+        return [(entry.hf[0], full[: arch.vocab_size].clone())]
+    if entry.kind == FC1:
+        halves = full.view(tp, 2, arch.ffn_hidden_size // tp, *full.shape[1:])
+        return [(name, halves[:, i].reshape(arch.ffn_hidden_size, *full.shape[1:]))
+                for i, name in enumerate(entry.hf)]
+    if entry.kind == QKV:
+        ng, hn = arch.num_query_groups, arch.head_dim
+        q_per_group = arch.num_attention_heads // ng
+        rest = full.shape[1:]
+        grouped = full.view(ng, q_per_group + 2, hn, *rest)
+        q = grouped[:, :q_per_group].reshape(ng * q_per_group * hn, *rest)
+        k = grouped[:, q_per_group].reshape(ng * hn, *rest)
+        v = grouped[:, q_per_group + 1].reshape(ng * hn, *rest)
+        return list(zip(entry.hf, (q, k, v), strict=True))
+    return [(entry.hf[0], full)]
+
+
+@torch.no_grad()
+def export_hf_weights(model: torch.nn.Module, arch: ModelArch, dims: ParallelDims
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(hf_name, full tensor)`` for every HF weight, on every rank, same order.
+
+    Tensors are complete (TP shards gathered, vocabulary padding removed), in the model's
+    dtype and device, and never alias model parameters. Tied embeddings yield only
+    ``model.embed_tokens.weight`` (as HF's ``save_pretrained`` does). Every rank of the
+    model-parallel group must consume the iterator fully: each parameter costs one TP
+    all-gather on its stage and, with PP, one broadcast over the pipeline group.
+    """
+    params = dict(_unwrap(model).named_parameters())
+    sample = next(iter(params.values()))
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    pp_group = parallel_state.get_pipeline_model_parallel_group()
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    for entry in _entries(arch, dims):
+        if not entry.export:
+            continue
+        if entry.stage == stage:
+            full = _gather_tp(params[_resolve(entry, params)], entry.kind, tp_group, dims.tp)
+        else:
+            full = torch.empty(entry.full_shape, dtype=sample.dtype, device=sample.device)
+        if dims.pp > 1:
+            dist.broadcast(full, src=dist.get_global_rank(pp_group, entry.stage), group=pp_group)
+        yield from _unfuse(entry, full, arch, dims.tp)

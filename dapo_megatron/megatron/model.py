@@ -1,0 +1,180 @@
+"""Build this rank's Megatron-Core GPTModel for a Qwen2 or Llama 3 architecture.
+
+The model mirrors the HF implementation: RMSNorm before attention and MLP, SwiGLU MLP
+without biases, rotary embeddings with the model's theta, grouped-query attention, a
+q/k/v bias for Qwen2, tied or untied input/output embeddings. Weights are random until
+``hf_weights.load_hf_checkpoint`` fills them.
+
+Layer implementation: Transformer Engine's spec when ``transformer_engine`` imports and
+CUDA is present; otherwise Megatron's local (pure torch) spec with our own RMSNorm (the
+local spec's torch norm refuses sequence parallelism, see ``_RMSNorm``).
+
+Vocabulary padding: the embedding and output layer have ``padded_vocab_size`` rows (a
+multiple of 128 * TP, Megatron's convention, so that each TP shard is equal and GEMM
+friendly). Padded rows are zero; logits beyond ``arch.vocab_size`` are padding and must be
+masked (or sliced off) before any softmax over the vocabulary.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import (
+    TransformerBlockSubmodules,
+    get_num_layers_to_build,
+)
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from dapo_megatron.config.model_arch import ModelArch
+from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.megatron.cpu_compat import apply_cpu_compat
+
+VOCAB_DIVISIBLE_BY = 128
+"""Megatron pads the vocabulary to a multiple of this times the TP size."""
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def padded_vocab_size(vocab_size: int, tp: int) -> int:
+    """Rows of the embedding/output layer: ``vocab_size`` rounded up to 128 * tp."""
+    multiple = VOCAB_DIVISIBLE_BY * tp
+    return -(-vocab_size // multiple) * multiple
+
+
+def uses_transformer_engine() -> bool:
+    """True when the Transformer Engine layer spec is used (CUDA and an importable TE)."""
+    if not torch.cuda.is_available() or importlib.util.find_spec("transformer_engine") is None:
+        return False
+    try:
+        import transformer_engine.pytorch  # noqa: F401
+    except (ImportError, OSError, RuntimeError):
+        return False
+    return True
+
+
+def transformer_config(arch: ModelArch, dims: ParallelDims, precision: str) -> TransformerConfig:
+    """Megatron TransformerConfig equivalent to the HF model ``arch`` under layout ``dims``.
+
+    Args:
+        arch: model architecture (Qwen2 or Llama family).
+        dims: parallel layout; tp, pp, cp and sequence_parallel are used.
+        precision: "fp32", "bf16" or "fp16": the dtype of the parameters and activations.
+    """
+    if precision not in _DTYPES:
+        raise ValueError(f"precision {precision!r}: expected one of {', '.join(_DTYPES)}")
+    if arch.family not in ("qwen2", "llama"):
+        raise ValueError(f"model family {arch.family!r} is not supported (qwen2, llama)")
+    dtype = _DTYPES[precision]
+    on_cpu = not torch.cuda.is_available()
+    return TransformerConfig(
+        num_layers=arch.num_layers,
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_query_groups,
+        kv_channels=arch.head_dim,
+        normalization="RMSNorm",
+        layernorm_epsilon=arch.norm_epsilon,
+        gated_linear_unit=True,  # SwiGLU: fc1 = [gate; up], act = silu(gate) * up
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=arch.add_qkv_bias,
+        # RL fine-tuning runs without dropout, and HF's forward has none to match.
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=dims.tp,
+        pipeline_model_parallel_size=dims.pp,
+        context_parallel_size=dims.cp,
+        sequence_parallel=dims.sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        # On CPU, the master weight is built once and split, so that every TP layout of
+        # the same seed starts from the same weights (and no CUDA allocation is tried).
+        use_cpu_initialization=on_cpu,
+    )
+
+
+class _RMSNorm(torch.nn.RMSNorm):
+    """RMSNorm with Megatron's norm constructor, usable with sequence parallelism.
+
+    Megatron's local spec wraps torch norms in ``WrappedTorchNorm``, which asserts
+    ``not config.sequence_parallel``. Normalisation is per token, so it is correct on a
+    sequence shard; only the weight gradient is partial on each TP rank, and Megatron's
+    ``finalize_model_grads`` all-reduces it over TP for params marked ``sequence_parallel``.
+
+    The forward follows the HF/vLLM rounding (normalise in fp32, cast to the input dtype,
+    then scale by the weight), so that bf16 training sees the rollout engine's numbers.
+    """
+
+    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5,
+                 **_unused: object) -> None:
+        super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
+        self.weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [..., hidden] -> same shape and dtype."""
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def _local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    layer = dataclasses.replace(
+        spec,
+        submodules=dataclasses.replace(
+            spec.submodules, input_layernorm=_RMSNorm, pre_mlp_layernorm=_RMSNorm
+        ),
+    )
+    pp_rank = parallel_state.get_pipeline_model_parallel_rank()
+    num_layers = get_num_layers_to_build(config, pp_rank=pp_rank)
+    return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=_RMSNorm)
+
+
+def layer_spec(config: TransformerConfig) -> ModuleSpec | TransformerBlockSubmodules:
+    """The decoder spec: Transformer Engine on GPU when available, local modules otherwise."""
+    if uses_transformer_engine():
+        return get_gpt_layer_with_transformer_engine_spec()
+    return _local_block_spec(config)
+
+
+def build_model(arch: ModelArch, dims: ParallelDims, precision: str) -> GPTModel:
+    """This rank's pipeline stage of the GPT model (requires ``initialize_parallel``).
+
+    The stage owns layers ``[pp_rank * L / pp, (pp_rank + 1) * L / pp)``, the embedding on
+    the first stage, the final norm and output layer on the last. Forward:
+    ``model(input_ids [b, s], position_ids [b, s], attention_mask=None)`` returns, on the
+    last stage, logits ``[b, s, padded_vocab / tp]`` (vocab-parallel, not gathered), and
+    on other stages the hidden states ``[s / (tp if SP else 1), b, h]`` for the next stage.
+    """
+    apply_cpu_compat()
+    config = transformer_config(arch, dims, precision)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(config),
+        vocab_size=padded_vocab_size(arch.vocab_size, dims.tp),
+        max_sequence_length=arch.max_position_embeddings,
+        pre_process=parallel_state.is_pipeline_first_stage(),
+        post_process=parallel_state.is_pipeline_last_stage(),
+        parallel_output=True,
+        share_embeddings_and_output_weights=arch.tie_word_embeddings,
+        position_embedding_type="rope",
+        rotary_base=arch.rope_theta,
+    )
+    # Megatron's linear layers already use params_dtype; the norms are plain torch modules.
+    model.to(config.params_dtype)
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return model

@@ -1,0 +1,82 @@
+"""Megatron DDP wrapping, optimizer and learning-rate schedule from the run config."""
+
+from __future__ import annotations
+
+import torch
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
+from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from megatron.core.transformer import TransformerConfig
+
+from dapo_megatron.config.schema import OptimizerConfig, SchedulerConfig
+
+PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def wrap_ddp(
+    model: torch.nn.Module, config: TransformerConfig, *, use_distributed_optimizer: bool
+) -> DistributedDataParallel:
+    """Wrap one model chunk in Megatron's DDP (contiguous grad buffers, fp32 grad reduction).
+
+    Gradients are reduced in fp32 so that summing many micro-batch contributions in bf16 does
+    not lose the small per-token terms of the token-mean loss.
+    """
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    return DistributedDataParallel(config=config, ddp_config=ddp_config, module=model)
+
+
+def build_optimizer(
+    model_chunks: list[DistributedDataParallel],
+    cfg: OptimizerConfig,
+    *,
+    precision: str,
+    use_distributed_optimizer: bool,
+) -> MegatronOptimizer:
+    """Megatron optimizer (fp32 master weights for bf16/fp16) with global-norm grad clipping."""
+    megatron_cfg = MegatronOptimizerConfig(
+        optimizer=cfg.name,
+        lr=cfg.lr,
+        min_lr=cfg.min_lr,
+        weight_decay=cfg.weight_decay,
+        adam_beta1=cfg.adam_beta1,
+        adam_beta2=cfg.adam_beta2,
+        adam_eps=cfg.adam_eps,
+        clip_grad=cfg.clip_grad,
+        bf16=precision == "bf16",
+        fp16=precision == "fp16",
+        params_dtype=PRECISION_DTYPES[precision],
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    return get_megatron_optimizer(megatron_cfg, model_chunks)
+
+
+def build_scheduler(
+    optimizer: MegatronOptimizer,
+    opt: OptimizerConfig,
+    sched: SchedulerConfig,
+    *,
+    total_optimizer_steps: int,
+) -> OptimizerParamScheduler:
+    """Linear warm-up then constant/linear/cosine decay, counted in optimizer steps."""
+    decay_steps = sched.lr_decay_steps or total_optimizer_steps
+    # Megatron requires warm-up < decay steps; a run shorter than its warm-up still gets a
+    # well-defined schedule (warm-up is cut short) instead of an assertion error.
+    decay_steps = max(decay_steps, sched.lr_warmup_steps + 1)
+    return OptimizerParamScheduler(
+        optimizer,
+        init_lr=sched.lr_warmup_init,
+        max_lr=opt.lr,
+        min_lr=opt.min_lr,
+        lr_warmup_steps=sched.lr_warmup_steps,
+        lr_decay_steps=decay_steps,
+        lr_decay_style=sched.lr_decay_style,
+        start_wd=opt.weight_decay,
+        end_wd=opt.weight_decay,
+        wd_incr_steps=decay_steps,
+        wd_incr_style="constant",
+    )

@@ -1,0 +1,67 @@
+"""Run a function in N local gloo processes (a minimal torchrun for tests).
+
+``run_distributed(fn, world_size, *args)`` spawns ``world_size`` processes with RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (a free port) set, calls
+``fn(*args)`` in each, and returns the per-rank return values. A failing rank makes the
+call raise with the child's traceback; the other ranks are terminated (they would
+otherwise hang in a collective). A run longer than ``timeout`` seconds is killed.
+
+``fn`` must be importable by the children (a module-level function of a test module).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _child(rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str,
+           args: tuple) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    # N processes on a couple of cores: one intra-op thread each avoids oversubscription.
+    torch.set_num_threads(1)
+    result = fn(*args)
+    torch.save(result, Path(out_dir) / f"rank{rank}.pt")
+
+
+def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any,
+                    timeout: float = 180.0) -> list[Any]:
+    """Call ``fn(*args)`` in ``world_size`` spawned processes; returns results by rank.
+
+    Raises:
+        torch.multiprocessing.ProcessRaisedException: a rank raised (message holds its
+            traceback).
+        torch.multiprocessing.ProcessExitedException: a rank died (signal, exit code).
+        TimeoutError: not all ranks finished within ``timeout`` seconds.
+    """
+    with tempfile.TemporaryDirectory() as out_dir:
+        context = mp.start_processes(
+            _child, args=(fn, world_size, free_port(), out_dir, args), nprocs=world_size,
+            join=False, start_method="spawn",
+        )
+        deadline = time.monotonic() + timeout
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                    process.join()
+                raise TimeoutError(f"{fn.__name__} on {world_size} ranks ran over {timeout} s")
+        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False)
+                for r in range(world_size)]
