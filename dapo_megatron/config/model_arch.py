@@ -43,6 +43,9 @@ class ModelArch:
     """Output layer shares the input embedding."""
     add_qkv_bias: bool
     """Bias on the q/k/v projections (Qwen2)."""
+    rope_scaling_factor: float | None = None
+    """Llama 3.x RoPE frequency scaling factor (low/high freq factors 1 and 4, original
+    context 8192, as Llama 3.1 ships); None for unscaled RoPE."""
 
     @property
     def head_dim(self) -> int:
@@ -103,7 +106,40 @@ def _llama(layers: int, hidden: int, ffn: int, heads: int, groups: int) -> Model
         1e-5,
         False,
         add_qkv_bias=False,
+        rope_scaling_factor=8.0,
     )
+
+
+# The Llama 3 RoPE scaling constants Megatron-Core implements; other values are refused
+# rather than silently computed with the wrong frequencies.
+_LLAMA3_ROPE_CONSTANTS = {
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+
+def _rope(hf: dict, source: str) -> tuple[float, float | None]:
+    """(theta, llama3 scaling factor) from an HF config of any transformers version.
+
+    transformers >= 5 writes `rope_parameters: {rope_theta, rope_type, ...}`; older versions
+    write a top-level `rope_theta` and an optional `rope_scaling` mapping.
+    """
+    params = dict(hf.get("rope_parameters") or {})
+    scaling = dict(hf.get("rope_scaling") or {})
+    theta = float(params.get("rope_theta", hf.get("rope_theta", 10000.0)))
+    rope_type = params.get("rope_type") or scaling.get("rope_type") or scaling.get("type")
+    if rope_type in (None, "default"):
+        return theta, None
+    if rope_type != "llama3":
+        raise ConfigError(f"{source}: RoPE type {rope_type!r} is not supported (default, llama3)")
+    values = {**scaling, **params}
+    for key, expected in _LLAMA3_ROPE_CONSTANTS.items():
+        if key in values and float(values[key]) != expected:
+            raise ConfigError(
+                f"{source}: llama3 RoPE {key} = {values[key]} is not supported (only {expected})"
+            )
+    return theta, float(values.get("factor", 8.0))
 
 
 PRESETS: dict[str, ModelArch] = {
@@ -126,6 +162,7 @@ def arch_from_hf_config(hf: dict, source: str) -> ModelArch:
         raise ConfigError(
             f"{source}: model_type {family!r} is not supported; supported: qwen2, llama"
         )
+    theta, rope_factor = _rope(hf, source)
     try:
         return ModelArch(
             family=family,
@@ -136,10 +173,11 @@ def arch_from_hf_config(hf: dict, source: str) -> ModelArch:
             num_query_groups=int(hf.get("num_key_value_heads", hf["num_attention_heads"])),
             vocab_size=int(hf["vocab_size"]),
             max_position_embeddings=int(hf["max_position_embeddings"]),
-            rope_theta=float(hf.get("rope_theta", 10000.0)),
+            rope_theta=theta,
             norm_epsilon=float(hf.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             add_qkv_bias=family == "qwen2" or bool(hf.get("attention_bias", False)),
+            rope_scaling_factor=rope_factor,
         )
     except KeyError as e:
         raise ConfigError(f"{source}: missing field {e.args[0]!r} in the HF config") from None

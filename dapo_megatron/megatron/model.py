@@ -172,6 +172,8 @@ def build_model(arch: ModelArch, dims: ParallelDims, precision: str) -> GPTModel
         share_embeddings_and_output_weights=arch.tie_word_embeddings,
         position_embedding_type="rope",
         rotary_base=arch.rope_theta,
+        rope_scaling=arch.rope_scaling_factor is not None,
+        rope_scaling_factor=arch.rope_scaling_factor or 1.0,
     )
     # Megatron's linear layers already use params_dtype; the norms are plain torch modules.
     model.to(config.params_dtype)

@@ -26,7 +26,7 @@ import transformers
 from launch import run_distributed
 from safetensors.torch import load_file
 
-from dapo_megatron.config.model_arch import ModelArch
+from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
 from dapo_megatron.config.parallel import ParallelDims
 
 pytestmark = pytest.mark.distributed
@@ -48,24 +48,18 @@ def _hf_configs() -> dict[str, transformers.PretrainedConfig]:
             tie_word_embeddings=True, **common),
         "llama": transformers.LlamaConfig(
             vocab_size=150, intermediate_size=96, num_attention_heads=8,
-            num_key_value_heads=2, rope_theta=500000.0, rms_norm_eps=1e-5,
+            num_key_value_heads=2, rms_norm_eps=1e-5,
+            # Llama 3.1 frequency scaling: changes the lowest frequency even at short lengths.
+            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                             "original_max_position_embeddings": 8192},
             tie_word_embeddings=False, attention_bias=False, **common),
     }
 
 
 def _arch(config: transformers.PretrainedConfig) -> ModelArch:
-    """The ModelArch of an HF config object (rope theta moved into rope_parameters in v5)."""
-    rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
-    return ModelArch(
-        family=config.model_type, num_layers=config.num_hidden_layers,
-        hidden_size=config.hidden_size, ffn_hidden_size=config.intermediate_size,
-        num_attention_heads=config.num_attention_heads,
-        num_query_groups=config.num_key_value_heads, vocab_size=config.vocab_size,
-        max_position_embeddings=config.max_position_embeddings,
-        rope_theta=float(rope["rope_theta"]), norm_epsilon=config.rms_norm_eps,
-        tie_word_embeddings=config.tie_word_embeddings,
-        add_qkv_bias=config.model_type == "qwen2",
-    )
+    """The ModelArch our HF config reader derives (also exercises its rope parsing)."""
+    return arch_from_hf_config(config.to_dict(), f"{config.model_type} test config")
 
 
 @dataclasses.dataclass(frozen=True)
