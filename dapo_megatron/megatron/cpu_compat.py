@@ -14,9 +14,10 @@ keeps torch's normal semantics and pays no overhead. Those functions are replace
 their modules: reach them through Megatron's own lookups (``get_forward_backward_func``),
 or import them by name only after ``apply_cpu_compat()`` (``initialize_parallel`` calls it).
 
-Covered so far: model build, forward/backward (local spec, TP, SP, PP schedules) and the
-RNG tracker. Not yet: Megatron's DDP and optimizers, which allocate on "cuda" in their
-constructors and steps and use CUDA streams.
+Covered: model build, forward/backward (local spec, TP, SP, PP schedules), the RNG
+tracker, Megatron's DDP (grad buffers, grad sync) and optimizers (fp32 and mixed precision,
+the distributed optimizer, grad clipping), whose classes run every method under the mode
+(``_CPU_DEVICE_CLASSES``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ def apply_cpu_compat() -> bool:
     _patch_megatron_rng_tracker()
     for module_name, attribute in _CPU_DEVICE_ENTRY_POINTS:
         _run_under_cpu_devices(module_name, attribute)
+    for module_name, class_name in _CPU_DEVICE_CLASSES:
+        _run_class_under_cpu_devices(module_name, class_name)
     _applied = True
     return True
 
@@ -119,8 +122,9 @@ def _patch_megatron_rng_tracker() -> None:
 
     generator = torch.default_generator
 
-    def get_state(device: Any = "cuda", clone: bool = False, graph_safe: bool = False
-                  ) -> torch.Tensor:
+    def get_state(
+        device: Any = "cuda", clone: bool = False, graph_safe: bool = False
+    ) -> torch.Tensor:
         return generator.get_state()
 
     def set_state(new_state: torch.Tensor, device: Any = -1, graph_safe: bool = False) -> None:
@@ -143,21 +147,31 @@ class _CudaDevicesOnCpu(TorchFunctionMode):
     """Rewrites CUDA device arguments to CPU and drops pinning, for the torch calls under it.
 
     Covers ``device=`` keywords (``torch.zeros(..., device="cuda")``), ``Tensor.to("cuda")``,
-    ``Tensor.cuda()`` and ``pin_memory=True`` (pinning needs a CUDA driver).
+    ``Tensor.cuda()`` and ``pin_memory=True`` (pinning needs a CUDA driver). ``Tensor.type()``
+    reports the CUDA type name ("torch.cuda.FloatTensor"): the optimizers accept only
+    parameters whose type string says CUDA, and the tensors really are the CPU equivalents.
     """
 
-    def __torch_function__(self, func: Callable, types: Any, args: tuple = (),
-                           kwargs: dict | None = None) -> Any:
+    def __torch_function__(
+        self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
+    ) -> Any:
         kwargs = dict(kwargs or {})
         if func is torch.Tensor.cuda:
             return args[0]
+        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
         if _is_cuda_device(kwargs.get("device")):
             kwargs["device"] = torch.device("cpu")
         if kwargs.get("pin_memory"):
             kwargs["pin_memory"] = False
         if func is torch.Tensor.to:
-            args = tuple(torch.device("cpu") if isinstance(a, (str, torch.device))
-                         and _is_cuda_device(a) else a for a in args)
+            args = tuple(
+                torch.device("cpu")
+                if isinstance(a, (str, torch.device)) and _is_cuda_device(a)
+                else a
+                for a in args
+            )
         return func(*args, **kwargs)
 
 
@@ -169,14 +183,48 @@ _CPU_DEVICE_ENTRY_POINTS: tuple[tuple[str, str], ...] = (
     ("megatron.core.fusions.fused_softmax", "get_default_causal_mask"),
     # Tied embeddings with PP > 1: the last stage's output weight copy is moved with
     # weight.data.cuda() before the all-reduce that syncs it with the first stage.
-    ("megatron.core.models.common.language_module.language_module",
-     "LanguageModule.setup_embeddings_and_output_layer"),
+    (
+        "megatron.core.models.common.language_module.language_module",
+        "LanguageModule.setup_embeddings_and_output_layer",
+    ),
     # The pipeline schedules count tokens in torch.zeros([], device="cuda").
     ("megatron.core.pipeline_parallel.schedules", "forward_backward_no_pipelining"),
-    ("megatron.core.pipeline_parallel.schedules",
-     "forward_backward_pipelining_without_interleaving"),
+    (
+        "megatron.core.pipeline_parallel.schedules",
+        "forward_backward_pipelining_without_interleaving",
+    ),
     ("megatron.core.pipeline_parallel.schedules", "forward_backward_pipelining_with_interleaving"),
 )
+
+
+# (module, class) whose every method runs under _CudaDevicesOnCpu: their constructors and
+# steps allocate scalars and buffers on "cuda" throughout (loss scale, found-inf flags,
+# grad-norm buffers, the contiguous grad buffers of DDP) and check parameter type strings.
+_CPU_DEVICE_CLASSES: tuple[tuple[str, str], ...] = (
+    ("megatron.core.distributed.distributed_data_parallel", "DistributedDataParallel"),
+    ("megatron.core.distributed.param_and_grad_buffer", "_ParamAndGradBuffer"),
+    ("megatron.core.distributed.param_and_grad_buffer", "_ParamAndGradBucketGroup"),
+    ("megatron.core.optimizer.optimizer", "MegatronOptimizer"),
+    ("megatron.core.optimizer.optimizer", "MixedPrecisionOptimizer"),
+    ("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params"),
+    ("megatron.core.optimizer.optimizer", "FP32Optimizer"),
+    ("megatron.core.optimizer.optimizer", "ChainedOptimizer"),
+    ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer"),
+)
+
+
+def _run_class_under_cpu_devices(module_name: str, class_name: str) -> None:
+    """Wrap every function defined on the class itself (not inherited ones: their owner is
+    wrapped separately, and wrapping twice would only nest the mode)."""
+    cls = getattr(importlib.import_module(module_name), class_name)
+    for name, value in list(vars(cls).items()):
+        if (
+            callable(value)
+            and not isinstance(value, type)
+            and not name.startswith("__")
+            or name == "__init__"
+        ):
+            _run_under_cpu_devices(module_name, f"{class_name}.{name}")
 
 
 def _run_under_cpu_devices(module_name: str, attribute: str) -> None:
