@@ -87,6 +87,7 @@ class ChunkedLinearLogprob(torch.autograd.Function):
         tp_group: Any,
         compute_entropy: bool,
         chunk_size: int,
+        reduce_grad_hidden: bool,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         n_tokens, vocab_local = hidden_NH.shape[0], weight_VH.shape[0]
         cdtype = compute_dtype_for(hidden_NH.dtype)
@@ -100,7 +101,13 @@ class ChunkedLinearLogprob(torch.autograd.Function):
         sum_exp_z_r_N = torch.zeros(n_tokens, **stat)  # sum_v exp(z_v - m_r) (z_v - m_r)
         target_N = torch.empty(n_tokens, **stat)  # z_target, 0 when another shard owns it
 
-        for lo in range(0, n_tokens, chunk_size):
+        if vocab_local == 0:
+            # A shard holding only vocabulary padding (sliced off by the caller) contributes
+            # nothing; a very negative but finite max keeps the combine step free of inf*0.
+            max_r_N.fill_(torch.finfo(cdtype).min / 2)
+            sum_exp_r_N.zero_()
+            target_N.zero_()
+        for lo in range(0, n_tokens if vocab_local else 0, chunk_size):
             hi = min(lo + chunk_size, n_tokens)
             z = hidden_NH[lo:hi].to(cdtype) @ weight_c.T
             z.mul_(inv_t)
@@ -141,6 +148,7 @@ class ChunkedLinearLogprob(torch.autograd.Function):
         ctx.tp_group = tp_group
         ctx.chunk_size = chunk_size
         ctx.compute_entropy = compute_entropy
+        ctx.reduce_grad_hidden = reduce_grad_hidden
         ctx.set_materialize_grads(False)  # None grads let backward skip unused terms
         if not compute_entropy:
             return logprob_N
@@ -165,7 +173,7 @@ class ChunkedLinearLogprob(torch.autograd.Function):
         grad_ent_N = grads[1] if ctx.compute_entropy else None
         need_dh, need_dw = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if (grad_lp_N is None and grad_ent_N is None) or not (need_dh or need_dw):
-            return (None,) * 8
+            return (None,) * 9
 
         n_tokens, vocab_local = hidden_NH.shape[0], weight_VH.shape[0]
         cdtype = compute_dtype_for(hidden_NH.dtype)
@@ -179,11 +187,12 @@ class ChunkedLinearLogprob(torch.autograd.Function):
         # chunks, so it needs the compute dtype too (bf16 accumulation would drift).
         dh_NH = dw_VH = None
         if need_dh:
-            dh_NH = torch.empty(hidden_NH.shape, dtype=cdtype, device=hidden_NH.device)
+            # zeros, not empty: a padding-only shard (vocab_local == 0) runs no chunk.
+            dh_NH = torch.zeros(hidden_NH.shape, dtype=cdtype, device=hidden_NH.device)
         if need_dw:
             dw_VH = torch.zeros(weight_VH.shape, dtype=cdtype, device=weight_VH.device)
 
-        for lo in range(0, n_tokens, ctx.chunk_size):
+        for lo in range(0, n_tokens if vocab_local else 0, ctx.chunk_size):
             hi = min(lo + ctx.chunk_size, n_tokens)
             h_c = hidden_NH[lo:hi].to(cdtype)
             zm = h_c @ weight_c.T
@@ -209,12 +218,15 @@ class ChunkedLinearLogprob(torch.autograd.Function):
             del dz, p
 
         if dh_NH is not None:
-            # Every rank's hidden input is a replica, so its gradient is the sum over shards.
-            _all_reduce(dh_NH, dist.ReduceOp.SUM, ctx.tp_group)
+            # Every rank's hidden input is a replica, so its gradient is the sum over shards;
+            # a caller whose own TP region op already reduces (Megatron's sequence-parallel
+            # gather reduce-scatters in backward) asks for the local part only.
+            if ctx.reduce_grad_hidden:
+                _all_reduce(dh_NH, dist.ReduceOp.SUM, ctx.tp_group)
             dh_NH = dh_NH.to(hidden_NH.dtype)
         if dw_VH is not None:
             dw_VH = dw_VH.to(weight_VH.dtype)
-        return dh_NH, dw_VH, None, None, None, None, None, None
+        return dh_NH, dw_VH, None, None, None, None, None, None, None
 
 
 def chunked_linear_logprob(
@@ -227,6 +239,7 @@ def chunked_linear_logprob(
     tp_group: Any,
     compute_entropy: bool,
     chunk_size: int,
+    reduce_grad_hidden: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked logprob/entropy; inputs are assumed valid (see ``dispatch.linear_logprob``).
 
@@ -239,6 +252,8 @@ def chunked_linear_logprob(
         tp_group: process group sharding the vocab, or None for a single process.
         compute_entropy: also return the entropy.
         chunk_size: tokens per chunk.
+        reduce_grad_hidden: all-reduce the hidden-state gradient over ``tp_group`` (False
+            when the caller's own TP region op reduces it, e.g. a sequence-parallel gather).
 
     Returns:
         ``(logprob_N, entropy_N or None)`` in fp32 (fp64 for fp64 inputs).
@@ -252,6 +267,7 @@ def chunked_linear_logprob(
         tp_group,
         compute_entropy,
         chunk_size,
+        reduce_grad_hidden,
     )
     if compute_entropy:
         return out[0], out[1]

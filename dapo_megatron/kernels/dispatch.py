@@ -37,6 +37,7 @@ def _validate(
     tp_group: Any,
     chunk_size: int | None,
     impl: str,
+    vocab_size: int | None,
 ) -> None:
     """Raise ValueError naming the first bad argument and its value."""
     if impl not in LOGPROB_IMPLS:
@@ -72,6 +73,8 @@ def _validate(
         raise ValueError(f"chunk_size must be a positive int or None, got {chunk_size!r}")
     tp_size = 1 if tp_group is None else dist.get_world_size(tp_group)
     vocab_global = weight_VH.shape[0] * tp_size
+    if vocab_size is not None and not 0 < vocab_size <= vocab_global:
+        raise ValueError(f"vocab_size={vocab_size} must be in (0, {vocab_global}] (padded rows)")
     if not 0 <= vocab_start <= vocab_global - weight_VH.shape[0]:
         raise ValueError(
             f"vocab_start={vocab_start} puts the shard of {weight_VH.shape[0]} rows outside "
@@ -81,10 +84,11 @@ def _validate(
         raise ValueError(f"impl='reference' is single-process, got a tp_group of size {tp_size}")
     if targets_N.numel() > 0:
         lo, hi = int(targets_N.min()), int(targets_N.max())
-        if lo < 0 or hi >= vocab_global:
+        limit = vocab_global if vocab_size is None else vocab_size
+        if lo < 0 or hi >= limit:
             bad = lo if lo < 0 else hi
             raise ValueError(
-                f"targets_N holds token id {bad}, outside the vocabulary [0, {vocab_global}) "
+                f"targets_N holds token id {bad}, outside the vocabulary [0, {limit}) "
                 "(mask ignored positions, e.g. -100, to a valid id before calling)"
             )
 
@@ -100,6 +104,8 @@ def linear_logprob(
     compute_entropy: bool = False,
     chunk_size: int | None = None,
     impl: LogprobImpl = "auto",
+    reduce_grad_hidden: bool = True,
+    vocab_size: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per-token ``log softmax(h W^T / T)[target]`` (and entropy) over a vocab-parallel weight.
 
@@ -116,6 +122,11 @@ def linear_logprob(
         compute_entropy: also return the entropy of each row's distribution.
         chunk_size: tokens per chunk (chunked path); None = about 256 MiB of logits per chunk.
         impl: ``"auto"``, ``"chunked"`` or ``"reference"`` (see the module docstring).
+        reduce_grad_hidden: all-reduce the gradient of ``hidden_NH`` over ``tp_group`` (the
+            input is a replica); False when the caller's TP region op reduces it instead.
+        vocab_size: number of real vocabulary entries when the weight carries padding rows
+            (Megatron pads to a multiple of 128 * TP); rows at global ids >= vocab_size are
+            left out of the softmax (their gradient is zero). None: every row is real.
 
     Returns:
         ``(logprob_N, entropy_N or None)``, fp32 (fp64 for fp64 inputs), differentiable
@@ -125,8 +136,22 @@ def linear_logprob(
         ValueError: a shape, dtype, device, temperature, chunk size, vocab range or target id
             is invalid.
     """
-    _validate(hidden_NH, weight_VH, targets_N, temperature, vocab_start, tp_group, chunk_size, impl)
+    _validate(
+        hidden_NH,
+        weight_VH,
+        targets_N,
+        temperature,
+        vocab_start,
+        tp_group,
+        chunk_size,
+        impl,
+        vocab_size,
+    )
     targets_N = targets_N.long()
+    if vocab_size is not None:
+        # Slicing (rather than masking logits) keeps padding out of every chunk's GEMM; a
+        # shard may end up with no rows, which the chunked path handles.
+        weight_VH = weight_VH[: max(0, min(weight_VH.shape[0], vocab_size - vocab_start))]
     if impl == "reference":
         # Upcast like the chunked path does, so both compute the same numbers in the same
         # output dtype and callers can switch implementations freely.
@@ -150,4 +175,5 @@ def linear_logprob(
         tp_group=tp_group,
         compute_entropy=compute_entropy,
         chunk_size=chunk_size,
+        reduce_grad_hidden=reduce_grad_hidden,
     )

@@ -144,3 +144,68 @@ def test_matches_single_process_reference(index: int, per_rank: list) -> None:
     # Both ranks return the same logprobs and the same full hidden gradient.
     for key in ("lp", "dH"):
         torch.testing.assert_close(per_rank[0][index][key], per_rank[1][index][key], rtol=0, atol=0)
+
+
+# ---------------------------------------------------------------------------------------
+# Megatron pads the vocabulary to a multiple of 128 * TP: padded rows must stay out of the
+# softmax (they hold whatever the optimizer left there), even when a whole shard is padding.
+
+PADDED = [700, 400]  # real rows: rank 1 holds 200 real + 300 padding rows; then none at all
+
+
+def _padded_worker(vocab_sizes: list[int]) -> list[dict[str, torch.Tensor]]:
+    dist.init_process_group("gloo")
+    try:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        results = []
+        for vocab_size in vocab_sizes:
+            case = _padded_case(vocab_size)
+            v_local = V // world
+            shard = case["weight"][rank * v_local : (rank + 1) * v_local]
+            for reduce in (True, False):
+                out = _forward_backward(
+                    case,
+                    case["hidden"],
+                    shard,
+                    fn=linear_logprob,
+                    vocab_start=rank * v_local,
+                    tp_group=dist.group.WORLD,
+                    chunk_size=16,
+                    vocab_size=vocab_size,
+                    reduce_grad_hidden=reduce,
+                )
+                results.append(out)
+        return results
+    finally:
+        dist.destroy_process_group()
+
+
+def _padded_case(vocab_size: int) -> dict:
+    case = _case(f"padded-{vocab_size}", torch.float64, chunk_size=16, seed=10 + vocab_size)
+    case["weight"][vocab_size:] = 50.0  # garbage rows that would dominate a softmax
+    case["targets"] = case["targets"] % vocab_size
+    return case
+
+
+def test_padded_vocabulary_rows_are_ignored() -> None:
+    per_rank = run_distributed(_padded_worker, WORLD, PADDED, timeout=120.0)
+    v_local = V // WORLD
+    for i, vocab_size in enumerate(PADDED):
+        case = _padded_case(vocab_size)
+        want = _forward_backward(
+            case, case["hidden"], case["weight"][:vocab_size], fn=linear_logprob_reference
+        )
+        full_dw = torch.cat([want["dW"], torch.zeros(V - vocab_size, H, dtype=torch.float64)])
+        reduced = [per_rank[r][2 * i] for r in range(WORLD)]
+        local = [per_rank[r][2 * i + 1] for r in range(WORLD)]
+        for rank in range(WORLD):
+            for key in ("lp", "ent", "dH"):
+                torch.testing.assert_close(reduced[rank][key], want[key], rtol=0, atol=1e-9)
+            dw = full_dw[rank * v_local : (rank + 1) * v_local]
+            torch.testing.assert_close(reduced[rank]["dW"], dw, rtol=0, atol=1e-9)
+        # Without the internal all-reduce each rank returns its part; the parts sum to dH.
+        torch.testing.assert_close(local[0]["dH"] + local[1]["dH"], want["dH"], rtol=0, atol=1e-9)
+        if vocab_size > v_local:  # both shards hold real rows: each part is partial
+            assert not torch.allclose(local[0]["dH"], want["dH"])
+        else:  # rank 1 is all padding and contributes nothing
+            assert torch.count_nonzero(local[1]["dH"]) == 0
