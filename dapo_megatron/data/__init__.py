@@ -1,0 +1,1 @@
+"""Datasets, prompt templates, the synthetic task, tokenizers and the policy batch format."""

@@ -1,0 +1,90 @@
+"""The batch format exchanged between the controller and the policy workers.
+
+Every per-token tensor is TOKEN-ALIGNED: ``[B, S]`` over the right-padded prompt+response
+sequence, and entry ``[b, t]`` belongs to token ``input_ids[b, t]`` (its logprob is
+``log p(token t | tokens < t)``; position 0 has none and is never in a loss mask). Keeping
+one convention on the wire avoids the classic off-by-one between "logprob of the next
+token" and "logprob of this token"; the workers shift internally.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PolicyBatch:
+    """B samples for the policy, right-padded to a common length S."""
+
+    input_ids: torch.Tensor
+    """[B, S] int64 prompt + response tokens, right-padded (pad value irrelevant)."""
+    loss_mask: torch.Tensor
+    """[B, S] 1 for tokens whose logprob is trained (response tokens not filtered out)."""
+    advantages: torch.Tensor | None = None
+    """[B] per-sample or [B, S] per-token advantages (DAPO training)."""
+    old_logprobs: torch.Tensor | None = None
+    """[B, S] logprobs under the policy before this step's updates (the PPO ratio's base)."""
+    rollout_logprobs: torch.Tensor | None = None
+    """[B, S] logprobs the generation engine reported (rollout/train mismatch correction)."""
+    ref_logprobs: torch.Tensor | None = None
+    """[B, S] logprobs under the reference policy (KL penalty)."""
+
+    def __post_init__(self) -> None:
+        if self.input_ids.dim() != 2:
+            raise ValueError(f"input_ids must be [B, S], got shape {tuple(self.input_ids.shape)}")
+        shape = self.input_ids.shape
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if value is None or field.name == "input_ids":
+                continue
+            ok = value.shape == shape or (field.name == "advantages" and value.shape == shape[:1])
+            if not ok:
+                raise ValueError(
+                    f"{field.name} has shape {tuple(value.shape)}; expected {tuple(shape)}"
+                    + (" or [B]" if field.name == "advantages" else "")
+                )
+
+    def __len__(self) -> int:
+        return self.input_ids.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.input_ids.shape[1]
+
+    def select(self, index: slice | torch.Tensor) -> PolicyBatch:
+        """The samples at `index` (a slice or a 1-D index tensor)."""
+        return PolicyBatch(
+            **{
+                f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index]
+                for f in dataclasses.fields(self)
+            }
+        )
+
+    def pad_to(self, num_samples: int, seq_len: int) -> PolicyBatch:
+        """Append samples (copies of padding with an empty loss mask) and columns.
+
+        Pipeline schedules need every micro-batch to have the same shape, so a short batch
+        is filled with samples that contribute nothing to any loss.
+        """
+        if num_samples < len(self) or seq_len < self.seq_len:
+            raise ValueError(
+                f"pad_to({num_samples}, {seq_len}) cannot shrink a batch of {len(self)} x "
+                f"{self.seq_len}"
+            )
+        out = {}
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if value is None:
+                out[f.name] = None
+                continue
+            rows = num_samples - value.shape[0]
+            padded = torch.cat([value, value.new_zeros((rows, *value.shape[1:]))])
+            if padded.dim() == 2:
+                padded = torch.cat(
+                    [padded, padded.new_zeros((num_samples, seq_len - padded.shape[1]))], dim=1
+                )
+            out[f.name] = padded
+        return PolicyBatch(**out)

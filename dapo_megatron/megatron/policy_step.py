@@ -1,0 +1,512 @@
+"""Forward-only logprobs, the DAPO train step and the SFT step on Megatron-Core.
+
+All three run through Megatron's ``forward_backward_func`` (so PP schedules, TP, SP, CP
+and DP work unchanged) with a model whose output layer returns hidden states instead of
+logits (``hidden_state_head``): the token logprobs come from the chunked vocab-parallel
+``linear_logprob`` kernel, so the fp32 [tokens, vocab] logits never exist.
+
+Loss normalisation: the DAPO loss of a mini-batch is defined with a GLOBAL normaliser
+(``algorithms.loss.loss_denominator`` summed over every micro-batch and data-parallel
+rank), computed before the forward pass. Each micro-batch's loss is its share of the
+mini-batch loss, and Megatron must only SUM gradients: the model config sets
+``calculate_per_token_loss`` (DDP then neither averages over DP/CP nor does the schedule
+divide by the micro-batch count) and the loss functions report 0 tokens (so
+``finalize_model_grads`` does not rescale). The result is independent of micro-batching
+and of the DP size.
+
+Shift convention: batches arrive token-aligned (data/batch.py). Inside, tensors are
+shifted to "prediction position" p, where label[p] = input_ids[p + 1]; outputs are shifted
+back before they leave this module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
+
+from dapo_megatron.algorithms.loss import (
+    loss_denominator,
+    metric_reduction,
+    policy_loss,
+    reduce_loss_metrics,
+)
+from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.schema import LossConfig
+from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.kernels import linear_logprob
+from dapo_megatron.megatron.context_parallel import (
+    gather_from_context_parallel,
+    split_for_context_parallel,
+)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """What every policy computation needs to know about the model and the layout."""
+
+    dims: ParallelDims
+    """Parallel layout."""
+    vocab_size: int
+    """Real vocabulary size (the output layer carries padding rows beyond it)."""
+    temperature: float
+    """Logits are divided by the sampling temperature, so logprobs match the rollouts."""
+
+
+# ---------------------------------------------------------------------------------------
+# Output layer -> hidden states
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    while hasattr(model, "module"):
+        model = model.module
+    return model
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Identity forward; backward all-reduces the gradient over the TP group.
+
+    Megatron's copy_to_tensor_model_parallel_region does the same, but its all-reduce runs
+    on ``grad.contiguous()`` and returns the original tensor: a non-contiguous gradient
+    (ours arrives transposed from GPTModel's [s, b, h] -> [b, s, h]) would be reduced in a
+    temporary copy and the reduction silently lost.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        return hidden
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
+        return grad
+
+
+@contextlib.contextmanager
+def hidden_state_head(model_chunks: list[torch.nn.Module]) -> Iterator[None]:
+    """Make the last stage's output layer return (TP-replicated) hidden states.
+
+    GPTModel applies its output layer to the final-norm hidden states, optionally with the
+    tied embedding weight. Under this context the layer instead returns those hidden
+    states, gathered over TP/SP with Megatron's region ops (whose backward reduces the
+    gradient), and records the weight it would have used on ``model._dapo_output_weight``.
+    It is an instance attribute of our own model object, restored on exit; generation can
+    use the same model with real logits outside the context.
+    """
+    layer_owners = [_unwrap(m) for m in model_chunks if hasattr(_unwrap(m), "output_layer")]
+    layers = [owner.output_layer for owner in layer_owners if getattr(owner, "post_process", False)]
+    for owner, layer in zip(layer_owners, layers, strict=False):
+
+        def forward(hidden, weight=None, runtime_gather_output=None, _layer=layer, _owner=owner):
+            # object.__setattr__: nn.Module would register a Parameter value as a new
+            # parameter of the model (renaming the shared embedding in named_parameters).
+            object.__setattr__(
+                _owner, "_dapo_output_weight", _layer.weight if weight is None else weight
+            )
+            if _layer.sequence_parallel:
+                hidden = gather_from_sequence_parallel_region(hidden, True)
+            elif parallel_state.get_tensor_model_parallel_world_size() > 1:
+                hidden = _CopyToTensorParallel.apply(hidden)
+            return hidden, None
+
+        layer.forward = forward
+    try:
+        yield
+    finally:
+        for layer in layers:
+            del layer.forward  # back to the class's forward
+        for owner in layer_owners:
+            owner.__dict__.pop("_dapo_output_weight", None)
+
+
+def _output_weight(model: torch.nn.Module) -> torch.Tensor:
+    return _unwrap(model)._dapo_output_weight
+
+
+# ---------------------------------------------------------------------------------------
+# Micro-batches
+
+
+def _pad_multiple(dims: ParallelDims) -> int:
+    """Sequence lengths must split into 2*CP chunks, each divisible by TP under SP."""
+    multiple = 2 * dims.cp if dims.cp > 1 else 1
+    return multiple * (dims.tp if dims.sequence_parallel else 1)
+
+
+def _shifted(t: torch.Tensor | None) -> torch.Tensor | None:
+    """Token-aligned [B, S] -> prediction-aligned: out[:, p] = t[:, p + 1], last column 0."""
+    if t is None:
+        return None
+    return torch.cat([t[:, 1:], t.new_zeros((t.shape[0], 1))], dim=1)
+
+
+def _micro_batches(
+    batch: PolicyBatch,
+    micro_batch_size: int,
+    dims: ParallelDims,
+) -> tuple[list[dict[str, torch.Tensor | None]], int, int]:
+    """Split into equal micro-batches of prediction-aligned, CP-local tensors.
+
+    Returns the micro-batches, the (padded) sequence length and the number of real samples.
+    """
+    n_real = len(batch)
+    multiple = _pad_multiple(dims)
+    seq_len = -(-batch.seq_len // multiple) * multiple
+    n_micro = max(1, -(-n_real // micro_batch_size))
+    batch = batch.pad_to(n_micro * micro_batch_size, seq_len)
+    cp_rank = parallel_state.get_context_parallel_rank()
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if torch.cuda.is_available()
+        else torch.device("cpu")
+    )
+
+    def local(t: torch.Tensor | None) -> torch.Tensor | None:
+        if t is None:
+            return None
+        if dims.cp > 1 and t.dim() == 2:
+            t = split_for_context_parallel(t, seq_dim=1, cp_rank=cp_rank, cp_size=dims.cp)
+        return t.to(device)
+
+    advantages = batch.advantages
+    if advantages is not None and advantages.dim() == 1:
+        advantages = advantages[:, None].expand(-1, seq_len)
+    position_ids = torch.arange(seq_len).expand(len(batch), seq_len)
+    micro = []
+    for i in range(n_micro):
+        rows = slice(i * micro_batch_size, (i + 1) * micro_batch_size)
+        mb = batch.select(rows)
+        micro.append(
+            {
+                "input_ids": local(mb.input_ids),
+                "position_ids": local(position_ids[rows]),
+                "labels": local(_shifted(mb.input_ids)),
+                "mask": local(_shifted(mb.loss_mask).float()),
+                "advantages": local(_shifted(None if advantages is None else advantages[rows])),
+                "old_logprobs": local(_shifted(mb.old_logprobs)),
+                "rollout_logprobs": local(_shifted(mb.rollout_logprobs)),
+                "ref_logprobs": local(_shifted(mb.ref_logprobs)),
+            }
+        )
+    return micro, seq_len, n_real
+
+
+def _token_logprobs(
+    model: torch.nn.Module,
+    hidden_BSH: torch.Tensor,
+    labels_BS: torch.Tensor,
+    ctx: StepContext,
+    *,
+    entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logprob (and entropy) of each label under the model, [b, s_local] fp32."""
+    weight = _output_weight(model)
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    b, s, h = hidden_BSH.shape
+    lp, ent = linear_logprob(
+        hidden_BSH.reshape(b * s, h),
+        weight,
+        labels_BS.reshape(-1),
+        temperature=ctx.temperature,
+        vocab_start=tp_rank * weight.shape[0],
+        tp_group=parallel_state.get_tensor_model_parallel_group() if ctx.dims.tp > 1 else None,
+        compute_entropy=entropy,
+        # The region op of hidden_state_head already reduces the hidden gradient over TP.
+        reduce_grad_hidden=False,
+        vocab_size=ctx.vocab_size,
+    )
+    return lp.view(b, s), None if ent is None else ent.view(b, s)
+
+
+def _run(
+    model_chunks: list[torch.nn.Module],
+    micro: list[dict],
+    seq_len: int,
+    micro_batch_size: int,
+    loss_fn: Callable,
+    *,
+    forward_only: bool,
+) -> list[dict]:
+    """Megatron's schedule over the micro-batches; returns the last stage's loss outputs."""
+    data = iter(micro)
+
+    def forward_step(data_iterator: Iterator[dict], model: torch.nn.Module):
+        mb = next(data_iterator)
+        output = model(mb["input_ids"], mb["position_ids"], None)
+        return output, functools.partial(loss_fn, model, mb)
+
+    with hidden_state_head(model_chunks):
+        return get_forward_backward_func()(
+            forward_step_func=forward_step,
+            data_iterator=data,
+            model=model_chunks,
+            num_microbatches=len(micro),
+            seq_length=seq_len,
+            micro_batch_size=micro_batch_size,
+            forward_only=forward_only,
+        )
+
+
+def _broadcast_from_last_stage(
+    tensor: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype
+) -> torch.Tensor:
+    """Give every pipeline stage the last stage's tensor."""
+    if parallel_state.get_pipeline_model_parallel_world_size() == 1:
+        assert tensor is not None
+        return tensor
+    if tensor is None:
+        tensor = torch.empty(shape, dtype=dtype)
+    tensor = tensor.contiguous()
+    dist.broadcast(
+        tensor,
+        src=parallel_state.get_pipeline_model_parallel_last_rank(),
+        group=parallel_state.get_pipeline_model_parallel_group(),
+    )
+    return tensor
+
+
+# ---------------------------------------------------------------------------------------
+# Forward-only logprobs
+
+
+@torch.no_grad()
+def compute_logprobs(
+    model_chunks: list[torch.nn.Module],
+    batch: PolicyBatch,
+    ctx: StepContext,
+    *,
+    micro_batch_size: int,
+    compute_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Token-aligned logprobs [B, S] (and entropies) of this DP rank's batch, on every rank.
+
+    Position 0 of each row has no logprob and is 0.
+    """
+    for m in model_chunks:
+        m.eval()
+    micro, seq_len, n_real = _micro_batches(batch, micro_batch_size, ctx.dims)
+
+    def loss_fn(model, mb, hidden):
+        lp, ent = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=compute_entropy)
+        out = {"lp": lp}
+        if ent is not None:
+            out["ent"] = ent
+        return torch.zeros((), device=lp.device), torch.tensor(0, dtype=torch.int), out
+
+    outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=True)
+    shape = (len(micro) * micro_batch_size, seq_len)
+    results = []
+    for key in ("lp", "ent") if compute_entropy else ("lp",):
+        full = None
+        if parallel_state.is_pipeline_last_stage():
+            full = torch.cat([o[key] for o in outputs]).float().cpu()
+            if ctx.dims.cp > 1:
+                full = gather_from_context_parallel(
+                    full, seq_dim=1, group=parallel_state.get_context_parallel_group()
+                )
+        full = _broadcast_from_last_stage(full, shape, torch.float32)
+        # prediction-aligned -> token-aligned: the logprob of token t sits at column t.
+        token_aligned = torch.cat([full.new_zeros((shape[0], 1)), full[:, :-1]], dim=1)
+        results.append(token_aligned[:n_real, : batch.seq_len])
+    return results[0], results[1] if compute_entropy else None
+
+
+# ---------------------------------------------------------------------------------------
+# Training
+
+
+def _global_denominator(batch: PolicyBatch, mode: str, scale_length: int | None) -> torch.Tensor:
+    """The mini-batch normaliser: local denominators summed over data-parallel ranks."""
+    local = loss_denominator(_shifted(batch.loss_mask), mode, loss_scale_length=scale_length)
+    total = local.to(torch.float64).reshape(1)
+    if parallel_state.get_data_parallel_world_size() > 1:
+        dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    return total[0]
+
+
+def _reduce_metric_sums(outputs: list[dict], keys: list[str]) -> dict[str, torch.Tensor]:
+    """Combine per-micro-batch metric sums over micro-batches and DP x CP ranks.
+
+    One all-reduce per reduction op (sum, max, min), not one per metric.
+    """
+    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    group = parallel_state.get_data_parallel_group(with_context_parallel=True)
+    distributed = parallel_state.get_data_parallel_world_size(with_context_parallel=True) > 1
+    reduced: dict[str, torch.Tensor] = {}
+    for how, op in ops.items():
+        names = [k for k in keys if metric_reduction(k) == how]
+        if not names:
+            continue
+        per_micro = torch.stack(
+            [torch.stack([o[k].double().reshape(()).cpu() for k in names]) for o in outputs]
+        )
+        local = getattr(per_micro, how)(dim=0)
+        local = local.values if how != "sum" else local
+        if distributed:
+            dist.all_reduce(local, op=op, group=group)
+        reduced.update(zip(names, local, strict=True))
+    return reduced
+
+
+def _grads_are_finite(model_chunks: list[torch.nn.Module]) -> bool:
+    """True when every rank's gradients are finite (a non-finite step must be skipped)."""
+    bad = torch.zeros(1)
+    for chunk in model_chunks:
+        for p in chunk.parameters():
+            grad = getattr(p, "main_grad", None)
+            if grad is None:
+                grad = p.grad
+            if grad is not None and not torch.isfinite(grad).all():
+                bad.fill_(1.0)
+                break
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        bad = bad.to(next(model_chunks[0].parameters()).device)
+        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+    return bool(bad.item() == 0)
+
+
+def _optimizer_step(model_chunks, optimizer, scheduler) -> dict[str, float]:
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads(model_chunks)
+    finite = _grads_are_finite(model_chunks)
+    grad_norm = float("nan")
+    if finite:
+        _, grad_norm, _ = optimizer.step()
+        scheduler.step(increment=1)
+    for chunk in model_chunks:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    return {
+        "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+        "lr": optimizer.param_groups[0]["lr"],
+        "skipped_nonfinite_step": 0.0 if finite else 1.0,
+    }
+
+
+def train_step(
+    model_chunks: list[torch.nn.Module],
+    optimizer,
+    scheduler,
+    batch: PolicyBatch,
+    ctx: StepContext,
+    loss_cfg: LossConfig,
+    *,
+    micro_batch_size: int,
+    max_response_length: int,
+) -> dict[str, float]:
+    """One optimizer step of the DAPO loss on this DP rank's share of a mini-batch.
+
+    `batch` needs advantages; old_logprobs default to the current policy's (detached)
+    logprobs, i.e. a ratio of 1. Returns the step's metrics (identical on every rank).
+    """
+    if batch.advantages is None:
+        raise ValueError("train_step needs batch.advantages")
+    for m in model_chunks:
+        m.train()
+    scale_length = loss_cfg.loss_scale_length or max_response_length
+    normalizer = _global_denominator(batch, loss_cfg.loss_agg_mode, scale_length)
+    micro, seq_len, _ = _micro_batches(batch, micro_batch_size, ctx.dims)
+    want_entropy_grad = loss_cfg.entropy_coef > 0
+
+    def loss_fn(model, mb, hidden):
+        lp, ent = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=True)
+        old = mb["old_logprobs"] if mb["old_logprobs"] is not None else lp.detach()
+        out = policy_loss(
+            lp,
+            old,
+            mb["advantages"],
+            mb["mask"],
+            normalizer=normalizer,
+            clip_ratio_low=loss_cfg.clip_ratio_low,
+            clip_ratio_high=loss_cfg.clip_ratio_high,
+            clip_ratio_c=loss_cfg.clip_ratio_c,
+            loss_agg_mode=loss_cfg.loss_agg_mode,
+            rollout_logprobs_BT=mb["rollout_logprobs"],
+            rollout_correction=loss_cfg.rollout_correction
+            if mb["rollout_logprobs"] is not None
+            else "none",
+            rollout_correction_level=loss_cfg.rollout_correction_level,
+            tis_cap=loss_cfg.tis_cap,
+            mis_low=loss_cfg.mis_low,
+            mis_high=loss_cfg.mis_high,
+            ref_logprobs_BT=mb["ref_logprobs"],
+            kl_coef=loss_cfg.kl_coef,
+            kl_estimator=loss_cfg.kl_estimator,
+            entropy_BT=ent if want_entropy_grad else ent.detach(),
+            entropy_coef=loss_cfg.entropy_coef,
+        )
+        metrics = dict(out.metrics, loss_sum=out.loss.detach().double())
+        return out.loss, torch.tensor(0, dtype=torch.int), metrics
+
+    outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=False)
+    metrics = _finish_metrics(outputs)
+    metrics.update(_optimizer_step(model_chunks, optimizer, scheduler))
+    return metrics
+
+
+def _finish_metrics(outputs: list[dict]) -> dict[str, float]:
+    """Reduce the last stage's metric sums and share the means with every pipeline stage."""
+    metrics = None
+    if parallel_state.is_pipeline_last_stage():
+        sums = _reduce_metric_sums(outputs, sorted(outputs[0]))
+        loss = float(sums.pop("loss_sum"))
+        metrics = {"loss": loss, **reduce_loss_metrics([sums])}
+    if parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        holder = [metrics]
+        dist.broadcast_object_list(
+            holder,
+            src=parallel_state.get_pipeline_model_parallel_last_rank(),
+            group=parallel_state.get_pipeline_model_parallel_group(),
+        )
+        metrics = holder[0]
+    assert metrics is not None
+    return metrics
+
+
+def sft_step(
+    model_chunks: list[torch.nn.Module],
+    optimizer,
+    scheduler,
+    batch: PolicyBatch,
+    ctx: StepContext,
+    *,
+    micro_batch_size: int,
+) -> dict[str, float]:
+    """One optimizer step of token-mean NLL on the loss-masked tokens (supervised warm-up)."""
+    for m in model_chunks:
+        m.train()
+    normalizer = _global_denominator(batch, "token-mean", None)
+    micro, seq_len, _ = _micro_batches(batch, micro_batch_size, ctx.dims)
+
+    def loss_fn(model, mb, hidden):
+        lp, _ = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=False)
+        nll_sum = -(lp * mb["mask"]).sum()
+        loss = nll_sum / normalizer.clamp(min=1).to(nll_sum.dtype)
+        metrics = {
+            "loss_sum": loss.detach().double(),
+            "num_valid_tokens": mb["mask"].sum().double(),
+        }
+        return loss, torch.tensor(0, dtype=torch.int), metrics
+
+    outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=False)
+    metrics = _sft_metrics(outputs)
+    metrics.update(_optimizer_step(model_chunks, optimizer, scheduler))
+    return metrics
+
+
+def _sft_metrics(outputs: list[dict]) -> dict[str, float]:
+    values = torch.zeros(2, dtype=torch.float64)
+    if parallel_state.is_pipeline_last_stage():
+        sums = _reduce_metric_sums(outputs, ["loss_sum", "num_valid_tokens"])
+        values = torch.stack([sums["loss_sum"], sums["num_valid_tokens"]])
+    values = _broadcast_from_last_stage(values, (2,), torch.float64)
+    return {"sft/nll": float(values[0]), "num_valid_tokens": float(values[1])}
