@@ -7,7 +7,8 @@ q/k/v bias for Qwen2, tied or untied input/output embeddings. Weights are random
 
 Layer implementation: Transformer Engine's spec when ``transformer_engine`` imports and
 CUDA is present; otherwise Megatron's local (pure torch) spec with our own RMSNorm (the
-local spec's torch norm refuses sequence parallelism, see ``_RMSNorm``).
+local spec's torch norm refuses sequence parallelism, see ``_RMSNorm``) and, when
+context parallelism is on, our all-gather core attention (``context_parallel.py``).
 
 Vocabulary padding: the embedding and output layer have ``padded_vocab_size`` rows (a
 multiple of 128 * TP, Megatron's convention, so that each TP shard is equal and GEMM
@@ -37,6 +38,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.megatron.context_parallel import ContextParallelAttention
 from dapo_megatron.megatron.cpu_compat import apply_cpu_compat
 
 VOCAB_DIVISIBLE_BY = 128
@@ -132,10 +134,23 @@ class _RMSNorm(torch.nn.RMSNorm):
 
 def _local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    self_attention = spec.submodules.self_attention
+    if config.context_parallel_size > 1:
+        # The local DotProductAttention refuses CP > 1 (only TE implements it); ours
+        # all-gathers K/V over the CP group. CP == 1 keeps Megatron's module and numerics.
+        self_attention = dataclasses.replace(
+            self_attention,
+            submodules=dataclasses.replace(
+                self_attention.submodules, core_attention=ContextParallelAttention
+            ),
+        )
     layer = dataclasses.replace(
         spec,
         submodules=dataclasses.replace(
-            spec.submodules, input_layernorm=_RMSNorm, pre_mlp_layernorm=_RMSNorm
+            spec.submodules,
+            input_layernorm=_RMSNorm,
+            pre_mlp_layernorm=_RMSNorm,
+            self_attention=self_attention,
         ),
     )
     pp_rank = parallel_state.get_pipeline_model_parallel_rank()
@@ -144,7 +159,12 @@ def _local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
 
 
 def layer_spec(config: TransformerConfig) -> ModuleSpec | TransformerBlockSubmodules:
-    """The decoder spec: Transformer Engine on GPU when available, local modules otherwise."""
+    """The decoder spec: Transformer Engine on GPU when available, local modules otherwise.
+
+    The local spec under CP > 1 uses ``ContextParallelAttention``; its inputs must then
+    be split with ``context_parallel.split_for_context_parallel`` (the layout that
+    GPTModel's rotary embedding assumes).
+    """
     if uses_transformer_engine():
         return get_gpt_layer_with_transformer_engine_spec()
     return _local_block_spec(config)

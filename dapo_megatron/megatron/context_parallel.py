@@ -1,0 +1,374 @@
+"""Context parallelism (CP) without Transformer Engine: sequence split and core attention.
+
+Under CP each rank of a CP group holds a slice of every sequence. Megatron's layout is
+load-balanced for causal attention: the sequence is cut into ``2 * cp`` equal chunks and
+rank ``r`` holds chunks ``r`` and ``2 * cp - 1 - r``, concatenated (so every rank has the
+same amount of work: one early, cheap chunk and one late, expensive one). Megatron's
+``get_batch_on_this_cp_rank`` and ``RotaryEmbedding`` (``get_pos_emb_on_this_cp_rank``)
+use this layout; ``split_for_context_parallel`` reproduces it for our batches.
+
+Megatron's own CP attention exists only in Transformer Engine (its local
+``DotProductAttention`` refuses CP > 1), and TE needs CUDA. ``ContextParallelAttention``
+is a drop-in ``core_attention`` for the local layer spec that all-gathers K and V over the
+CP group, so each rank attends with its own queries to the whole sequence. It costs
+``O(s)`` memory for K/V per rank (a ring exchange would not), which is fine for CPU runs
+and small GPU jobs without TE; on GPU with TE installed the TE spec is used instead.
+
+What the model expects from callers under CP > 1:
+
+* every input with a sequence dimension (``input_ids``, ``position_ids``, labels, loss
+  masks) is split with ``split_for_context_parallel``; the sequence length must be a
+  multiple of ``2 * cp`` (pad it);
+* RoPE does not read ``position_ids``: GPTModel builds rotary angles for positions
+  ``0 .. s-1`` (``s`` = local length x cp) and slices them with the same layout, so a
+  rank's tokens must be exactly its split of a sequence starting at position 0;
+* outputs (logits, per-token logprobs) are per rank in the split layout;
+  ``gather_from_context_parallel`` restores the sequence order when a full copy is needed.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.packed_seq_params import PackedSeqParams
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import divide
+from torch import Tensor
+
+
+def _check_split(seq_len: int, cp_rank: int, cp_size: int) -> int:
+    """Validate the layout arguments; returns the chunk length ``seq_len / (2 * cp_size)``.
+
+    Without CP nothing is split, so any length is valid (the chunk length is then unused).
+    """
+    if cp_size < 1 or not 0 <= cp_rank < cp_size:
+        raise ValueError(f"cp_rank={cp_rank}, cp_size={cp_size}: need 0 <= cp_rank < cp_size")
+    if cp_size > 1 and seq_len % (2 * cp_size) != 0:
+        raise ValueError(
+            f"sequence length {seq_len} is not divisible by 2 * context_parallel_size = "
+            f"{2 * cp_size}; pad the sequences to a multiple of {2 * cp_size}"
+        )
+    return seq_len // (2 * cp_size)
+
+
+def cp_positions(seq_len: int, cp_rank: int, cp_size: int) -> torch.Tensor:
+    """Global positions of the tokens held by ``cp_rank``, in their local order.
+
+    Args:
+        seq_len: full sequence length ``s`` (a multiple of ``2 * cp_size``).
+        cp_rank: this rank in the CP group.
+        cp_size: CP group size.
+
+    Returns:
+        LongTensor ``[s / cp_size]`` (``arange(s)`` when ``cp_size == 1``): chunk ``cp_rank`` then chunk ``2 * cp_size - 1 -
+        cp_rank``. Example: ``s = 8, cp = 2`` gives ``[0, 1, 6, 7]`` on rank 0 and
+        ``[2, 3, 4, 5]`` on rank 1.
+    """
+    chunk = _check_split(seq_len, cp_rank, cp_size)
+    if cp_size == 1:
+        return torch.arange(seq_len)
+    first = torch.arange(cp_rank * chunk, (cp_rank + 1) * chunk)
+    last_chunk = 2 * cp_size - 1 - cp_rank
+    second = torch.arange(last_chunk * chunk, (last_chunk + 1) * chunk)
+    return torch.cat([first, second])
+
+
+def split_for_context_parallel(
+    tensor: torch.Tensor, *, seq_dim: int, cp_rank: int, cp_size: int
+) -> torch.Tensor:
+    """This rank's part of ``tensor`` along ``seq_dim``, in Megatron's load-balanced layout.
+
+    Args:
+        tensor: any tensor whose dimension ``seq_dim`` is the full sequence ``s``
+            (``input_ids [b, s]``: ``seq_dim=1``; hidden states ``[s, b, h]``: ``0``).
+        seq_dim: the sequence dimension (negative values count from the end).
+        cp_rank: this rank in the CP group.
+        cp_size: CP group size; 1 returns ``tensor`` itself.
+
+    Returns:
+        Same shape except ``s / cp_size`` along ``seq_dim`` (a new tensor when cp > 1).
+
+    Raises:
+        ValueError: cp > 1 and ``s`` is not a multiple of ``2 * cp_size`` (the message
+            names ``s``).
+    """
+    seq_len = tensor.shape[seq_dim]
+    _check_split(seq_len, cp_rank, cp_size)
+    if cp_size == 1:
+        return tensor
+    index = cp_positions(seq_len, cp_rank, cp_size).to(tensor.device)
+    return tensor.index_select(seq_dim, index)
+
+
+@functools.lru_cache(maxsize=64)
+def _rank_major_to_global_order(seq_len: int, cp_size: int) -> torch.Tensor:
+    """Index that reorders the rank-major concatenation of all splits into sequence order.
+
+    Concatenating every rank's split (rank 0 first) puts global position
+    ``positions[i]`` at row ``i``; ``argsort`` inverts that permutation. Cached: every
+    layer of every micro-batch asks for the same few lengths (callers must not modify it).
+    """
+    positions = torch.cat([cp_positions(seq_len, r, cp_size) for r in range(cp_size)])
+    return torch.argsort(positions)
+
+
+def gather_from_context_parallel(
+    tensor: torch.Tensor, *, seq_dim: int, group: dist.ProcessGroup | None
+) -> torch.Tensor:
+    """Inverse of ``split_for_context_parallel``: the full sequence, on every rank of ``group``.
+
+    Forward only: the result carries no autograd history (compute losses on the local
+    split, where gradients are exact, and gather only values to report or store, such as
+    per-token logprobs).
+
+    Args:
+        tensor: this rank's split, ``s / cp`` along ``seq_dim``; same shape on all ranks.
+        seq_dim: the sequence dimension.
+        group: the CP process group (``parallel_state.get_context_parallel_group()``);
+            None or a group of size 1 returns a detached ``tensor``.
+
+    Returns:
+        ``[..., s, ...]``: all ranks' splits in sequence order.
+    """
+    cp_size = 1 if group is None else dist.get_world_size(group)
+    if cp_size == 1:
+        return tensor.detach()
+    seq_dim = seq_dim % tensor.dim()
+    local = tensor.detach().contiguous()
+    parts = [torch.empty_like(local) for _ in range(cp_size)]
+    dist.all_gather(parts, local, group=group)
+    rank_major = torch.cat(parts, dim=seq_dim)
+    order = _rank_major_to_global_order(rank_major.shape[seq_dim], cp_size)
+    return rank_major.index_select(seq_dim, order.to(rank_major.device))
+
+
+class _AllGatherSequence(torch.autograd.Function):
+    """All-gather along dim 0 (rank-major) whose backward is a reduce-scatter.
+
+    Every rank uses the gathered tensor for its own queries, so the loss is a sum over
+    ranks and the gradient of rank ``r``'s input is the sum over all ranks of the
+    gradient flowing into rows ``[r * n, (r + 1) * n)`` of the gathered tensor: an
+    all-reduce of the whole gradient, then this rank's slice. The slice is taken in
+    rank-major order, the order the forward concatenated in; the load-balanced layout
+    only matters for the reordering done outside this function (a local, differentiable
+    ``index_select``). ``torch.distributed.nn.functional.all_gather`` gave wrong gradients
+    inside the model under gloo (notes/cpu-findings.md), hence this function.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, local: Tensor, group: dist.ProcessGroup) -> Tensor:
+        ctx.group = group
+        ctx.rank = dist.get_rank(group)
+        ctx.rows = local.shape[0]
+        local = local.contiguous()
+        parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
+        dist.all_gather(parts, local, group=group)
+        return torch.cat(parts, dim=0)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        # Clone: the incoming gradient may be shared with other autograd consumers, and
+        # the all-reduce works in place.
+        grad = grad.contiguous().clone()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad.narrow(0, ctx.rank * ctx.rows, ctx.rows), None
+
+
+class ContextParallelAttention(MegatronModule):
+    """Causal core attention under context parallelism by all-gathering K and V.
+
+    A replacement for ``megatron.core.transformer.dot_product_attention.
+    DotProductAttention`` in the local layer spec (same constructor and forward), which
+    also works when ``config.context_parallel_size > 1``. Each rank keeps its own queries
+    ``[s/cp, b, np, hn]``, gathers the keys and values of the whole sequence from the CP
+    group, and masks by global position (query at position ``p`` sees keys ``<= p``).
+    Grouped-query attention repeats the KV heads after the gather (less to send). The
+    softmax runs in fp32; probabilities are cast back to the value dtype before the
+    product with V, as in Megatron's local attention. At CP == 1 it computes the same
+    function as ``DotProductAttention`` (the model only uses it when CP > 1).
+
+    Not supported (a clear error): packed sequences (THD), attention bias, sliding
+    windows, non-vanilla softmax, and K/V longer than the queries (a KV cache or
+    cross-attention: inference under CP is not supported).
+    """
+
+    def __init__(
+        self,
+        config: TransformerConfig,
+        layer_number: int,
+        attn_mask_type: AttnMaskType,
+        attention_type: str,
+        attention_dropout: float | None = None,
+        softmax_scale: float | None = None,
+        cp_comm_type: str | None = None,
+        pg_collection: ProcessGroupCollection | None = None,
+    ) -> None:
+        super().__init__(config=config)
+        if config.window_size is not None:
+            raise NotImplementedError("ContextParallelAttention: sliding-window attention")
+        if config.softmax_type != "vanilla":
+            raise NotImplementedError(
+                f"ContextParallelAttention: softmax_type {config.softmax_type!r}"
+            )
+        self.config: TransformerConfig = config
+        self.layer_number = max(1, layer_number)
+        self.attn_mask_type = attn_mask_type
+        self.attention_type = attention_type
+        # cp_comm_type picks TE's exchange pattern (p2p, all_gather, a2a); there is only
+        # one pattern here, an all-gather, so the value is accepted and ignored.
+        del cp_comm_type
+        if pg_collection is None:
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
+        self.pg_collection = pg_collection
+        self.tp_group = pg_collection.tp
+        cp_group = getattr(pg_collection, "cp", None)
+        self.cp_group = (
+            cp_group
+            if cp_group is not None
+            else parallel_state.get_context_parallel_group(check_initialized=False)
+        )
+
+        tp_size = self.tp_group.size()
+        projection_size = config.kv_channels * config.num_attention_heads
+        self.hidden_size_per_partition = divide(projection_size, tp_size)
+        self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp_size)
+        self.num_query_groups_per_partition = divide(config.num_query_groups, tp_size)
+        head_dim = divide(projection_size, config.num_attention_heads)
+        self.softmax_scale = 1.0 / math.sqrt(head_dim) if softmax_scale is None else softmax_scale
+        # Megatron's query-key layer scaling divides the scores by the layer number before
+        # the (low-precision) matmul and multiplies them back in fp32 inside the softmax.
+        self.coeff = None
+        if config.apply_query_key_layer_scaling:
+            self.coeff = float(self.layer_number)
+            self.softmax_scale /= self.coeff
+        self.attention_dropout = torch.nn.Dropout(
+            config.attention_dropout if attention_dropout is None else attention_dropout
+        )
+
+    def _cp_size_rank(self) -> tuple[int, int]:
+        if self.cp_group is None:
+            return 1, 0
+        return self.cp_group.size(), self.cp_group.rank()
+
+    def _mask(
+        self,
+        attention_mask: Tensor | None,
+        mask_type: AttnMaskType,
+        q_positions: Tensor,
+        seq_len: int,
+    ) -> Tensor | None:
+        """Boolean mask (True = hidden), broadcastable to scores ``[b, np, s/cp, s]``.
+
+        Megatron's rule: for a causal layer an explicit mask replaces the causal one; for
+        padding_causal both apply. An explicit mask holds this rank's query rows and all
+        keys in sequence order (how ``get_batch_on_this_cp_rank`` splits masks).
+        """
+        causal = None
+        if mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal):
+            key_positions = torch.arange(seq_len, device=q_positions.device)
+            causal = key_positions[None, :] > q_positions[:, None]
+        if attention_mask is None:
+            return causal
+        if mask_type == AttnMaskType.padding_causal:
+            return attention_mask.bool() | causal
+        return attention_mask.bool()
+
+    def forward(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        attn_mask_type: AttnMaskType | None = None,
+        attention_bias: Tensor | None = None,
+        packed_seq_params: PackedSeqParams | None = None,
+    ) -> Tensor:
+        """Attention of this rank's queries to the whole sequence.
+
+        Args:
+            query: ``[s/cp, b, np, hn]`` (np: query heads of this TP rank).
+            key: ``[s/cp, b, ng, hn]`` (ng: KV heads of this TP rank; np % ng == 0).
+            value: ``[s/cp, b, ng, hn]``.
+            attention_mask: None (causal by global position) or a boolean mask, True =
+                hidden, broadcastable to ``[b, np, s/cp, s]``, keys in sequence order.
+            attn_mask_type: overrides the layer's mask type when given.
+            attention_bias: must be None.
+            packed_seq_params: must be None.
+
+        Returns:
+            ``[s/cp, b, np * hn]``, the layout of ``DotProductAttention``.
+        """
+        if packed_seq_params is not None:
+            raise NotImplementedError("ContextParallelAttention: packed sequences (THD)")
+        if attention_bias is not None:
+            raise NotImplementedError("ContextParallelAttention: attention bias")
+        if key.shape[0] != query.shape[0]:
+            raise NotImplementedError(
+                f"ContextParallelAttention: {key.shape[0]} keys for {query.shape[0]} queries "
+                "(a KV cache or cross-attention); only self-attention on the CP split is "
+                "supported"
+            )
+        mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        cp_size, cp_rank = self._cp_size_rank()
+        local_len, batch, heads, _ = query.shape
+        seq_len = local_len * cp_size
+        q_positions = cp_positions(seq_len, cp_rank, cp_size).to(query.device)
+
+        if cp_size > 1:
+            # One collective per layer: K and V travel together.
+            k_dim = key.shape[-1]
+            kv = _AllGatherSequence.apply(torch.cat([key, value], dim=-1), self.cp_group)
+            kv = kv.index_select(0, _rank_major_to_global_order(seq_len, cp_size).to(kv.device))
+            key, value = kv[..., :k_dim], kv[..., k_dim:]
+
+        groups_per_head = (
+            self.num_attention_heads_per_partition // self.num_query_groups_per_partition
+        )
+        if groups_per_head > 1:
+            key = key.repeat_interleave(groups_per_head, dim=2)
+            value = value.repeat_interleave(groups_per_head, dim=2)
+
+        # [s, b, np, hn] -> [b * np, s, hn]
+        q = query.reshape(local_len, batch * heads, -1).transpose(0, 1)
+        k = key.reshape(seq_len, batch * heads, -1).transpose(0, 1)
+        v = value.reshape(seq_len, batch * heads, -1).transpose(0, 1)
+        # baddbmm with beta=0 like Megatron: the scale is applied inside the matmul, which
+        # keeps CP=1 results equal to DotProductAttention's rounding.
+        scores = torch.baddbmm(
+            torch.empty(batch * heads, local_len, seq_len, dtype=q.dtype, device=q.device),
+            q,
+            k.transpose(1, 2),
+            beta=0.0,
+            alpha=self.softmax_scale,
+        ).view(batch, heads, local_len, seq_len)
+
+        scores = scores.float()
+        if self.coeff is not None:
+            scores = scores * self.coeff
+        mask = self._mask(attention_mask, mask_type, q_positions, seq_len)
+        if mask is not None:
+            # The most negative finite value rather than -inf: a fully masked row (only
+            # possible with an explicit mask) gives a uniform row instead of NaNs.
+            scores = scores.masked_fill(mask, torch.finfo(torch.float32).min)
+        probs = torch.softmax(scores, dim=-1).to(value.dtype)
+
+        # Same RNG discipline as DotProductAttention: without SP, dropout masks must
+        # differ across TP ranks (each holds different heads), so draw from the TP stream.
+        if not self.config.sequence_parallel:
+            with tensor_parallel.get_cuda_rng_tracker().fork():
+                probs = self.attention_dropout(probs)
+        else:
+            probs = self.attention_dropout(probs)
+
+        context = torch.bmm(probs.view(batch * heads, local_len, seq_len), v)
+        # [b * np, s/cp, hn] -> [s/cp, b, np * hn]
+        context = context.view(batch, heads, local_len, -1).permute(2, 0, 1, 3).contiguous()
+        return context.view(local_len, batch, self.hidden_size_per_partition)
