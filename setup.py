@@ -25,6 +25,7 @@ setup(
         "safetensors>=0.4",
         "numpy",
         "psutil",
+        "pyarrow",  # parquet datasets (DAPO-Math-17k, AIME24)
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff>=0.6"],

@@ -278,6 +278,15 @@ def _check_validation_data_reward(c: _Checker) -> None:
 
 def _check_batches(c: _Checker, dims: ParallelDims) -> None:
     cfg = c.loaded.config
+    if dims.cp > 1:
+        # Each CP rank sees part of every sequence; the per-sequence token count this mode
+        # divides by would be the local one.
+        c.require(
+            cfg.dapo.loss.loss_agg_mode != "seq-mean-token-mean",
+            "dapo.loss.loss_agg_mode",
+            "seq-mean-token-mean is not supported with context_parallel_size > 1; use "
+            "token-mean (DAPO) or seq-mean-token-sum",
+        )
     p, d = cfg.policy, cfg.dapo
     if p.train_micro_batch_size < 1 or p.train_global_batch_size < 1:
         return

@@ -388,3 +388,13 @@ def test_loss_agg_modes_match_the_algorithm():
     from dapo_megatron.algorithms.loss import LOSS_AGG_MODES
 
     assert typing.get_args(schema.LossAggMode) == LOSS_AGG_MODES
+
+
+def test_seq_mean_token_mean_refused_under_context_parallelism():
+    msg = error_of(
+        TINY,
+        "policy.megatron.context_parallel_size=2",
+        "dapo.loss.loss_agg_mode=seq-mean-token-mean",
+        "policy.train_micro_batch_size=32",
+    )
+    assert "dapo.loss.loss_agg_mode" in msg and "context_parallel_size > 1" in msg
