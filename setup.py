@@ -26,6 +26,9 @@ setup(
         "numpy",
         "psutil",
         "pyarrow",  # parquet datasets (DAPO-Math-17k, AIME24)
+        "tensorboardX",  # TensorBoard event files without the tensorboard server package
+        "matplotlib",  # PNG plots of a run
+        "tqdm",
     ],
     extras_require={
         "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff>=0.6"],
