@@ -261,6 +261,17 @@ def _check_validation_data_reward(c: _Checker) -> None:
         c.at_least("data.arithmetic.num_train", 1)
         c.at_least("data.arithmetic.num_val", 0)
         c.at_least("data.arithmetic.difficulty", 2)
+        if cfg.data.arithmetic.difficulty >= 2:
+            from dapo_megatron.data.arithmetic import num_distinct_problems
+
+            distinct = num_distinct_problems(num_operands=cfg.data.arithmetic.difficulty)
+            c.require(
+                cfg.data.arithmetic.num_val < distinct,
+                "data.arithmetic.num_val",
+                f"validation problems are held out of training and the task has only "
+                f"{distinct} distinct problems at difficulty "
+                f"{cfg.data.arithmetic.difficulty}; use fewer",
+            )
         c.require(
             cfg.reward.verifier == "arithmetic",
             "reward.verifier",

@@ -1,1 +1,34 @@
-"""Datasets, prompt templates, the synthetic task, tokenizers and the policy batch format."""
+"""Datasets, prompt templates, the synthetic task, tokenizers and the policy batch format.
+
+Importing the package stays light: transformers, tokenizers and pyarrow are imported only by
+the functions that need them. `create_tiny_model` is imported from dapo_megatron.data.tiny_model
+(not re-exported here, so that ``python -m dapo_megatron.data.tiny_model`` runs cleanly).
+"""
+
+from dapo_megatron.data.arithmetic import make_problems, make_train_val_split, num_distinct_problems
+from dapo_megatron.data.datasets import (
+    DatasetSplits,
+    EncodedPrompts,
+    PromptDataset,
+    PromptRecord,
+    build_datasets,
+    encode_prompts,
+    load_prompt_file,
+)
+from dapo_megatron.data.sampler import PromptSampler
+from dapo_megatron.data.tokenizer import build_char_tokenizer
+
+__all__ = [
+    "DatasetSplits",
+    "EncodedPrompts",
+    "PromptDataset",
+    "PromptRecord",
+    "PromptSampler",
+    "build_char_tokenizer",
+    "build_datasets",
+    "encode_prompts",
+    "load_prompt_file",
+    "make_problems",
+    "make_train_val_split",
+    "num_distinct_problems",
+]

@@ -398,3 +398,9 @@ def test_seq_mean_token_mean_refused_under_context_parallelism():
         "policy.train_micro_batch_size=32",
     )
     assert "dapo.loss.loss_agg_mode" in msg and "context_parallel_size > 1" in msg
+
+
+def test_arithmetic_validation_split_must_fit_the_task():
+    # Two single-digit operands with "+" give 10 * 10 = 100 distinct problems.
+    msg = error_of(TINY, "data.arithmetic.num_val=100")
+    assert "data.arithmetic.num_val" in msg and "only 100 distinct problems" in msg

@@ -1,0 +1,443 @@
+"""Prompt datasets: local jsonl/parquet files in the layouts DAPO recipes use, and tokenisation.
+
+Layouts (`data.format`):
+
+- ``dapo_math``: DAPO-Math-17k as distributed for verl. ``prompt`` is a list of chat messages
+  ``[{"role": "user", "content": ...}]`` and ``reward_model`` is
+  ``{"style": "rule", "ground_truth": ...}``; the other columns are kept as metadata.
+- ``aime``: AIME 2024 in the dapo_math layout, or flat rows ``{"problem" | "question": str,
+  "answer": str | int}``.
+- ``gsm8k``: ``{"question": str, "answer": "<worked solution> #### 42"}``; the ground truth is
+  the text after the last ``####``.
+- ``arithmetic``: no file; the synthetic task of data/arithmetic.py (see `build_datasets`).
+
+`data.prompt_key` / `data.answer_key` replace the layout's field names; dotted paths such as
+``reward_model.ground_truth`` reach into nested mappings.
+
+Policy on bad rows: a row whose prompt is empty or whose answer is missing is skipped and
+COUNTED (`PromptDataset.skipped`), because public datasets contain a few of those and a run
+should not die on them. Anything that suggests the wrong file or the wrong layout (a missing
+file, an unknown extension, a field that no row has, a value of the wrong type, invalid JSON)
+is an error that names the file, the row, the field and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from dapo_megatron.config.schema import DataConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+Message = dict[str, str]
+
+FILE_FORMATS = ("dapo_math", "aime", "gsm8k")
+"""Formats read from a file (arithmetic is generated)."""
+
+SUPPORTED_EXTENSIONS = (".jsonl", ".parquet")
+
+# Reasons under which skipped rows are counted (keys of PromptDataset.skipped).
+SKIP_EMPTY_PROMPT = "empty prompt"
+SKIP_MISSING_ANSWER = "missing answer"
+SKIP_UNPARSEABLE_ANSWER = "answer without a final answer after ####"
+
+
+@dataclass(frozen=True)
+class PromptRecord:
+    """One training or validation problem."""
+
+    prompt: str | list[Message]
+    """Plain text, or chat messages ``[{"role": ..., "content": ...}, ...]``."""
+    ground_truth: str
+    """Reference answer handed to the verifier."""
+    metadata: dict[str, Any] = field(default_factory=dict)
+    """Everything else of the row (data_source, ability, extra_info, ...) and its ``row``
+    number in the file (1-based)."""
+
+    @property
+    def messages(self) -> list[Message]:
+        """The prompt as chat messages (plain text becomes one user message)."""
+        if isinstance(self.prompt, str):
+            return [{"role": "user", "content": self.prompt}]
+        return self.prompt
+
+    @property
+    def text(self) -> str:
+        """The prompt as plain text (the contents of its messages, one per line)."""
+        if isinstance(self.prompt, str):
+            return self.prompt
+        return "\n".join(m["content"] for m in self.prompt)
+
+
+@dataclass
+class PromptDataset:
+    """The records of one file (or of the synthetic task) and what was skipped on the way."""
+
+    records: list[PromptRecord]
+    """The usable problems, in file order."""
+    source: str
+    """Where they came from (a path, or a description of the generated task)."""
+    num_rows: int
+    """Rows read, usable or not."""
+    skipped: dict[str, int] = field(default_factory=dict)
+    """Rows skipped, by reason (e.g. ``{"empty prompt": 2}``)."""
+
+    @property
+    def num_skipped(self) -> int:
+        """Rows skipped for any reason."""
+        return sum(self.skipped.values())
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> PromptRecord:
+        return self.records[index]
+
+    def describe(self) -> str:
+        """One line for logs: counts of kept and skipped rows."""
+        line = f"{self.source}: {len(self.records)} of {self.num_rows} rows"
+        if self.skipped:
+            reasons = ", ".join(f"{n} {why}" for why, n in sorted(self.skipped.items()))
+            line += f" (skipped {reasons})"
+        return line
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where a format keeps its prompt and answer; the first candidate a row has wins."""
+
+    prompt_keys: tuple[str, ...]
+    answer_keys: tuple[str, ...]
+    gsm8k_answer: bool = False
+    """The answer is a worked solution ending in ``#### <final answer>``."""
+
+
+_LAYOUTS = {
+    "dapo_math": _Layout(("prompt",), ("reward_model.ground_truth",)),
+    "aime": _Layout(("prompt", "problem", "question"), ("reward_model.ground_truth", "answer")),
+    "gsm8k": _Layout(("question",), ("answer",), gsm8k_answer=True),
+}
+
+_MISSING = object()
+
+
+def gsm8k_final_answer(solution: str) -> str | None:
+    """The final answer of a GSM8K solution: the text after the last ``####``, without
+    thousands separators (``"... #### 1,200"`` -> ``"1200"``); None when there is none."""
+    head, sep, tail = solution.rpartition("####")
+    answer = tail.strip().replace(",", "")
+    return answer if sep and answer else None
+
+
+def _lookup(row: dict[str, Any], key: str, where: str) -> Any:
+    """``row[key]``, following dots into nested mappings; _MISSING when absent.
+
+    A literal key wins over the dotted path, so flattened columns ("reward_model.ground_truth"
+    written by pandas.json_normalize) work too. A null on the way reads as null (a missing
+    value, skipped), while a non-mapping on the way means the layout is not what we think.
+    """
+    if key in row:
+        return row[key]
+    value: Any = row
+    parts = key.split(".")
+    for depth, part in enumerate(parts):
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            parent = ".".join(parts[:depth])
+            raise ValueError(
+                f"{where}: field {parent!r} is a {type(value).__name__}, not a mapping, so "
+                f"{key!r} cannot be read; set data.prompt_key/data.answer_key to the right field"
+            )
+        if part not in value:
+            return _MISSING
+        value = value[part]
+    return value
+
+
+def _prompt_value(value: Any, where: str, key: str) -> str | list[Message] | None:
+    """A validated prompt, or None when it is empty (the row is skipped)."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        return value if value.strip() else None
+    if isinstance(value, list):
+        messages: list[Message] = []
+        for i, message in enumerate(value):
+            # A null content (parquet writes missing text as null) is an empty message.
+            if isinstance(message, dict) and message.get("content", "") is None:
+                message = {**message, "content": ""}
+            if not (
+                isinstance(message, dict)
+                and isinstance(message.get("role"), str)
+                and isinstance(message.get("content"), str)
+            ):
+                raise ValueError(
+                    f"{where}: field {key!r} message {i} is {message!r}; expected "
+                    '{"role": str, "content": str}. Point data.prompt_key at a text field or a '
+                    "list of chat messages"
+                )
+            messages.append({"role": message["role"], "content": message["content"]})
+        return messages if any(m["content"].strip() for m in messages) else None
+    raise ValueError(
+        f"{where}: field {key!r} is a {type(value).__name__}; expected text or a list of chat "
+        "messages. Set data.prompt_key to the field holding the prompt"
+    )
+
+
+def _answer_value(value: Any, where: str, key: str) -> str | None:
+    """The ground truth as text, or None when it is missing (the row is skipped)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):  # bool is an int subclass; never a valid math answer
+        raise ValueError(f"{where}: field {key!r} is a bool; expected text or a number")
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        # Parquet often stores integer answers as doubles; "204.0" would fail exact matching.
+        return str(int(value)) if value.is_integer() else repr(value)
+    if isinstance(value, str):
+        return value.strip() or None
+    raise ValueError(
+        f"{where}: field {key!r} is a {type(value).__name__}; expected text or a number. "
+        "Set data.answer_key to the field holding the ground truth"
+    )
+
+
+def _read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(location, row) per non-blank line; the location names the file and the line."""
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue  # a trailing newline or a blank line is not a row
+            where = f"{path}: line {number}"
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{where}: invalid JSON ({e.msg}); a .jsonl file holds one JSON object per line"
+                ) from None
+            if not isinstance(row, dict):
+                raise ValueError(
+                    f"{where}: a {type(row).__name__}, not a JSON object; each line must be one "
+                    "object with the prompt and answer fields"
+                )
+            yield where, row
+
+
+def _read_parquet(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(location, row) per row; rows are numbered from 1 like jsonl lines."""
+    import pyarrow.parquet as pq  # imported here: only parquet users pay for it
+
+    table = pq.read_table(path)
+    for number, row in enumerate(table.to_pylist(), start=1):
+        yield f"{path}: row {number}", row
+
+
+def _check_path(path: Path, what: str) -> None:
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{what} {path} does not exist; point it at a local .jsonl or .parquet file "
+            "(this package never downloads datasets)"
+        )
+    if path.is_dir():
+        raise ValueError(f"{what} {path} is a directory; point it at a .jsonl or .parquet file")
+    if path.suffix.lower() not in SUPPORTED_EXTENSIONS:
+        raise ValueError(
+            f"{what} {path} has the unknown extension {path.suffix!r}; supported: "
+            f"{', '.join(SUPPORTED_EXTENSIONS)}. Convert the file (e.g. with pandas) or rename it"
+        )
+
+
+def load_prompt_file(
+    path: str | Path,
+    format: str,
+    *,
+    prompt_key: str | None = None,
+    answer_key: str | None = None,
+    what: str = "dataset file",
+) -> PromptDataset:
+    """Read a jsonl or parquet file of prompts in one of the FILE_FORMATS layouts.
+
+    Args:
+        path: the .jsonl or .parquet file.
+        format: "dapo_math", "aime" or "gsm8k".
+        prompt_key: field (dotted path allowed) holding the prompt; None uses the layout's.
+        answer_key: field (dotted path allowed) holding the ground truth; None uses the layout's.
+        what: how errors name the path (e.g. "data.train_path").
+
+    Returns:
+        The usable records and the count of skipped rows by reason.
+
+    Raises:
+        FileNotFoundError: the file does not exist.
+        ValueError: unknown extension or format, invalid rows, a field no row has, every row
+            skipped.
+    """
+    if format not in _LAYOUTS:
+        raise ValueError(
+            f"data.format {format!r} is not read from a file; choose one of {', '.join(FILE_FORMATS)}"
+        )
+    path = Path(path)
+    _check_path(path, what)
+    layout = _LAYOUTS[format]
+    prompt_keys = (prompt_key,) if prompt_key else layout.prompt_keys
+    answer_keys = (answer_key,) if answer_key else layout.answer_keys
+    # Top-level fields that feed the record itself; the rest of the row is metadata.
+    used_roots = {k.split(".")[0] for k in prompt_keys + answer_keys} | {*prompt_keys, *answer_keys}
+
+    rows = _read_parquet(path) if path.suffix.lower() == ".parquet" else _read_jsonl(path)
+    records: list[PromptRecord] = []
+    skipped: Counter[str] = Counter()
+    seen_prompt_field = seen_answer_field = False
+    first: tuple[str, dict[str, Any]] | None = None
+    num_rows = 0
+    for where, row in rows:
+        num_rows += 1
+        first = first or (where, row)
+        p_key, p_raw = _first_present(row, prompt_keys, where)
+        a_key, a_raw = _first_present(row, answer_keys, where)
+        seen_prompt_field |= p_raw is not _MISSING
+        seen_answer_field |= a_raw is not _MISSING
+        prompt = None if p_raw is _MISSING else _prompt_value(p_raw, where, p_key)
+        answer = None if a_raw is _MISSING else _answer_value(a_raw, where, a_key)
+        if prompt is None:
+            skipped[SKIP_EMPTY_PROMPT] += 1
+            continue
+        if answer is None:
+            skipped[SKIP_MISSING_ANSWER] += 1
+            continue
+        metadata = {k: v for k, v in row.items() if k not in used_roots}
+        if layout.gsm8k_answer:
+            final = gsm8k_final_answer(answer)
+            if final is None:
+                skipped[SKIP_UNPARSEABLE_ANSWER] += 1
+                continue
+            metadata["solution"] = answer
+            answer = final
+        metadata["row"] = num_rows
+        records.append(PromptRecord(prompt, answer, metadata))
+
+    if first is None:
+        raise ValueError(f"{what} {path} has no rows")
+    for seen, keys, config_key in (
+        (seen_prompt_field, prompt_keys, "data.prompt_key"),
+        (seen_answer_field, answer_keys, "data.answer_key"),
+    ):
+        if not seen:
+            where, row = first
+            raise ValueError(
+                f"{where}: no field {' or '.join(map(repr, keys))} in any of the {num_rows} rows "
+                f"(this row has {sorted(row)}); set {config_key} to the field to read (dotted "
+                f"paths like reward_model.ground_truth work) or check data.format ({format!r})"
+            )
+    if not records:
+        raise ValueError(
+            f"{what} {path}: every one of its {num_rows} rows was skipped ({dict(skipped)}); "
+            "check data.prompt_key, data.answer_key and data.format"
+        )
+    return PromptDataset(records, str(path), num_rows, dict(skipped))
+
+
+def _first_present(row: dict[str, Any], keys: Sequence[str], where: str) -> tuple[str, Any]:
+    """The first of `keys` the row has, and its value; (keys[0], _MISSING) if none."""
+    for key in keys:
+        value = _lookup(row, key, where)
+        if value is not _MISSING:
+            return key, value
+    return keys[0], _MISSING
+
+
+@dataclass
+class DatasetSplits:
+    """The training prompts and, when configured, the validation prompts."""
+
+    train: PromptDataset
+    val: PromptDataset | None
+
+
+def build_datasets(data: DataConfig, *, seed: int) -> DatasetSplits:
+    """Load (or, for the arithmetic task, generate) the datasets a run config names.
+
+    Args:
+        data: the run's data section.
+        seed: run.seed; only the arithmetic task uses it (file order is the sampler's job).
+    """
+    if data.format == "arithmetic":
+        # Imported here because arithmetic.py builds on PromptRecord from this module.
+        from dapo_megatron.data.arithmetic import make_train_val_split
+
+        task = data.arithmetic
+        train, val = make_train_val_split(
+            task.num_train, task.num_val, seed=seed, num_operands=task.difficulty
+        )
+        name = f"arithmetic(difficulty={task.difficulty}, seed={seed})"
+        return DatasetSplits(
+            PromptDataset(train, f"{name} train", len(train)),
+            PromptDataset(val, f"{name} validation", len(val)) if val else None,
+        )
+    if data.train_path is None:
+        raise ValueError(f"data.train_path: data.format {data.format} reads prompts from a file")
+    keys = {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
+    train = load_prompt_file(data.train_path, data.format, what="data.train_path", **keys)
+    val = None
+    if data.val_path is not None:
+        val = load_prompt_file(data.val_path, data.format, what="data.val_path", **keys)
+    return DatasetSplits(train, val)
+
+
+@dataclass
+class EncodedPrompts:
+    """Token ids of the prompts that fit, aligned with their records."""
+
+    input_ids: list[list[int]]
+    """Prompt token ids (chat template applied when asked), one list per kept record."""
+    records: list[PromptRecord]
+    """The kept records; ``records[i]`` is the problem of ``input_ids[i]``."""
+    num_too_long: int
+    """Prompts skipped because they have more than max_prompt_length tokens."""
+
+
+def encode_prompts(
+    records: Sequence[PromptRecord],
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    apply_chat_template: bool,
+    max_prompt_length: int,
+) -> EncodedPrompts:
+    """Tokenise prompts, skipping (and counting) those longer than max_prompt_length tokens.
+
+    With apply_chat_template the messages go through the tokenizer's chat template with the
+    generation prompt appended, and the template alone decides the special tokens (no BOS is
+    added on top). Without it the plain text is tokenised with the tokenizer's own special
+    tokens (e.g. the char tokenizer's <bos>).
+    """
+    if max_prompt_length < 1:
+        raise ValueError(f"data.max_prompt_length must be >= 1, got {max_prompt_length}")
+    if not records:
+        return EncodedPrompts([], [], 0)
+    if apply_chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                f"data.apply_chat_template is true but the tokenizer "
+                f"{getattr(tokenizer, 'name_or_path', '')!r} has no chat template; set "
+                "data.apply_chat_template: false or use a tokenizer that ships one"
+            )
+        texts = tokenizer.apply_chat_template(
+            [r.messages for r in records], tokenize=False, add_generation_prompt=True
+        )
+        ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
+    else:
+        ids = tokenizer([r.text for r in records], add_special_tokens=True)["input_ids"]
+    kept = [i for i, tokens in enumerate(ids) if len(tokens) <= max_prompt_length]
+    return EncodedPrompts(
+        input_ids=[list(ids[i]) for i in kept],
+        records=[records[i] for i in kept],
+        num_too_long=len(records) - len(kept),
+    )

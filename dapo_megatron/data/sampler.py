@@ -1,0 +1,116 @@
+"""Stateful, resumable order in which training prompts are drawn.
+
+The controller asks for prompt indices step after step (more than one batch per step when
+dynamic sampling refills). Epoch e visits every index once, in the order of a permutation
+seeded with ``seed + e`` (identity order without shuffling); a request that runs past the
+end of an epoch continues into the next one. The whole state is three integers (epoch,
+position, seed), saved in the run checkpoint, so a resumed run draws exactly the prompts an
+uninterrupted run would have drawn.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+
+class PromptSampler:
+    """Epoch-wise (re)shuffled stream of indices into a dataset of `num_items` prompts."""
+
+    def __init__(self, num_items: int, *, seed: int, shuffle: bool) -> None:
+        """
+        Args:
+            num_items: dataset size (> 0).
+            seed: base seed; epoch e is shuffled with seed + e.
+            shuffle: shuffle every epoch (data.shuffle); False keeps dataset order.
+        """
+        if num_items < 1:
+            raise ValueError(f"PromptSampler needs at least one prompt, got num_items={num_items}")
+        self.num_items = num_items
+        self.shuffle = shuffle
+        self._seed = seed
+        self._epoch = 0
+        self._position = 0
+        self._order: list[int] | None = None  # permutation of the current epoch, built lazily
+
+    @property
+    def epoch(self) -> int:
+        """Epoch of the next index to be drawn (epochs completed so far)."""
+        return self._epoch
+
+    @property
+    def position(self) -> int:
+        """Indices already drawn in the current epoch."""
+        return self._position
+
+    @property
+    def seed(self) -> int:
+        """Base seed of the permutations."""
+        return self._seed
+
+    def _epoch_order(self) -> list[int]:
+        if self._order is None:
+            order = list(range(self.num_items))
+            if self.shuffle:
+                # random.Random's shuffle is stable across Python versions and platforms, so
+                # a checkpoint resumes identically on another machine.
+                random.Random(self._seed + self._epoch).shuffle(order)
+            self._order = order
+        return self._order
+
+    def next_indices(self, n: int) -> list[int]:
+        """The next `n` dataset indices, continuing into new epochs as needed."""
+        if n < 0:
+            raise ValueError(f"n must be >= 0, got {n}")
+        out: list[int] = []
+        while len(out) < n:
+            order = self._epoch_order()
+            take = min(n - len(out), self.num_items - self._position)
+            out.extend(order[self._position : self._position + take])
+            self._position += take
+            if self._position == self.num_items:
+                self._epoch += 1
+                self._position = 0
+                self._order = None
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything needed to continue the stream (plus the dataset size and shuffle flag,
+        checked on load)."""
+        return {
+            "epoch": self._epoch,
+            "position": self._position,
+            "seed": self._seed,
+            "num_items": self.num_items,
+            "shuffle": self.shuffle,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a state_dict(); the checkpoint's seed replaces this sampler's.
+
+        Raises:
+            ValueError: keys are missing, or the dataset size or shuffle flag differ from the
+                checkpoint's (the resumed run would then see other prompts than the original).
+        """
+        missing = [k for k in ("epoch", "position", "seed") if k not in state]
+        if missing:
+            raise ValueError(f"sampler state lacks {', '.join(missing)}: {state}")
+        if state.get("num_items", self.num_items) != self.num_items:
+            raise ValueError(
+                f"the checkpoint's sampler covered {state['num_items']} prompts but the dataset "
+                f"now has {self.num_items}; resume with the same data files and "
+                "data.max_prompt_length, or start a new run"
+            )
+        if state.get("shuffle", self.shuffle) != self.shuffle:
+            raise ValueError(
+                f"the checkpoint was written with data.shuffle={state['shuffle']}; resume with "
+                "the same setting or start a new run"
+            )
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if epoch < 0 or not 0 <= position < self.num_items:
+            raise ValueError(
+                f"invalid sampler state epoch={epoch}, position={position} for "
+                f"{self.num_items} prompts"
+            )
+        self._seed, self._epoch, self._position = int(state["seed"]), epoch, position
+        self._order = None

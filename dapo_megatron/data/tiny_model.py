@@ -1,0 +1,157 @@
+"""Create the tiny CPU recipe's policy: a randomly initialised Qwen2 checkpoint, offline.
+
+The tiny recipe (policy.init_model_if_missing) starts from a model no hub has: a
+Qwen2ForCausalLM of a ModelArch preset with random weights, saved as an ordinary Hugging Face
+checkpoint (config.json, model.safetensors) with the char tokenizer next to it, so every
+later stage (Megatron weight loading, generation, evaluation) reads it like a real model.
+
+The directory is written atomically (a temporary sibling renamed into place), so a crash
+never leaves a half-written checkpoint that a later run would mistake for a model, and
+creation is idempotent: an existing complete checkpoint is left untouched. Several processes
+may race to create it (e.g. every rank of a first run); one rename wins and the others
+use its result.
+
+CLI: ``python -m dapo_megatron.data.tiny_model --out DIR [--seed N]`` (the tiny-qwen2 preset).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from dapo_megatron.config.model_arch import PRESETS, ModelArch, arch_from_hf_config
+from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
+
+REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+"""Files whose presence makes a checkpoint directory complete."""
+
+
+def is_complete_checkpoint(path: str | Path) -> bool:
+    """Whether `path` holds every file of REQUIRED_FILES."""
+    return all((Path(path) / name).is_file() for name in REQUIRED_FILES)
+
+
+def _check_existing(out: Path, arch: ModelArch) -> None:
+    """Refuse to reuse a checkpoint of another architecture: the run would silently train a
+    model different from the one its recipe names."""
+    config_path = out / "config.json"
+    existing = arch_from_hf_config(json.loads(config_path.read_text("utf-8")), str(config_path))
+    if existing != arch:
+        raise ValueError(
+            f"{out} already holds a model of another architecture ({existing}) than the one "
+            f"asked for ({arch}); delete the directory or point policy.model_name_or_path "
+            "elsewhere"
+        )
+
+
+def _write_checkpoint(out: Path, arch: ModelArch, seed: int) -> None:
+    """Write config, random weights and tokenizer into the (temporary) directory `out`."""
+    import torch
+    import transformers
+
+    if arch.family != "qwen2" or arch.rope_scaling_factor is not None:
+        raise ValueError(
+            f"create_tiny_model builds Qwen2 models with unscaled RoPE; got family "
+            f"{arch.family!r}, rope scaling {arch.rope_scaling_factor}"
+        )
+    tokenizer = build_char_tokenizer(model_max_length=arch.max_position_embeddings)
+    if len(tokenizer) > arch.vocab_size:
+        raise ValueError(
+            f"the char tokenizer has {len(tokenizer)} tokens but the architecture's vocabulary "
+            f"has {arch.vocab_size}; choose a preset with vocab_size >= {len(tokenizer)}"
+        )
+    config = transformers.Qwen2Config(
+        vocab_size=arch.vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.ffn_hidden_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_query_groups,
+        max_position_embeddings=arch.max_position_embeddings,
+        rope_theta=arch.rope_theta,
+        rms_norm_eps=arch.norm_epsilon,
+        tie_word_embeddings=arch.tie_word_embeddings,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    # A private RNG state: the caller's torch seed (and its later draws) stay untouched.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = transformers.Qwen2ForCausalLM(config)
+    model.save_pretrained(out)
+    save_char_tokenizer(tokenizer, out)
+
+
+def create_tiny_model(
+    out_dir: str | Path, *, arch: ModelArch = PRESETS["tiny-qwen2"], seed: int
+) -> Path:
+    """Create a random Qwen2ForCausalLM of `arch` with the char tokenizer at `out_dir`.
+
+    Does nothing when `out_dir` already holds a complete checkpoint of `arch`.
+
+    Args:
+        out_dir: checkpoint directory to create (its parents are created too).
+        arch: the architecture (default: the tiny-qwen2 preset); its vocabulary must hold
+            the char tokenizer.
+        seed: weight initialisation seed; the same seed gives the same weights.
+
+    Returns:
+        `out_dir` as a Path.
+
+    Raises:
+        FileExistsError: `out_dir` exists and is neither empty nor a complete checkpoint.
+        ValueError: the existing checkpoint has another architecture, or `arch` is not a
+            Qwen2 whose vocabulary fits the tokenizer.
+    """
+    out = Path(out_dir)
+    if is_complete_checkpoint(out):
+        _check_existing(out, arch)
+        return out
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        missing = [name for name in REQUIRED_FILES if not (out / name).is_file()]
+        raise FileExistsError(
+            f"{out} exists but is not a complete checkpoint (missing {', '.join(missing)}); "
+            "delete it to let it be created, or point policy.model_name_or_path elsewhere"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # A sibling of out_dir, so the final rename stays on one filesystem (atomic).
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        _write_checkpoint(tmp, arch, seed)
+        # mkdtemp (and the safetensors writer) make owner-only entries; a model directory is
+        # normally read by other users and jobs too.
+        tmp.chmod(0o755)
+        for path in tmp.iterdir():
+            path.chmod(0o644)
+        try:
+            os.rename(tmp, out)  # replaces an empty out_dir; fails on a non-empty one
+        except OSError:
+            if not is_complete_checkpoint(out):
+                raise
+            _check_existing(out, arch)  # another process created it first: use theirs
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """CLI entry: create the model and print its directory."""
+    parser = argparse.ArgumentParser(
+        prog="python -m dapo_megatron.data.tiny_model",
+        description="Create a randomly initialised tiny-qwen2 checkpoint with the char tokenizer.",
+    )
+    parser.add_argument("--out", required=True, help="checkpoint directory to create")
+    parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
+    args = parser.parse_args(argv)
+    print(create_tiny_model(args.out, seed=args.seed))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
