@@ -277,6 +277,18 @@ class DapoConfig:
 
 
 @dataclass
+class SftWarmupConfig:
+    """Supervised warm-up before DAPO (next-token NLL on reference answers)."""
+
+    num_steps: int
+    """Optimizer steps of warm-up on a fresh run; 0 disables it."""
+    batch_size: int
+    """Samples per warm-up step, over all data-parallel ranks."""
+    lr: float
+    """Constant learning rate of the warm-up (the DAPO schedule starts after it)."""
+
+
+@dataclass
 class ValidationConfig:
     """Periodic validation (avg@k accuracy on the validation set)."""
 
@@ -411,6 +423,8 @@ class DapoMegatronConfig:
     """Rollout generation."""
     dapo: DapoConfig
     """The DAPO algorithm."""
+    sft_warmup: SftWarmupConfig
+    """Optional supervised warm-up."""
     validation: ValidationConfig
     """Validation."""
     data: DataConfig

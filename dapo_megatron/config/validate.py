@@ -250,6 +250,9 @@ def _check_dapo(c: _Checker) -> None:
 
 def _check_validation_data_reward(c: _Checker) -> None:
     cfg = c.loaded.config
+    c.at_least("sft_warmup.num_steps", 0)
+    c.at_least("sft_warmup.batch_size", 1)
+    c.positive("sft_warmup.lr")
     c.at_least("validation.val_period", 0)
     c.at_least("validation.num_samples_per_prompt", 1)
     c.positive("validation.temperature")

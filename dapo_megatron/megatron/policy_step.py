@@ -373,21 +373,29 @@ def _grads_are_finite(model_chunks: list[torch.nn.Module]) -> bool:
     return bool(bad.item() == 0)
 
 
-def _optimizer_step(model_chunks, optimizer, scheduler) -> dict[str, float]:
+def _optimizer_step(
+    model_chunks, optimizer, scheduler, lr: float | None = None
+) -> dict[str, float]:
+    """Reduce grads, skip a non-finite step, else step (at `lr` when given, outside the
+    schedule: the schedule neither advances nor keeps the override)."""
     from megatron.core.distributed import finalize_model_grads
 
     finalize_model_grads(model_chunks)
     finite = _grads_are_finite(model_chunks)
     grad_norm = float("nan")
+    used_lr = lr if lr is not None else optimizer.param_groups[0]["lr"]
     if finite:
+        if lr is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
         _, grad_norm, _ = optimizer.step()
-        scheduler.step(increment=1)
+        scheduler.step(increment=0 if lr is not None else 1)  # 0: restore the schedule's lr
     for chunk in model_chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
     return {
         "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-        "lr": optimizer.param_groups[0]["lr"],
+        "lr": used_lr,
         "skipped_nonfinite_step": 0.0 if finite else 1.0,
     }
 
@@ -480,8 +488,12 @@ def sft_step(
     ctx: StepContext,
     *,
     micro_batch_size: int,
+    lr: float | None = None,
 ) -> dict[str, float]:
-    """One optimizer step of token-mean NLL on the loss-masked tokens (supervised warm-up)."""
+    """One optimizer step of token-mean NLL on the loss-masked tokens (supervised warm-up).
+
+    With `lr`, the step uses that learning rate and leaves the schedule where it was.
+    """
     for m in model_chunks:
         m.train()
     normalizer = _global_denominator(batch, "token-mean", None)
@@ -499,7 +511,7 @@ def sft_step(
 
     outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=False)
     metrics = _sft_metrics(outputs)
-    metrics.update(_optimizer_step(model_chunks, optimizer, scheduler))
+    metrics.update(_optimizer_step(model_chunks, optimizer, scheduler, lr))
     return metrics
 
 

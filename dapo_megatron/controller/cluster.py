@@ -1,0 +1,81 @@
+"""Start or join the Ray cluster and reserve devices for the policy ranks.
+
+A local cluster binds to loopback and keeps Ray's token authentication as configured by
+the environment (Ray >= 2.60 enables it by default). Under slurm/ray.sub, RAY_ADDRESS
+points at the head node and we join it. One placement group holds one bundle per policy
+rank (PACK: ranks of a model-parallel group land on the same node when they fit).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+
+from dapo_megatron.config.schema import ClusterConfig
+
+
+@dataclass(frozen=True)
+class RankResources:
+    """What one policy rank asks of Ray."""
+
+    num_cpus: float
+    """CPUs per rank (on CPU machines this is also the rank's torch thread count)."""
+    num_gpus: float
+    """GPUs per rank (1 on GPU clusters, 0 on CPU)."""
+
+
+def resolve_device(cluster: ClusterConfig) -> str:
+    """The device kind of the run: cluster.device, with auto = cuda when available."""
+    if cluster.device != "auto":
+        return cluster.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def start_ray(cluster: ClusterConfig, *, num_cpus: int | None = None) -> None:
+    """Join RAY_ADDRESS / cluster.ray_address, or start a small local cluster on loopback."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = cluster.ray_address or os.environ.get("RAY_ADDRESS")
+    if address:
+        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        return
+    ray.init(
+        address="local",  # never a stale cluster file from an earlier session
+        num_cpus=num_cpus,
+        include_dashboard=False,
+        object_store_memory=256 * 1024 * 1024 if resolve_device(cluster) == "cpu" else None,
+        _node_ip_address="127.0.0.1",
+    )
+
+
+def rank_resources(cluster: ClusterConfig) -> RankResources:
+    """One device per rank on GPU; on CPU, a share of the machine's cores."""
+    if resolve_device(cluster) == "cuda":
+        return RankResources(num_cpus=1, num_gpus=1)
+    available = ray.cluster_resources().get("CPU", 1)
+    ranks = cluster.num_nodes * cluster.gpus_per_node
+    return RankResources(num_cpus=max(0.01, min(1.0, available / ranks)), num_gpus=0)
+
+
+def reserve_ranks(world_size: int, resources: RankResources, *, timeout_s: float = 120.0
+                  ) -> PlacementGroup:
+    """A placement group with one bundle per rank; a clear error if the cluster cannot fit it."""
+    bundle = {"CPU": resources.num_cpus}
+    if resources.num_gpus:
+        bundle["GPU"] = resources.num_gpus
+    group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+    ready, _ = ray.wait([group.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(group)
+        raise RuntimeError(
+            f"the Ray cluster cannot place {world_size} policy ranks of {bundle} within "
+            f"{timeout_s:.0f} s (cluster resources: {ray.cluster_resources()}); check "
+            f"cluster.num_nodes and cluster.gpus_per_node"
+        )
+    return group
