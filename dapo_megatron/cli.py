@@ -53,6 +53,23 @@ def _run_guarded(main: Callable[[], int]) -> int:
         return USER_ERROR_EXIT
 
 
+def _train(loaded: LoadedConfig) -> int:
+    """Run the job; runtime failures are one-line errors with exit status 1."""
+    from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
+    from dapo_megatron.controller.loop import train
+    from dapo_megatron.controller.policy_group import WorkerFailure
+
+    run_dir = Path(loaded.config.run.output_dir)
+    try:
+        metrics = train(loaded.config, run_dir)
+    except (DynamicSamplingExhausted, WorkerFailure) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    summary = {k: metrics[k] for k in ("reward/acc", "val/acc", "loss") if k in metrics}
+    print(f"dapo-train: finished; run directory {run_dir}; last step {summary}")
+    return 0
+
+
 def train_main(argv: Sequence[str] | None = None) -> int:
     """dapo-train: validate a recipe, print it or its plan, then train."""
     parser = _parser("dapo-train", "Train a policy with DAPO on Megatron-Core.")

@@ -63,8 +63,9 @@ def rank_resources(cluster: ClusterConfig) -> RankResources:
     return RankResources(num_cpus=max(0.01, min(1.0, available / ranks)), num_gpus=0)
 
 
-def reserve_ranks(world_size: int, resources: RankResources, *, timeout_s: float = 120.0
-                  ) -> PlacementGroup:
+def reserve_ranks(
+    world_size: int, resources: RankResources, *, timeout_s: float = 120.0
+) -> PlacementGroup:
     """A placement group with one bundle per rank; a clear error if the cluster cannot fit it."""
     bundle = {"CPU": resources.num_cpus}
     if resources.num_gpus:

@@ -1,0 +1,141 @@
+"""The DAPO training loop (DESIGN.md section 2), one readable function.
+
+Algorithm choices, all from the config: rollouts are sampled n per prompt; the raw
+verifier score is scaled and the soft overlong penalty added (Lmax = the engine's response
+cap); dynamic sampling keeps prompt groups whose RAW score varies, over at most
+max_gen_batches generation rounds, carrying surplus groups to the next step; truncated
+responses may be filtered from the loss; advantages are group-normalised; the policy trains
+on shuffled mini-batches with the clip-higher, token-level loss against old logprobs taken
+before the step; then the generation engines receive the new weights.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from dapo_megatron.algorithms.dynamic_sampling import auto_batch_multiplier
+from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.controller import steps
+from dapo_megatron.controller.cluster import start_ray
+from dapo_megatron.controller.context import RunContext, build_context
+from dapo_megatron.controller.policy_group import PolicyGroup, WorkerFailure
+from dapo_megatron.controller.rollout import rollout_metrics
+from dapo_megatron.logging import MetricsLogger, StepProgress
+from dapo_megatron.megatron.checkpoint_dirs import latest_checkpoint, prune_checkpoints
+
+
+def _resume(ctx: RunContext) -> dict[str, Any]:
+    """Restore the newest complete checkpoint; returns the controller state (empty if none)."""
+    if ctx.config.checkpointing.resume == "never":
+        return {}
+    path = latest_checkpoint(ctx.checkpoint_dir)
+    if path is None:
+        return {}
+    print(f"[resume] {path}", flush=True)
+    state = ctx.policy.load(str(path))
+    ctx.sampler.load_state_dict(state["sampler"])
+    ctx.dynamic.load_state_dict(state["dynamic"])
+    return state
+
+
+def _save(ctx: RunContext, step: int, keep_rate: float | None) -> None:
+    state = {
+        "step": step,
+        "sampler": ctx.sampler.state_dict(),
+        "dynamic": ctx.dynamic.state_dict(),
+        "keep_rate_ema": keep_rate,
+    }
+    ctx.policy.save(str(ctx.checkpoint_dir), step, state)
+    prune_checkpoints(ctx.checkpoint_dir, ctx.config.checkpointing.keep_last)
+
+
+def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
+    """Train from the last checkpoint (or from scratch) to max_num_steps."""
+    config = ctx.config
+    d, ds = config.dapo, config.dapo.dynamic_sampling
+    state = _resume(ctx)
+    start_step, keep_rate = state.get("step", 0), state.get("keep_rate_ema")
+    if start_step == 0 and config.sft_warmup.num_steps > 0:
+        steps.sft_warmup(
+            ctx,
+            lambda i, m: print(
+                f"[sft] step {i + 1}/{config.sft_warmup.num_steps} nll={m['sft/nll']:.4f}",
+                flush=True,
+            ),
+        )
+    metrics: dict[str, float] = {}
+    if start_step == 0 and config.validation.val_at_start:
+        logger.log(0, steps.validate(ctx, 0))
+    progress = StepProgress(
+        d.max_num_steps, start_step=start_step, enabled=config.logger.progress_bar
+    )
+    for step in range(start_step, d.max_num_steps):
+        started = time.perf_counter()
+        if ds.enabled and ds.batch_multiplier == "auto" and keep_rate is not None:
+            ctx.dynamic.batch_multiplier = auto_batch_multiplier(
+                keep_rate, max_multiplier=ds.max_batch_multiplier
+            )
+        groups, ds_stats, gen_metrics = steps.collect_rollouts(ctx, step)
+        batch = steps.make_batch(ctx, groups)
+        metrics = {**gen_metrics, **ds_stats.to_metrics(), **rollout_metrics(groups, config)}
+        metrics.update(steps.old_logprobs(ctx, batch))
+        metrics.update(steps.train_on_batch(ctx, batch, step))
+        metrics["timing/refit_s"] = ctx.policy.refit()
+        keep_rate = (
+            ds_stats.keep_rate
+            if keep_rate is None
+            else (0.5 * keep_rate + 0.5 * ds_stats.keep_rate)
+        )
+        metrics["dynamic_sampling/batch_multiplier"] = ctx.dynamic.batch_multiplier
+        metrics["generated_per_trained"] = ds_stats.num_samples_generated / len(batch)
+        done = step + 1
+        if config.validation.val_period and done % config.validation.val_period == 0:
+            metrics.update(steps.validate(ctx, done))
+        metrics["timing/step_s"] = time.perf_counter() - started
+        metrics["tokens_per_s"] = metrics["num_generated_tokens"] / metrics["timing/step_s"]
+        logger.log(done, metrics)
+        progress.update(done, metrics)
+        last = done == d.max_num_steps
+        if config.checkpointing.enabled and (done % config.checkpointing.save_period == 0 or last):
+            _save(ctx, done, keep_rate)
+    progress.close()
+    return metrics
+
+
+def train(config: DapoMegatronConfig, run_dir: Path) -> dict[str, float]:
+    """Run (or resume) a DAPO job; restarts from the last checkpoint when a worker dies."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ctx = build_context(config, run_dir)
+    restarts = 0
+    try:
+        start_ray(config.cluster)
+        while True:
+            ctx.reset_state()
+            resume = (
+                config.checkpointing.resume == "auto"
+                and latest_checkpoint(ctx.checkpoint_dir) is not None
+            )
+            logger = MetricsLogger(
+                config.logger, run_dir=run_dir, run_name=config.run.name, resume=resume
+            )
+            try:
+                ctx.policy = PolicyGroup(config)
+                return _run_steps(ctx, logger)
+            except WorkerFailure as failure:
+                restarts += 1
+                if restarts > config.run.max_restarts:
+                    raise
+                print(
+                    f"[restart {restarts}/{config.run.max_restarts}] {failure}; restarting "
+                    f"from the last checkpoint",
+                    flush=True,
+                )
+            finally:
+                logger.close()
+                if ctx.policy is not None:
+                    ctx.policy.shutdown()
+                    ctx.policy = None
+    finally:
+        ctx.close()

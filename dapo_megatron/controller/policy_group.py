@@ -1,0 +1,161 @@
+"""The controller's view of the policy: its Ray workers behind one call per operation.
+
+Sharding contract (the same for every operation): a batch of B samples (or a list of
+prompts) is cut into DP contiguous shards, as equal as possible; shard i goes to EVERY
+worker whose data-parallel rank is i (the TP/PP/CP ranks of one replica receive the same
+shard, as Megatron expects); results come from the first worker of each replica and are
+concatenated in shard order. Training metrics are identical on all ranks; rank 0's are used.
+
+A worker that dies makes the pending call raise WorkerFailure naming the rank and its
+layout, without waiting for the survivors (they would block in a collective forever).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import ray
+import torch
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from dapo_megatron.config.parallel import policy_world_size
+from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
+from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.generation.base import Sample, SamplingParams
+from dapo_megatron.workers.policy_worker import PolicyWorker
+
+
+class WorkerFailure(RuntimeError):
+    """A policy worker died or raised; the message names which."""
+
+
+def shard_bounds(total: int, parts: int) -> list[tuple[int, int]]:
+    """[start, end) of `parts` contiguous shards of `total` items, sizes differing by <= 1."""
+    base, extra = divmod(total, parts)
+    bounds, start = [], 0
+    for i in range(parts):
+        end = start + base + (1 if i < extra else 0)
+        bounds.append((start, end))
+        start = end
+    return bounds
+
+
+class PolicyGroup:
+    """All policy ranks of the run (one Ray actor each, in one placement group)."""
+
+    def __init__(self, config: DapoMegatronConfig) -> None:
+        self.config = config
+        world = policy_world_size(config)
+        resources = rank_resources(config.cluster)
+        self.placement = reserve_ranks(world, resources)
+        actor = ray.remote(PolicyWorker)
+        threads = max(1, int(resources.num_cpus)) if resources.num_gpus else 1
+        self.workers = [
+            actor.options(
+                num_cpus=resources.num_cpus,
+                num_gpus=resources.num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    self.placement, placement_group_bundle_index=rank
+                ),
+            ).remote(config, rank=rank, world_size=world, num_threads=threads)
+            for rank in range(world)
+        ]
+        self.layouts: list[dict[str, int]] = [{"rank": r} for r in range(world)]
+        addr, port = self._gather([self.workers[0].address.remote()])[0]
+        self.layouts = self._gather([w.setup.remote(addr, port) for w in self.workers])
+        self.dp = 1 + max(layout["dp_rank"] for layout in self.layouts)
+        # The first worker of each replica (lowest rank) answers for it.
+        self.leaders = [
+            min(r for r, layout in enumerate(self.layouts) if layout["dp_rank"] == dp)
+            for dp in range(self.dp)
+        ]
+
+    # ----------------------------------------------------------------------------------
+    # Calls
+
+    def _describe(self, rank: int) -> str:
+        layout = self.layouts[rank]
+        parts = ", ".join(f"{k} {v}" for k, v in layout.items() if k != "rank")
+        return f"policy rank {rank}" + (f" ({parts})" if parts else "")
+
+    def _gather(self, refs: list[ray.ObjectRef]) -> list[Any]:
+        """ray.get of one ref per worker, failing fast on the first worker that fails."""
+        index = {ref: i for i, ref in enumerate(refs)}
+        results: list[Any] = [None] * len(refs)
+        pending = list(refs)
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            ref = ready[0]
+            try:
+                results[index[ref]] = ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                raise WorkerFailure(f"{self._describe(index[ref])} died: {e}") from None
+            except ray.exceptions.RayTaskError as e:
+                raise WorkerFailure(
+                    f"{self._describe(index[ref])} raised: {e.cause!r}"
+                ) from e.cause
+        return results
+
+    def _call_sharded(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
+        """Call `method(shard_of_my_replica, *args)` on every worker; replica leaders' results."""
+        refs = [
+            getattr(w, method).remote(shards[self.layouts[r]["dp_rank"]], *args)
+            for r, w in enumerate(self.workers)
+        ]
+        results = self._gather(refs)
+        return [results[leader] for leader in self.leaders]
+
+    def _batch_shards(self, batch: PolicyBatch) -> list[PolicyBatch]:
+        return [batch.select(slice(a, b)) for a, b in shard_bounds(len(batch), self.dp)]
+
+    # ----------------------------------------------------------------------------------
+    # Operations
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[list[Sample]]:
+        """Rollouts for every prompt (n samples each), prompts spread over DP replicas."""
+        shards = [list(prompts[a:b]) for a, b in shard_bounds(len(prompts), self.dp)]
+        return [
+            group for part in self._call_sharded("generate", shards, sampling) for group in part
+        ]
+
+    def logprobs(
+        self, batch: PolicyBatch, *, compute_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Token-aligned logprobs (and entropies) [B, S] of the whole batch."""
+        parts = self._call_sharded("logprobs", self._batch_shards(batch), compute_entropy)
+        lp = torch.cat([p[0] for p in parts])
+        ent = torch.cat([p[1] for p in parts]) if compute_entropy else None
+        return lp, ent
+
+    def train_step(self, mini_batch: PolicyBatch) -> dict[str, float]:
+        """One optimizer step on a mini-batch (split evenly over DP ranks)."""
+        return self._call_sharded("train_step", self._batch_shards(mini_batch))[0]
+
+    def sft_step(self, batch: PolicyBatch, *, lr: float | None = None) -> dict[str, float]:
+        return self._call_sharded("sft_step", self._batch_shards(batch), lr)[0]
+
+    def refit(self) -> float:
+        """Update the generation engines with the trained weights; returns seconds."""
+        start = time.perf_counter()
+        self._gather([w.refit.remote() for w in self.workers])
+        return time.perf_counter() - start
+
+    def save(self, directory: str, step: int, extra_state: dict[str, Any]) -> str:
+        return self._gather([w.save.remote(directory, step, extra_state) for w in self.workers])[0]
+
+    def load(self, path: str) -> dict[str, Any]:
+        return self._gather([w.load.remote(path) for w in self.workers])[0]
+
+    def worker_pids(self) -> list[int]:
+        return self._gather([w.pid.remote() for w in self.workers])
+
+    def shutdown(self) -> None:
+        """Kill the workers and release their resources (also after a failure)."""
+        for worker in self.workers:
+            ray.kill(worker, no_restart=True)
+        ray.util.remove_placement_group(self.placement)

@@ -1,0 +1,155 @@
+"""From generated samples to a training batch: scoring, reward shaping, advantages.
+
+A RolloutGroup is one prompt with its n samples, their raw verifier scores and shaped
+rewards; groups are what dynamic sampling keeps, carries and discards, so they are plain
+picklable data. Shaping follows DESIGN.md section 3: scale the raw score, add the soft
+overlong penalty measured on the RESPONSE length against the engine's response cap.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from dapo_megatron.algorithms.advantages import group_advantages
+from dapo_megatron.algorithms.rewards import (
+    overlong_filter_mask,
+    scale_rewards,
+    soft_overlong_penalty,
+    truncated_from_finish_reasons,
+)
+from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.generation.base import Sample
+
+
+@dataclass
+class RolloutGroup:
+    """One prompt's samples, scored and shaped."""
+
+    prompt_ids: list[int]
+    """Prompt token ids."""
+    ground_truth: str
+    """Reference answer given to the verifier."""
+    samples: list[Sample]
+    """The n responses, with engine logprobs and finish reasons."""
+    scores: list[float]
+    """Raw verifier score per sample (1 correct / 0 wrong): the dynamic-sampling metric."""
+    rewards: list[float]
+    """Shaped reward per sample: scaled score plus the soft overlong penalty."""
+    penalties: list[float]
+    """The overlong penalty part of each reward (<= 0)."""
+
+
+def shape_rewards(
+    scores_B: torch.Tensor, lengths_B: torch.Tensor, config: DapoMegatronConfig
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shaped rewards, overlong penalties) of raw scores, per the `dapo` config."""
+    d = config.dapo
+    rewards = scores_B.double()
+    if d.reward_scaling.enabled:
+        rs = d.reward_scaling
+        rewards = scale_rewards(
+            rewards,
+            source_min=rs.source_min,
+            source_max=rs.source_max,
+            target_min=rs.target_min,
+            target_max=rs.target_max,
+        )
+    penalty = torch.zeros_like(rewards)
+    if d.overlong_buffer.enabled:
+        penalty = soft_overlong_penalty(
+            lengths_B,
+            max_response_length=config.generation.max_response_length,
+            buffer_length=d.overlong_buffer.length,
+            penalty_factor=d.overlong_buffer.penalty_factor,
+        ).double()
+    return rewards + penalty, penalty
+
+
+def make_groups(
+    prompts: Sequence[Sequence[int]],
+    ground_truths: Sequence[str],
+    samples: Sequence[Sequence[Sample]],
+    scores: Sequence[float],
+    config: DapoMegatronConfig,
+) -> list[RolloutGroup]:
+    """Attach scores (flat, prompt-major) and shaped rewards to each prompt's samples."""
+    flat = [s for group in samples for s in group]
+    lengths = torch.tensor([s.response_length for s in flat])
+    rewards, penalties = shape_rewards(torch.tensor(scores, dtype=torch.float64), lengths, config)
+    groups, start = [], 0
+    for prompt, truth, group in zip(prompts, ground_truths, samples, strict=True):
+        end = start + len(group)
+        groups.append(
+            RolloutGroup(
+                list(prompt),
+                truth,
+                list(group),
+                list(scores[start:end]),
+                rewards[start:end].tolist(),
+                penalties[start:end].tolist(),
+            )
+        )
+        start = end
+    return groups
+
+
+def build_policy_batch(
+    groups: Sequence[RolloutGroup], config: DapoMegatronConfig, pad_id: int
+) -> PolicyBatch:
+    """Token-aligned batch (prompt + response, right-padded) with group advantages.
+
+    The loss mask covers response tokens; samples that hit the length cap are masked out
+    entirely when overlong filtering is on. Rollout logprobs are the engine's.
+    """
+    adv = config.dapo.advantage
+    rewards_GN = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
+    advantages = group_advantages(
+        rewards_GN, norm_by_std=adv.norm_by_std, leave_one_out=adv.leave_one_out, eps=adv.eps
+    ).reshape(-1)
+    rows = [(g.prompt_ids, s) for g in groups for s in g.samples]
+    seq_len = max(len(p) + s.response_length for p, s in rows)
+    input_ids = torch.full((len(rows), seq_len), pad_id, dtype=torch.long)
+    loss_mask = torch.zeros(len(rows), seq_len)
+    rollout_lp = torch.zeros(len(rows), seq_len)
+    for i, (prompt, sample) in enumerate(rows):
+        p, r = len(prompt), sample.response_length
+        input_ids[i, :p] = torch.tensor(prompt)
+        if r:
+            input_ids[i, p : p + r] = torch.tensor(sample.response_token_ids)
+            loss_mask[i, p : p + r] = 1.0
+            rollout_lp[i, p : p + r] = torch.tensor(sample.logprobs)
+    if config.dapo.overlong_filtering:
+        truncated = truncated_from_finish_reasons([s.finish_reason for _, s in rows])
+        loss_mask = overlong_filter_mask(loss_mask, truncated)
+    return PolicyBatch(
+        input_ids=input_ids,
+        loss_mask=loss_mask,
+        advantages=advantages.float(),
+        rollout_logprobs=rollout_lp,
+    )
+
+
+def rollout_metrics(groups: Sequence[RolloutGroup], config: DapoMegatronConfig) -> dict[str, float]:
+    """Reward and length statistics of the samples trained on."""
+    scores = [x for g in groups for x in g.scores]
+    rewards = [x for g in groups for x in g.rewards]
+    penalties = [x for g in groups for x in g.penalties]
+    samples = [s for g in groups for s in g.samples]
+    lengths = [s.response_length for s in samples]
+    truncated = [s.finish_reason == "length" for s in samples]
+    return {
+        "reward/raw_mean": statistics.fmean(scores),
+        "reward/acc": statistics.fmean(1.0 if x > 0 else 0.0 for x in scores),
+        "reward/shaped_mean": statistics.fmean(rewards),
+        "reward/overlong_penalty_mean": statistics.fmean(penalties),
+        "reward/overlong_frac": statistics.fmean(1.0 if x < 0 else 0.0 for x in penalties),
+        "response_length/mean": statistics.fmean(lengths),
+        "response_length/max": float(max(lengths)),
+        "response_length/clip_ratio": statistics.fmean(float(t) for t in truncated),
+        "response_length/cap": float(config.generation.max_response_length),
+    }

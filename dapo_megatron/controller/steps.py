@@ -1,0 +1,165 @@
+"""The named phases of a DAPO step, called in order by controller/loop.py.
+
+Each function does one thing of DESIGN.md section 2 and returns its metrics; none keeps
+state of its own (the RunContext does), so the loop reads like the algorithm.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+
+import torch
+
+from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
+from dapo_megatron.algorithms.rollout_correction import mismatch_metrics
+from dapo_megatron.controller.context import RunContext, round_seed
+from dapo_megatron.controller.rollout import RolloutGroup, build_policy_batch, make_groups
+from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.generation.base import SamplingParams
+
+
+def _score(ctx: RunContext, samples, truths: Sequence[str]) -> tuple[list[float], dict]:
+    """Verifier scores of every sample (prompt-major), decoded with the tokenizer."""
+    texts, refs = [], []
+    for group, truth in zip(samples, truths, strict=True):
+        for sample in group:
+            texts.append(ctx.tokenizer.decode(sample.response_token_ids, skip_special_tokens=True))
+            refs.append(truth)
+    result = ctx.verifier.score_batch(texts, refs)
+    return result.scores, result.metrics
+
+
+def generate_groups(
+    ctx: RunContext, prompt_indices: Sequence[int], sampling: SamplingParams, prompts=None
+) -> tuple[list[RolloutGroup], dict[str, float]]:
+    """Generate n samples for each prompt, score and shape them."""
+    prompts = prompts or ctx.train
+    ids = [prompts.input_ids[i] for i in prompt_indices]
+    truths = [prompts.records[i].ground_truth for i in prompt_indices]
+    start = time.perf_counter()
+    samples = ctx.policy.generate(ids, sampling)
+    generated = time.perf_counter()
+    scores, reward_metrics = _score(ctx, samples, truths)
+    timing = {
+        "timing/generate_s": generated - start,
+        "timing/reward_s": time.perf_counter() - generated,
+        "num_generated_tokens": float(sum(s.response_length for g in samples for s in g)),
+    }
+    return make_groups(ids, truths, samples, scores, ctx.config), {**reward_metrics, **timing}
+
+
+def collect_rollouts(
+    ctx: RunContext, step: int
+) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]:
+    """Dynamic sampling: generation rounds until num_prompts_per_step groups vary."""
+    config = ctx.config
+    ctx.dynamic.start_step()
+    totals: dict[str, float] = {}
+    round_index = 0
+    while not ctx.dynamic.is_complete():
+        count = ctx.dynamic.prompts_for_next_round()
+        sampling = SamplingParams.from_generation_config(
+            config.generation,
+            n=config.dapo.num_generations_per_prompt,
+            eos_token_ids=ctx.eos_ids,
+            seed=round_seed(config.run.seed, step, round_index),
+        )
+        groups, metrics = generate_groups(ctx, ctx.sampler.next_indices(count), sampling)
+        for key, value in metrics.items():
+            totals[key] = totals.get(key, 0.0) + value
+        scores = torch.tensor([g.scores for g in groups])
+        rewards = torch.tensor([g.rewards for g in groups])
+        ctx.dynamic.add_round(groups, scores, rewards)  # raises after max_gen_batches rounds
+        round_index += 1
+    groups, stats = ctx.dynamic.finish_step()
+    return groups, stats, totals
+
+
+def old_logprobs(ctx: RunContext, batch: PolicyBatch) -> dict[str, float]:
+    """Fill batch.old_logprobs with the policy before this step's updates; mismatch metrics."""
+    start = time.perf_counter()
+    lp, _ = ctx.policy.logprobs(batch)
+    batch.old_logprobs = lp
+    metrics = mismatch_metrics(lp, batch.rollout_logprobs, batch.loss_mask)
+    metrics["timing/logprob_s"] = time.perf_counter() - start
+    return metrics
+
+
+def train_on_batch(ctx: RunContext, batch: PolicyBatch, step: int) -> dict[str, float]:
+    """Shuffle samples, then one optimizer step per mini-batch; averaged metrics."""
+    size = ctx.config.policy.train_global_batch_size
+    order = torch.randperm(
+        len(batch),
+        generator=torch.Generator().manual_seed(round_seed(ctx.config.run.seed, step, -1)),
+    )
+    start = time.perf_counter()
+    per_step = [
+        ctx.policy.train_step(batch.select(order[i : i + size])) for i in range(0, len(batch), size)
+    ]
+    metrics = {k: statistics.fmean(m[k] for m in per_step) for k in per_step[0]}
+    metrics["grad_norm_max"] = max(m["grad_norm"] for m in per_step)
+    metrics["lr"] = per_step[-1]["lr"]
+    metrics["num_optimizer_steps"] = float(len(per_step))
+    metrics["timing/train_s"] = time.perf_counter() - start
+    return metrics
+
+
+def validate(ctx: RunContext, step: int) -> dict[str, float]:
+    """avg@k accuracy on the validation prompts."""
+    if ctx.val is None:
+        return {}
+    v = ctx.config.validation
+    sampling = SamplingParams(
+        temperature=v.temperature,
+        top_p=v.top_p,
+        top_k=-1,
+        max_tokens=ctx.config.generation.max_response_length,
+        stop_token_ids=list(ctx.config.generation.stop_token_ids or ctx.eos_ids),
+        seed=round_seed(ctx.config.run.seed, step, 10_000),
+        n=v.num_samples_per_prompt,
+    )
+    start = time.perf_counter()
+    groups, _ = generate_groups(ctx, range(len(ctx.val.input_ids)), sampling, prompts=ctx.val)
+    scores = [x for g in groups for x in g.scores]
+    return {
+        "val/acc": statistics.fmean(scores),
+        "val/response_length": statistics.fmean(
+            s.response_length for g in groups for s in g.samples
+        ),
+        "timing/val_s": time.perf_counter() - start,
+    }
+
+
+def sft_warmup(ctx: RunContext, log) -> None:
+    """Supervised warm-up on reference answers (prompt + answer + EOS, loss on the answer)."""
+    cfg = ctx.config.sft_warmup
+    from dapo_megatron.data.sampler import PromptSampler
+
+    sampler = PromptSampler(len(ctx.train.input_ids), seed=ctx.config.run.seed + 1, shuffle=True)
+    for step in range(cfg.num_steps):
+        rows = []
+        for i in sampler.next_indices(cfg.batch_size):
+            answer = ctx.tokenizer.encode(
+                ctx.train.records[i].ground_truth, add_special_tokens=False
+            )
+            rows.append((ctx.train.input_ids[i], answer + ctx.eos_ids))
+        batch = _supervised_batch(rows, ctx.pad_id)
+        metrics = ctx.policy.sft_step(batch, lr=cfg.lr)
+        log(step, metrics)
+
+
+def _supervised_batch(rows, pad_id: int) -> PolicyBatch:
+    seq = max(len(p) + len(a) for p, a in rows)
+    ids = torch.full((len(rows), seq), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(rows), seq)
+    for i, (prompt, answer) in enumerate(rows):
+        ids[i, : len(prompt)] = torch.tensor(prompt)
+        ids[i, len(prompt) : len(prompt) + len(answer)] = torch.tensor(answer)
+        mask[i, len(prompt) : len(prompt) + len(answer)] = 1.0
+    return PolicyBatch(input_ids=ids, loss_mask=mask)
+
+
+def make_batch(ctx: RunContext, groups: Sequence[RolloutGroup]) -> PolicyBatch:
+    return build_policy_batch(groups, ctx.config, ctx.pad_id)

@@ -1,0 +1,1 @@
+"""Ray actor classes: PolicyWorker (one per Megatron rank)."""

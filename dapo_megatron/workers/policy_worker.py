@@ -1,0 +1,129 @@
+"""PolicyWorker: one Megatron rank of the policy as a Ray actor.
+
+The class is plain Python (the controller wraps it with ``ray.remote``), so it also runs
+in-process for debugging. Each worker is one torch.distributed rank; the controller calls
+every method on every worker at once (the methods are collective) with the worker's
+data-parallel share of the data. With the megatron generation backend the worker also
+generates rollouts on its own model (colocated: nothing is copied for the refit).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.generation.base import Sample, SamplingParams
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago on this node."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class PolicyWorker:
+    """One policy rank: Megatron model + optimizer, and (colocated) a generation engine."""
+
+    def __init__(
+        self, config: DapoMegatronConfig, *, rank: int, world_size: int, num_threads: int = 1
+    ) -> None:
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        # Several ranks share a few cores on CPU: one intra-op thread each avoids
+        # oversubscription (a 2-core box with 2 ranks x 2 threads runs ~2x slower).
+        torch.set_num_threads(max(1, num_threads))
+        self.policy = None
+        self.engine = None
+
+    def address(self) -> tuple[str, int]:
+        """(ip, free port) of this worker's node, for the rendezvous of rank 0."""
+        import ray
+
+        return ray.util.get_node_ip_address(), free_port()
+
+    def setup(self, master_addr: str, master_port: int) -> dict[str, int]:
+        """Join torch.distributed, build the model from the HF checkpoint; returns the layout."""
+        os.environ.update(
+            RANK=str(self.rank),
+            WORLD_SIZE=str(self.world_size),
+            LOCAL_RANK="0",
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=str(master_port),
+        )
+        from megatron.core import parallel_state
+
+        from dapo_megatron.megatron.policy import MegatronPolicy
+
+        self.policy = MegatronPolicy(self.config)
+        return {
+            "rank": self.rank,
+            "dp_rank": parallel_state.get_data_parallel_rank(),
+            "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
+            "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
+            "cp_rank": parallel_state.get_context_parallel_rank(),
+        }
+
+    def _engine(self):
+        if self.engine is None:
+            from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
+
+            policy = self._require_policy()
+            self.engine = MegatronGenerationBackend(
+                policy.model[0],
+                policy.arch,
+                policy.dims,
+                shares_policy_model=True,
+                max_batch_size=self.config.generation.engine.max_num_seqs,
+                max_model_len=self.config.policy.max_total_sequence_length,
+            )
+        return self.engine
+
+    def _require_policy(self):
+        if self.policy is None:
+            raise RuntimeError("PolicyWorker.setup() must run before any other call")
+        return self.policy
+
+    def generate(
+        self, prompts_token_ids: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[list[Sample]]:
+        """Rollouts of this DP replica's prompts (TP ranks return identical samples)."""
+        return self._engine().generate([list(p) for p in prompts_token_ids], sampling)
+
+    def logprobs(
+        self, batch: PolicyBatch, compute_entropy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return self._require_policy().logprobs(batch, compute_entropy=compute_entropy)
+
+    def train_step(self, batch: PolicyBatch) -> dict[str, float]:
+        return self._require_policy().train_step(batch)
+
+    def sft_step(self, batch: PolicyBatch, lr: float | None = None) -> dict[str, float]:
+        return self._require_policy().sft_step(batch, lr=lr)
+
+    def refit(self) -> None:
+        """Push the trained weights to the generation engine (shared model: nothing to do)."""
+        if self.engine is not None:
+            self.engine.update_weights(())
+
+    def save(self, directory: str, step: int, extra_state: dict[str, Any]) -> str:
+        return str(self._require_policy().save(Path(directory), step=step, extra_state=extra_state))
+
+    def load(self, path: str) -> dict[str, Any]:
+        return self._require_policy().load(Path(path))
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> None:
+        if self.policy is not None:
+            self.policy.shutdown()
+            self.policy = None
