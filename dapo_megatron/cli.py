@@ -92,13 +92,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         if args.dry_run:
             print("dry run: configuration is valid; nothing was started")
             return 0
-        # The Ray controller and the DAPO loop are not part of the package yet: stop after
-        # validation instead of pretending to train.
-        print(
-            "dapo-train: the training loop is not available in this version; the recipe "
-            "was validated and planned above, nothing was started"
-        )
-        return 0
+        return _train(loaded)
 
     return _run_guarded(main)
 

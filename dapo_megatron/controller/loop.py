@@ -20,7 +20,7 @@ from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.cluster import start_ray
 from dapo_megatron.controller.context import RunContext, build_context
-from dapo_megatron.controller.policy_group import PolicyGroup, WorkerFailure
+from dapo_megatron.controller.policy_group import PolicyGroup, WorkerDied
 from dapo_megatron.controller.rollout import rollout_metrics
 from dapo_megatron.logging import MetricsLogger, StepProgress
 from dapo_megatron.megatron.checkpoint_dirs import latest_checkpoint, prune_checkpoints
@@ -123,7 +123,7 @@ def train(config: DapoMegatronConfig, run_dir: Path) -> dict[str, float]:
             try:
                 ctx.policy = PolicyGroup(config)
                 return _run_steps(ctx, logger)
-            except WorkerFailure as failure:
+            except WorkerDied as failure:
                 restarts += 1
                 if restarts > config.run.max_restarts:
                     raise

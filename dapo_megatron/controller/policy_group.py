@@ -32,6 +32,11 @@ class WorkerFailure(RuntimeError):
     """A policy worker died or raised; the message names which."""
 
 
+class WorkerDied(WorkerFailure):
+    """A policy worker process is gone (killed, crashed): the run can restart from a
+    checkpoint. A worker that merely raised is a bug or bad input, not restarted."""
+
+
 def shard_bounds(total: int, parts: int) -> list[tuple[int, int]]:
     """[start, end) of `parts` contiguous shards of `total` items, sizes differing by <= 1."""
     base, extra = divmod(total, parts)
@@ -92,7 +97,7 @@ class PolicyGroup:
             try:
                 results[index[ref]] = ray.get(ref)
             except ray.exceptions.RayActorError as e:
-                raise WorkerFailure(f"{self._describe(index[ref])} died: {e}") from None
+                raise WorkerDied(f"{self._describe(index[ref])} died: {e}") from None
             except ray.exceptions.RayTaskError as e:
                 raise WorkerFailure(
                     f"{self._describe(index[ref])} raised: {e.cause!r}"

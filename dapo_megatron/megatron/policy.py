@@ -122,8 +122,9 @@ class MegatronPolicy:
             max_response_length=self.config.generation.max_response_length,
         )
 
-    def sft_step(self, batch: PolicyBatch) -> dict[str, float]:
-        """One optimizer step of token-mean NLL on the loss-masked tokens."""
+    def sft_step(self, batch: PolicyBatch, *, lr: float | None = None) -> dict[str, float]:
+        """One optimizer step of token-mean NLL on the loss-masked tokens (at `lr` if given,
+        outside the DAPO schedule)."""
         return sft_step(
             self.model,
             self.optimizer,
@@ -131,6 +132,7 @@ class MegatronPolicy:
             batch,
             self.ctx,
             micro_batch_size=self.config.policy.train_micro_batch_size,
+            lr=lr,
         )
 
     def save(self, directory: str | Path, *, step: int, extra_state: dict[str, Any]) -> Path:
