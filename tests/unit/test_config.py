@@ -402,5 +402,5 @@ def test_seq_mean_token_mean_refused_under_context_parallelism():
 
 def test_arithmetic_validation_split_must_fit_the_task():
     # Two single-digit operands with "+" give 10 * 10 = 100 distinct problems.
-    msg = error_of(TINY, "data.arithmetic.num_val=100")
+    msg = error_of(TINY, "data.arithmetic.difficulty=2", "data.arithmetic.num_val=100")
     assert "data.arithmetic.num_val" in msg and "only 100 distinct problems" in msg
