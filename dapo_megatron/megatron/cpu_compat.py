@@ -14,7 +14,8 @@ keeps torch's normal semantics and pays no overhead. Those functions are replace
 their modules: reach them through Megatron's own lookups (``get_forward_backward_func``),
 or import them by name only after ``apply_cpu_compat()`` (``initialize_parallel`` calls it).
 
-Covered: model build, forward/backward (local spec, TP, SP, PP schedules), the RNG
+Covered: model build, forward/backward (local spec, TP, SP, PP schedules, the rotary
+slicing of context parallelism, whose attention is ``context_parallel.py``), the RNG
 tracker, Megatron's DDP (grad buffers, grad sync) and optimizers (fp32 and mixed precision,
 the distributed optimizer, grad clipping), whose classes run every method under the mode
 (``_CPU_DEVICE_CLASSES``).
@@ -194,6 +195,15 @@ _CPU_DEVICE_ENTRY_POINTS: tuple[tuple[str, str], ...] = (
         "forward_backward_pipelining_without_interleaving",
     ),
     ("megatron.core.pipeline_parallel.schedules", "forward_backward_pipelining_with_interleaving"),
+    # Context parallelism: RotaryEmbedding.forward slices the rotary angles for this CP
+    # rank with get_pos_emb_on_this_cp_rank, which builds its chunk index with
+    # torch.tensor(..., pin_memory=True).cuda(). rotary_pos_embedding imported the
+    # function by name, so its copy is patched as well as the one in rope_utils.
+    ("megatron.core.models.common.embeddings.rope_utils", "get_pos_emb_on_this_cp_rank"),
+    (
+        "megatron.core.models.common.embeddings.rotary_pos_embedding",
+        "get_pos_emb_on_this_cp_rank",
+    ),
 )
 
 
@@ -233,11 +243,16 @@ def _run_under_cpu_devices(module_name: str, attribute: str) -> None:
     *path, name = attribute.split(".")
     for part in path:
         owner = getattr(owner, part)
-    original = getattr(owner, name)
+    # A static/class method must stay one: wrapped as a plain function it would be bound
+    # to the instance and receive it as an extra first argument (e.g. the optimizers'
+    # static _extract_common_per_param_step, called as self._extract...(state_dict)).
+    raw = vars(owner).get(name) if isinstance(owner, type) else None
+    descriptor = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
+    original = raw.__func__ if descriptor else getattr(owner, name)
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         with _CudaDevicesOnCpu():
             return original(*args, **kwargs)
 
-    setattr(owner, name, wrapper)
+    setattr(owner, name, descriptor(wrapper) if descriptor else wrapper)

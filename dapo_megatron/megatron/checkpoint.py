@@ -1,0 +1,499 @@
+"""Crash-safe Megatron distributed checkpoints of the policy (model, optimizer, schedule, run state).
+
+One checkpoint is a directory ``<root>/step_<step:06d>`` holding:
+
+* Megatron's ``torch_dist`` checkpoint of the model and optimizer: every rank writes its own
+  shards, and the files describe GLOBAL tensors, so a checkpoint loads into another TP/PP/DP
+  layout (dist checkpointing reshards on load). The DistributedOptimizer's state uses the
+  ``dp_reshardable`` format (bucket-space shards: reloadable at any DP size, but only at the
+  TP/PP it was saved with); the plain optimizer's state is per parameter and reshards like
+  the model;
+* the LR scheduler's state and each rank's RNG states (Python, NumPy, torch, Megatron's
+  model-parallel RNG tracker), which make a resume at the same layout bit-exact;
+* ``extra_state.pt``: a picklable dict owned by rank 0 (dataloader position, the dynamic
+  sampling carry-over, the controller's RNG...), returned by ``load_checkpoint``;
+* ``complete.json``: the marker, written last (step, layout, optimizer format, time).
+
+Crash safety: everything is written into a sibling ``step_<step>.tmp-<random>`` directory,
+and rank 0 renames it to its final name only after every rank has finished writing (a
+barrier) and the marker is on disk. A kill at any moment therefore leaves either no
+``step_<step>`` directory or a complete one; ``latest_checkpoint`` skips ``.tmp`` leftovers
+and directories without the marker, and ``prune_checkpoints`` removes them.
+
+``save_checkpoint`` and ``load_checkpoint`` are collective: every rank of the policy calls
+them together. ``latest_checkpoint`` and ``prune_checkpoints`` only read/change the file
+system; they live in ``checkpoint_dirs`` (no Megatron import, for the controller) and are
+re-exported here. The checkpoint directory must be on a file system
+that all ranks see (as for any Megatron checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import queue
+import random
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core.dist_checkpointing.strategies import filesystem_async
+from megatron.core.optimizer import ChainedOptimizer, MegatronOptimizer
+from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from dapo_megatron.megatron.checkpoint_dirs import (
+    MARKER,
+    checkpoint_name,
+    latest_checkpoint,
+    prune_checkpoints,
+    publish,
+    read_marker,
+    temporary_sibling,
+    write_durably,
+)
+
+__all__ = [
+    "capture_rng_state",
+    "checkpoint_name",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "prune_checkpoints",
+    "read_marker",
+    "restore_rng_state",
+    "save_checkpoint",
+]
+
+logger = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+"""Bumped when the layout of a checkpoint directory changes incompatibly."""
+EXTRA_STATE_FILE = "extra_state.pt"
+DIST_OPTIMIZER_SHARDING = "dp_reshardable"
+"""DistributedOptimizer format. ``fully_reshardable`` (TP/PP resharding of optimizer state)
+fails to load with torch's Adam on Megatron-Core 0.16 (KeyError 'step', no Apex/TE)."""
+
+
+# ----------------------------------------------------------------------------- RNG
+
+
+def capture_rng_state() -> dict[str, Any]:
+    """This process's RNG states: Python, NumPy, torch (CPU and CUDA) and Megatron's tracker.
+
+    Megatron's tracker holds the per-TP-rank stream used for weight init and dropout
+    (``model_parallel_cuda_manual_seed``); on CPU it lives in the default generator (see
+    cpu_compat). Tensors are cloned: the result does not change when training goes on.
+    """
+    tracker = tensor_parallel.get_cuda_rng_tracker()
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "tracker": {name: s.clone() for name, s in tracker.get_states().items()},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state()
+    return state
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    """Inverse of ``capture_rng_state`` (on the same rank of the same layout)."""
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    tensor_parallel.get_cuda_rng_tracker().set_states(
+        {name: s.clone() for name, s in state["tracker"].items()}
+    )
+
+
+# ------------------------------------------------------------------- state dicts
+
+
+def _layout() -> dict[str, int]:
+    return {
+        "tp": parallel_state.get_tensor_model_parallel_world_size(),
+        "pp": parallel_state.get_pipeline_model_parallel_world_size(),
+        "cp": parallel_state.get_context_parallel_world_size(),
+        "dp": parallel_state.get_data_parallel_world_size(),
+        "world_size": dist.get_world_size(),
+    }
+
+
+def _sub_optimizers(optimizer: MegatronOptimizer) -> list[MegatronOptimizer]:
+    if isinstance(optimizer, ChainedOptimizer):
+        return list(optimizer.chained_optimizers)
+    return [optimizer]
+
+
+def _is_distributed(optimizer: MegatronOptimizer) -> bool:
+    return any(isinstance(o, DistributedOptimizer) for o in _sub_optimizers(optimizer))
+
+
+def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside DDP / Float16Module (it owns the sharded_state_dict logic)."""
+    while hasattr(chunk, "module") and isinstance(chunk.module, torch.nn.Module):
+        chunk = chunk.module
+    return chunk
+
+
+@contextlib.contextmanager
+def _virtual_pipeline_rank(index: int, chunks: int) -> Iterator[None]:
+    """With interleaved PP, layer numbering of a chunk depends on the virtual rank."""
+    if chunks == 1:
+        yield
+        return
+    previous = parallel_state.get_virtual_pipeline_model_parallel_rank()
+    parallel_state.set_virtual_pipeline_model_parallel_rank(index)
+    try:
+        yield
+    finally:
+        parallel_state.set_virtual_pipeline_model_parallel_rank(previous)
+
+
+def _model_keys(model: Sequence[torch.nn.Module]) -> list[str]:
+    return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
+
+
+def _rng_sharded_object(state: dict[str, Any] | None) -> ShardedObject:
+    """Each rank's RNG states as one element of a world-sized array of objects."""
+    return ShardedObject(
+        "rng_state", state, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0
+    )
+
+
+def _sharded_state_dict(
+    model: Sequence[torch.nn.Module],
+    optimizer: MegatronOptimizer | None,
+    scheduler: OptimizerParamScheduler | None,
+    *,
+    is_loading: bool,
+    with_rng: bool,
+) -> dict[str, Any]:
+    """The state dict that dist_checkpointing saves, or fills on load."""
+    # Megatron's modules and optimizers read their options from this dict; it is the same
+    # on save and load so that both sides describe the same sharded keys.
+    metadata = {
+        "distrib_optim_sharding_type": DIST_OPTIMIZER_SHARDING,
+        "chained_optim_avoid_prefix": True,
+        "singleton_local_shards": False,
+    }
+    state: dict[str, Any] = {}
+    for index, (key, chunk) in enumerate(zip(_model_keys(model), model, strict=True)):
+        with _virtual_pipeline_rank(index, len(model)):
+            state[key] = _unwrap(chunk).sharded_state_dict(metadata=metadata)
+    if optimizer is not None:
+        _init_optimizer_state(optimizer)
+        state["optimizer"] = optimizer.sharded_state_dict(
+            state, is_loading=is_loading, metadata=metadata
+        )
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
+    if with_rng:
+        state["rng_state"] = _rng_sharded_object(None if is_loading else capture_rng_state())
+    return state
+
+
+def _init_optimizer_state(optimizer: MegatronOptimizer) -> None:
+    """Give every parameter without optimizer state a fresh one: zero moments, step 0.
+
+    Megatron describes the optimizer's checkpoint from its current state. Before the first
+    step torch's Adam has none: the DistributedOptimizer then fails on save and load (it
+    reads a per-parameter 'step' that Megatron's ``init_state_fn`` does not create, torch
+    Adam without Apex/TE), and the plain optimizer saves no moments that a load could ask
+    for. Zero moments at step 0 are exactly what Adam's first step would create, so this
+    changes no result.
+    """
+    for sub in _sub_optimizers(optimizer):
+        inner = getattr(sub, "optimizer", None)
+        if inner is None or sub.init_state_fn is None:
+            continue
+        sub.init_state_fn(inner, sub.config)
+        _give_each_param_a_step(inner, None)
+
+
+def _is_torch_adam(inner: Any) -> bool:
+    """torch's Adam/AdamW keep 'step' per parameter (Apex/TE FusedAdam: per param group)."""
+    return isinstance(inner, torch.optim.Adam | torch.optim.AdamW)
+
+
+def _give_each_param_a_step(inner: Any, step: float | None) -> None:
+    """Set each torch-Adam parameter state's 'step' to its own tensor: ``step``, or 0 where
+    it has none. Other optimizers are left alone."""
+    if not _is_torch_adam(inner):
+        return
+    for group in inner.param_groups:
+        for param in group["params"]:
+            param_state = inner.state.get(param)
+            if not param_state or (step is None and "step" in param_state):
+                continue
+            old = param_state.get("step")
+            # Same dtype/device as torch keeps it (CPU unless capturable/fused).
+            like = old if isinstance(old, torch.Tensor) else torch.tensor(0.0)
+            param_state["step"] = torch.full_like(like, float(step or 0.0))
+
+
+def _saved_adam_steps(optimizer: MegatronOptimizer, loaded: Any) -> list[float | None]:
+    """Per sub-optimizer: the step count a DistributedOptimizer saved, else None.
+
+    Also completes the plain optimizers' loaded state for a checkpoint taken before the
+    first step: Megatron saves their shared Adam step as 'common_step' only when it is
+    non-zero, and torch's Adam refuses to load a state without one.
+    """
+    subs = _sub_optimizers(optimizer)
+    if len(subs) == 1:
+        per_sub = [loaded]
+    else:
+        per_sub = [loaded[k] for k in sorted(loaded)] if isinstance(loaded, dict) else loaded
+    steps: list[float | None] = []
+    for sub, sub_state in zip(subs, per_sub, strict=True):
+        step = None
+        if isinstance(sub, DistributedOptimizer):
+            groups = sub_state["optimizer"]["param_groups"]
+            found = {g["step"] for g in groups if g.get("step") is not None}
+            if len(found) > 1:
+                raise ValueError(f"checkpoint has different optimizer steps per group: {found}")
+            step = found.pop() if found else None
+        elif _is_torch_adam(getattr(sub, "optimizer", None)):
+            # FP32Optimizer saves torch's state dict; the mixed-precision one nests it.
+            torch_state = sub_state if "param_groups" in sub_state else sub_state["optimizer"]
+            per_param = torch_state["state"]
+            if "common_step" not in per_param and any("step" not in v for v in per_param.values()):
+                per_param["common_step"] = torch.tensor(0.0, dtype=torch.float32)
+        steps.append(step)
+    return steps
+
+
+def _restore_adam_steps(optimizer: MegatronOptimizer, steps: list[float | None]) -> None:
+    """Give torch Adam's per-parameter 'step' its saved value, one tensor per parameter.
+
+    DistributedOptimizer.load_state_dict (torch Adam, no Apex/TE) puts ONE step tensor into
+    every parameter's state, which Adam would then increment once per parameter on each
+    step, and the dp_reshardable loader overwrites it with the pre-load value (the step is
+    a non-persistent local object in that format). Adam's bias correction reads the step,
+    so a resume is bit-exact only with the saved value restored per parameter. The plain
+    optimizer restores its steps itself, except for a checkpoint taken before the first
+    step (no step saved): those states get step 0, like a fresh Adam state.
+    """
+    for sub, step in zip(_sub_optimizers(optimizer), steps, strict=True):
+        inner = getattr(sub, "optimizer", None)
+        if inner is not None:
+            _give_each_param_a_step(inner, step)
+
+
+# -------------------------------------------------------------------------- save
+
+
+def _broadcast_from_rank0(value: Any) -> Any:
+    holder = [value]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]
+
+
+def save_checkpoint(
+    directory: str | Path,
+    *,
+    model: Sequence[torch.nn.Module],
+    optimizer: MegatronOptimizer | None,
+    scheduler: OptimizerParamScheduler | None,
+    extra_state: dict[str, Any],
+    step: int,
+) -> Path:
+    """Write the checkpoint of optimizer step ``step`` under ``directory``; collective.
+
+    Args:
+        directory: the run's checkpoint root (created if missing; shared by all ranks).
+        model: this rank's model chunks (DDP-wrapped GPTModels, one per virtual stage).
+        optimizer: the Megatron optimizer of ``model`` (plain or distributed), or None.
+        scheduler: the LR scheduler, or None.
+        extra_state: picklable run state; only rank 0's is written.
+        step: optimizer steps done so far; names the directory.
+
+    Returns:
+        ``directory / checkpoint_name(step)``, complete on every rank when this returns.
+        An existing checkpoint of the same step is replaced.
+
+    The save is synchronous; the shards of each rank are written by short-lived forked
+    writer processes (Megatron's ``FileSystemWriterAsync``), see ``_write_results_in_process``.
+    """
+    root = Path(directory)
+    final = root / checkpoint_name(step)
+    rank = dist.get_rank()
+    started = time.monotonic()
+    tmp = None
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_sibling(final)
+        tmp.mkdir()
+    tmp = Path(_broadcast_from_rank0(str(tmp) if tmp else None))
+
+    state = _sharded_state_dict(model, optimizer, scheduler, is_loading=False, with_rng=True)
+    with _write_results_in_process():
+        dist_checkpointing.save(state, str(tmp))  # ends with a barrier: all shards written
+    if rank == 0:
+        write_durably(tmp / EXTRA_STATE_FILE, _pickle(extra_state))
+        marker = {
+            "format_version": FORMAT_VERSION,
+            "step": step,
+            "layout": _layout(),
+            "model_chunks": len(model),
+            "optimizer": None
+            if optimizer is None
+            else (DIST_OPTIMIZER_SHARDING if _is_distributed(optimizer) else "per_parameter"),
+            "scheduler": scheduler is not None,
+            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "save_seconds": round(time.monotonic() - started, 3),
+        }
+        write_durably(tmp / MARKER, json.dumps(marker, indent=2).encode())
+        publish(tmp, final)
+    dist.barrier()
+    return final
+
+
+@contextlib.contextmanager
+def _write_results_in_process() -> Iterator[None]:
+    """Collect the shard writers' results in a plain queue instead of a Manager queue.
+
+    Megatron's torch_dist writer hands its results over through a module-level queue that
+    it creates, on first use, as ``multiprocessing.get_context("spawn").Manager().Queue()``
+    so that an ASYNC save (a writer in another process) can report back. That Manager is a
+    server process which re-imports ``__main__`` (a script without a ``__main__`` guard
+    deadlocks), costs ~2 s to start, and outlives a rank killed by a signal (it then holds
+    the rank's stdout open, so whatever reads it, e.g. a CI runner, waits forever). A
+    synchronous save puts and gets the results in the rank's own process (the forked
+    writers report through their own fork queue), where a ``queue.Queue`` is enough.
+    """
+    if not hasattr(filesystem_async, "_results_queue"):  # another Megatron: its own default
+        yield
+        return
+    previous = filesystem_async._results_queue
+    filesystem_async._results_queue = queue.Queue()
+    try:
+        yield
+    finally:
+        filesystem_async._results_queue = previous
+
+
+def _pickle(obj: Any) -> bytes:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return buffer.getvalue()
+
+
+# -------------------------------------------------------------------------- load
+
+
+def load_checkpoint(
+    path: str | Path,
+    *,
+    model: Sequence[torch.nn.Module],
+    optimizer: MegatronOptimizer | None,
+    scheduler: OptimizerParamScheduler | None,
+    restore_rng: bool = True,
+) -> dict[str, Any]:
+    """Load a complete checkpoint into this rank's model, optimizer and scheduler; collective.
+
+    The model may have another TP/PP/DP layout than the one saved (dist checkpointing
+    reshards). Optimizer state: the plain optimizer's reshards like the model; the
+    DistributedOptimizer's (``dp_reshardable``) loads at any DP size but only at the saved
+    TP/PP, and not into a plain optimizer (nor the reverse). Pass ``optimizer=None`` to
+    load weights only.
+
+    Args:
+        path: a checkpoint directory (e.g. from ``latest_checkpoint``).
+        model: this rank's model chunks, built for the current layout.
+        optimizer: the optimizer of ``model``, or None to skip optimizer state.
+        scheduler: the LR scheduler, or None to skip it.
+        restore_rng: restore each rank's RNG states, when the layout equals the saved one
+            (other layouts have no rank-to-rank correspondence: the states are skipped).
+
+    Returns:
+        The ``extra_state`` given to ``save_checkpoint`` (on every rank; unpickled: load
+        only checkpoints you trust).
+
+    Raises:
+        FileNotFoundError: ``path`` is not a complete checkpoint.
+        ValueError: the optimizer/scheduler asked for is not in the checkpoint or its
+            format cannot be loaded into ``optimizer`` at this layout.
+    """
+    path = Path(path)
+    marker = read_marker(path)
+    if marker is None:
+        raise FileNotFoundError(
+            f"{path} is not a complete checkpoint (no {MARKER}); use latest_checkpoint()"
+        )
+    _check_compatible(marker, path, model, optimizer, scheduler)
+    same_layout = marker["layout"] == _layout()
+    with_rng = restore_rng and same_layout
+    state = _sharded_state_dict(model, optimizer, scheduler, is_loading=True, with_rng=with_rng)
+    loaded = dist_checkpointing.load(state, str(path))
+    for index, (key, chunk) in enumerate(zip(_model_keys(model), model, strict=True)):
+        with _virtual_pipeline_rank(index, len(model)):
+            _unwrap(chunk).load_state_dict(loaded[key], strict=True)
+    if optimizer is not None:
+        steps = _saved_adam_steps(optimizer, loaded["optimizer"])
+        # Loading copies into parameters and optimizer state in place: no autograd history.
+        with torch.no_grad():
+            optimizer.load_state_dict(loaded["optimizer"])
+        _restore_adam_steps(optimizer, steps)
+    if scheduler is not None:
+        scheduler.load_state_dict(loaded["scheduler"])
+    extra_state = torch.load(path / EXTRA_STATE_FILE, weights_only=False)
+    if with_rng:
+        # Last: building the loading state dict above may have drawn random numbers.
+        restore_rng_state(loaded["rng_state"])
+    elif restore_rng:
+        logger.warning(
+            "checkpoint %s was saved at layout %s, now %s: RNG states not restored",
+            path,
+            marker["layout"],
+            _layout(),
+        )
+    return extra_state
+
+
+def _check_compatible(
+    marker: dict[str, Any],
+    path: Path,
+    model: Sequence[torch.nn.Module],
+    optimizer: MegatronOptimizer | None,
+    scheduler: OptimizerParamScheduler | None,
+) -> None:
+    """Fail before any collective I/O, with a message that says what to change."""
+    if marker.get("format_version") != FORMAT_VERSION:
+        raise ValueError(
+            f"{path}: checkpoint format {marker.get('format_version')}, this code reads "
+            f"{FORMAT_VERSION}"
+        )
+    if scheduler is not None and not marker["scheduler"]:
+        raise ValueError(f"{path} has no scheduler state; pass scheduler=None")
+    if optimizer is None:
+        return
+    saved = marker["optimizer"]
+    if saved is None:
+        raise ValueError(f"{path} has no optimizer state; pass optimizer=None (weights only)")
+    wanted = DIST_OPTIMIZER_SHARDING if _is_distributed(optimizer) else "per_parameter"
+    if saved != wanted:
+        raise ValueError(
+            f"{path} holds {saved} optimizer state, the optimizer expects {wanted}: set "
+            f"use_distributed_optimizer as when it was saved, or pass optimizer=None"
+        )
+    # dp_reshardable state is a list of grad-buffer buckets, whose contents depend on the
+    # parameters each rank holds: TP, PP and the model chunks (virtual pipeline stages).
+    was = (marker["layout"]["tp"], marker["layout"]["pp"], marker["model_chunks"])
+    now = (_layout()["tp"], _layout()["pp"], len(model))
+    if saved == DIST_OPTIMIZER_SHARDING and was != now:
+        raise ValueError(
+            f"{path}: the distributed optimizer state was saved at (tp, pp, model chunks) = "
+            f"{was} and loads only there (at any DP size); this run has {now}. Pass "
+            f"optimizer=None to load the weights only"
+        )
