@@ -147,7 +147,8 @@ class MegatronPolicy:
         )
 
     def load(self, path: str | Path) -> dict[str, Any]:
-        """Restore model, optimizer and schedule (any TP/PP layout); returns extra_state."""
+        """Restore model, optimizer and schedule; returns extra_state. Weights load into any
+        TP/PP layout; distributed-optimizer state reshards across DP only."""
         return ckpt.load_checkpoint(
             path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler
         )
