@@ -56,7 +56,8 @@ def collect_rollouts(
     """Dynamic sampling: generation rounds until num_prompts_per_step groups vary."""
     config = ctx.config
     ctx.dynamic.start_step()
-    totals: dict[str, float] = {}
+    # A step filled entirely from carried groups runs no round: report zeros, not nothing.
+    totals = {"timing/generate_s": 0.0, "timing/reward_s": 0.0, "num_generated_tokens": 0.0}
     round_index = 0
     while not ctx.dynamic.is_complete():
         count = ctx.dynamic.prompts_for_next_round()
