@@ -1,0 +1,150 @@
+"""The controller's rollout phase with a fake policy and verifier (no Ray, no Megatron)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
+from dapo_megatron.config.loader import load_config
+from dapo_megatron.controller import steps
+from dapo_megatron.controller.context import RunContext, make_dynamic_sampler, make_sampler
+from dapo_megatron.controller.rollout import build_policy_batch, make_groups
+from dapo_megatron.data.datasets import EncodedPrompts, PromptRecord
+from dapo_megatron.generation.base import Sample
+
+REPO = Path(__file__).resolve().parents[2]
+N = 4  # samples per prompt
+
+
+class FakePolicy:
+    """Answers prompt i with token 7 + (i % 3) for every sample; counts rounds."""
+
+    def __init__(self):
+        self.rounds = 0
+
+    def generate(self, prompts, sampling):
+        self.rounds += 1
+        return [
+            [Sample([7 + p[0] % 3, 2], [-0.5, -0.1], "stop") for _ in range(sampling.n)]
+            for p in prompts
+        ]
+
+
+class FakeVerifier:
+    """Scores sample j of each group: `pattern(prompt_token, j)`."""
+
+    def __init__(self, pattern):
+        self.pattern = pattern
+        self.calls = []
+
+    def score_batch(self, texts, truths):
+        scores = [float(self.pattern(int(t), j % N)) for j, t in enumerate(truths)]
+        self.calls.append(len(texts))
+        return SimpleNamespace(scores=scores, metrics={"reward/num_timeouts": 0.0})
+
+
+def _ctx(pattern, *overrides) -> RunContext:
+    config = load_config(
+        REPO / "recipes" / "dapo-tiny-cpu.yaml",
+        [
+            f"dapo.num_generations_per_prompt={N}",
+            "dapo.num_prompts_per_step=4",
+            "policy.train_global_batch_size=16",
+            "policy.train_micro_batch_size=8",
+            "data.shuffle=false",
+            *overrides,
+        ],
+    ).config
+    prompts = [[i] for i in range(30)]
+    records = [PromptRecord(prompt=str(i), ground_truth=str(i), metadata={}) for i in range(30)]
+    train = EncodedPrompts(input_ids=prompts, records=records, num_too_long=0)
+    tokenizer = SimpleNamespace(
+        decode=lambda ids, skip_special_tokens: str(ids), eos_token_id=2, pad_token_id=0
+    )
+    return RunContext(
+        config=config,
+        run_dir=Path("."),
+        checkpoint_dir=Path("."),
+        tokenizer=tokenizer,
+        train=train,
+        val=None,
+        sampler=make_sampler(config, 30),
+        dynamic=make_dynamic_sampler(config),
+        verifier=FakeVerifier(pattern),
+        policy=FakePolicy(),
+    )
+
+
+def test_all_equal_groups_exhaust_after_exactly_max_gen_batches_rounds():
+    ctx = _ctx(
+        lambda prompt, j: 1.0,
+        "dapo.dynamic_sampling.max_gen_batches=3",
+        "dapo.dynamic_sampling.batch_multiplier=1.5",
+    )
+    with pytest.raises(DynamicSamplingExhausted, match="max_gen_batches=3"):
+        steps.collect_rollouts(ctx, step=0)
+    assert ctx.policy.rounds == 3  # never a 4th round
+
+
+def test_mixed_groups_carry_surplus_across_steps():
+    # Even prompts get mixed scores (kept), odd prompts all-correct (filtered).
+    ctx = _ctx(
+        lambda prompt, j: float(prompt % 2 == 1 or j % 2 == 0),
+        "dapo.dynamic_sampling.batch_multiplier=4.0",
+        "dapo.dynamic_sampling.max_carry_age=2",
+    )
+    groups, stats, metrics = steps.collect_rollouts(ctx, step=0)
+    # One round of ceil(4 * 4) = 16 prompts (0..15): 8 even prompts kept, 4 trained, 4 carried.
+    assert ctx.policy.rounds == 1 and stats.num_prompts_generated == 16
+    assert [g.prompt_ids[0] for g in groups] == [0, 2, 4, 6]
+    assert stats.num_carried_groups == 4 and stats.keep_rate == 0.5
+    assert metrics["num_generated_tokens"] == 16 * N * 2
+    # Next step is served from the carry alone: no generation round at all.
+    groups, stats, metrics = steps.collect_rollouts(ctx, step=1)
+    assert ctx.policy.rounds == 1 and stats.num_gen_batches == 0
+    assert [g.prompt_ids[0] for g in groups] == [8, 10, 12, 14]
+    assert stats.num_carried_in == 4 and metrics["num_generated_tokens"] == 0.0
+
+
+def test_filtering_uses_raw_scores_not_shaped_rewards():
+    # All samples correct but of different lengths would give different SHAPED rewards
+    # under an overlong penalty; the group must still be filtered on its raw scores.
+    ctx = _ctx(lambda prompt, j: 1.0, "dapo.overlong_buffer.length=15")
+    samples = [[Sample([5] * (1 + 5 * j), [-0.1] * (1 + 5 * j), "stop") for j in range(N)]]
+    groups = make_groups([[1]], ["1"], samples, [1.0] * N, ctx.config)
+    assert len(set(groups[0].rewards)) > 1  # shaped rewards differ ...
+    kept = ctx.dynamic
+    kept.start_step()
+    kept.add_round(groups, torch.tensor([groups[0].scores]), torch.tensor([groups[0].rewards]))
+    assert kept.num_kept_groups == 0  # ... but the raw scores do not: filtered
+
+
+def test_policy_batch_layout_and_overlong_filtering():
+    ctx = _ctx(lambda prompt, j: float(j == 0), "dapo.overlong_filtering=true")
+    samples = [
+        [
+            Sample([5, 6, 2], [-1.0, -2.0, -3.0], "stop"),
+            Sample([5, 6, 6], [-1.0, -2.0, -3.0], "length"),
+            Sample([9], [-0.5], "stop"),
+            Sample([9, 2], [-0.5, -0.1], "stop"),
+        ]
+    ]
+    groups = make_groups([[1, 4]], ["x"], samples, [1.0, 0.0, 0.0, 0.0], ctx.config)
+    batch = build_policy_batch(groups, ctx.config, pad_id=0)
+    assert batch.input_ids.tolist()[0] == [1, 4, 5, 6, 2]
+    assert batch.input_ids.tolist()[2] == [1, 4, 9, 0, 0]
+    # Response tokens only; the truncated sample (finish "length") is masked out entirely.
+    assert batch.loss_mask.tolist() == [
+        [0, 0, 1, 1, 1],
+        [0, 0, 0, 0, 0],
+        [0, 0, 1, 0, 0],
+        [0, 0, 1, 1, 0],
+    ]
+    assert batch.rollout_logprobs[0, 2:].tolist() == [-1.0, -2.0, -3.0]
+    # Rewards: scale [0,1] -> [-1,1]: [1, -1, -1, -1]; group mean -0.5, unbiased std 1.0:
+    # advantages (r + 0.5) / (1 + 1e-6) = [1.5, -0.5, -0.5, -0.5]
+    assert batch.advantages.tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
