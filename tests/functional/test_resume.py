@@ -95,3 +95,34 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     for step in (3, 4):
         for key in KEYS:
             assert got[step][key] == want[step][key], (step, key, got[step][key], want[step][key])
+
+
+def _policy_worker_pids() -> list[int]:
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if "ray::PolicyWorker" in line]
+
+
+def test_worker_death_restarts_from_the_last_checkpoint(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = [*_command(run_dir), "dapo.max_num_steps=6"]
+    proc = subprocess.Popen(
+        cmd,
+        env=_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    marker = run_dir / "checkpoints" / "step_000002" / "complete.json"
+    deadline = time.monotonic() + 600
+    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    pids = _policy_worker_pids()
+    assert marker.exists() and pids, "no checkpoint or no worker to kill"
+    os.kill(pids[-1], signal.SIGKILL)
+    output, _ = proc.communicate(timeout=600)
+    assert proc.returncode == 0, output[-3000:]
+    assert "[restart 1/2] policy rank" in output and "died" in output
+    assert "[resume]" in output and "step_000002" in output
+    assert sorted(_metrics(run_dir)) == [1, 2, 3, 4, 5, 6]
