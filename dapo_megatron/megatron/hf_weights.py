@@ -4,6 +4,10 @@ Import (``load_hf_checkpoint``) fills this rank's TP shard of this rank's pipeli
 straight from the safetensors files: each tensor is opened lazily with ``safe_open`` and
 only the rows/columns of this rank's shard are read, so no rank ever holds the full model.
 
+``load_hf_tensors`` does the same from an iterable of in-memory ``(hf_name, full tensor)``
+pairs, e.g. the export iterator of another model: the weight refit of a generation engine
+that holds its own copy of the model.
+
 Export (``export_hf_weights``) streams full HF-named tensors, one parameter at a time:
 the owning stage all-gathers the TP shards, broadcasts the result over the pipeline group,
 and every rank un-fuses it into HF tensors. All ranks must iterate to the end together
@@ -25,7 +29,7 @@ Megatron layouts handled here (np query heads, ng query groups, hn head dim, tp 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +153,19 @@ class _LazyCheckpoint:
         return lazy[rows] if cols is None else lazy[rows, cols]
 
 
+class _InMemoryTensors:
+    """``_LazyCheckpoint``'s slicing interface over full tensors already in memory."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
+        self._tensors = tensors
+
+    def slice(self, name: str, rows: slice = slice(None), cols: slice | None = None
+              ) -> torch.Tensor:
+        """``tensor[rows]`` or ``tensor[rows, cols]`` (a view) of HF tensor ``name``."""
+        tensor = self._tensors[name]
+        return tensor[rows] if cols is None else tensor[rows, cols]
+
+
 def _span(size: int, rank: int, world: int) -> slice:
     """This rank's equal share of ``size`` rows."""
     if size % world != 0:
@@ -157,9 +174,9 @@ def _span(size: int, rank: int, world: int) -> slice:
     return slice(rank * step, (rank + 1) * step)
 
 
-def _read_shard(entry: _Entry, ckpt: _LazyCheckpoint, arch: ModelArch, rank: int, tp: int
-                ) -> torch.Tensor:
-    """This TP rank's shard of ``entry`` in Megatron layout, read from the HF checkpoint."""
+def _read_shard(entry: _Entry, ckpt: _LazyCheckpoint | _InMemoryTensors, arch: ModelArch,
+                rank: int, tp: int) -> torch.Tensor:
+    """This TP rank's shard of ``entry`` in Megatron layout, read from HF tensors."""
     if entry.kind == REPLICATED:
         return ckpt.slice(entry.hf[0])
     if entry.kind == ROW:
@@ -184,8 +201,8 @@ def _read_shard(entry: _Entry, ckpt: _LazyCheckpoint, arch: ModelArch, rank: int
     return fused.reshape(-1, *rest)
 
 
-def _read_vocab_shard(entry: _Entry, ckpt: _LazyCheckpoint, arch: ModelArch, rank: int,
-                      tp: int) -> torch.Tensor:
+def _read_vocab_shard(entry: _Entry, ckpt: _LazyCheckpoint | _InMemoryTensors,
+                      arch: ModelArch, rank: int, tp: int) -> torch.Tensor:
     """Rows of the padded vocabulary on this rank: real rows from HF, then zero rows."""
     rows = _span(entry.full_shape[0], rank, tp)
     real_stop = min(rows.stop, arch.vocab_size)
@@ -238,18 +255,105 @@ def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, arch: ModelAr
         for entry in _entries(arch, dims):
             if entry.stage != stage:
                 continue
-            name = _resolve(entry, params)
-            shard = _read_shard(entry, ckpt, arch, tp_rank, dims.tp)
-            if tuple(shard.shape) != tuple(params[name].shape):
-                raise ValueError(
-                    f"{name}: HF {entry.hf} give a shard of shape {tuple(shard.shape)}, the "
-                    f"model expects {tuple(params[name].shape)}; does arch match {hf_dir}?"
-                )
-            params[name].copy_(shard)
-            loaded.add(name)
+            loaded.add(_copy_shard(entry, ckpt, params, arch, tp_rank, dims.tp, str(hf_dir)))
     missing = sorted(set(params) - loaded)
     if missing:
         raise KeyError(f"model parameters with no HF source: {missing}")
+
+
+def _copy_shard(entry: _Entry, source: _LazyCheckpoint | _InMemoryTensors,
+                params: dict[str, torch.nn.Parameter], arch: ModelArch, tp_rank: int, tp: int,
+                origin: str) -> str:
+    """Copy this TP rank's shard of ``entry`` from ``source``; returns the parameter name."""
+    name = _resolve(entry, params)
+    shard = _read_shard(entry, source, arch, tp_rank, tp)
+    if tuple(shard.shape) != tuple(params[name].shape):
+        raise ValueError(
+            f"{name}: HF {entry.hf} give a shard of shape {tuple(shard.shape)}, the "
+            f"model expects {tuple(params[name].shape)}; does arch match {origin}?"
+        )
+    params[name].copy_(shard)
+    return name
+
+
+def _hf_shapes(entry: _Entry, arch: ModelArch) -> list[tuple[int, ...]]:
+    """Full shapes of the HF tensors of ``entry``, in ``entry.hf`` order."""
+    rest = entry.full_shape[1:]
+    if entry.kind == VOCAB:
+        return [(arch.vocab_size, *rest)]
+    if entry.kind == FC1:
+        return [(arch.ffn_hidden_size, *rest)] * 2
+    if entry.kind == QKV:
+        kv = (arch.num_query_groups * arch.head_dim, *rest)
+        return [(arch.num_attention_heads * arch.head_dim, *rest), kv, kv]
+    return [entry.full_shape]
+
+
+@torch.no_grad()
+def load_hf_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]],
+                    arch: ModelArch, dims: ParallelDims) -> None:
+    """Copy full HF-named tensors into this rank's model shard (the refit of a model copy).
+
+    Each rank keeps only its TP shard of its pipeline stage: tensors of other stages are
+    skipped, fused parameters (q/k/v, gate/up) are built as soon as all their HF parts have
+    arrived, and a part is dropped once every parameter that needs it is filled, so with
+    the export order (``export_hf_weights``) at most one fused group is held at a time.
+
+    Args:
+        model: this rank's GPTModel stage (possibly wrapped), built with ``arch`` and ``dims``.
+        named_tensors: ``(hf_name, full tensor)`` pairs in any order, any dtype/device
+            (copied into the parameters' dtype and device); all the model's weights must be
+            among them. A tied model ignores an ``lm_head.weight`` (HF may store one).
+        arch: the architecture of the model and of the tensors.
+        dims: the layout the model was built with (requires ``initialize_parallel``).
+
+    Raises:
+        KeyError: a name is not an HF weight of ``arch``, or a parameter got no tensor.
+        ValueError: a tensor has the wrong shape.
+    """
+    model = _unwrap(model)
+    _check_layer_offset(model, arch, dims)
+    params = dict(model.named_parameters())
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    entries = _entries(arch, dims)
+    expected_shape = {name: shape for entry in entries
+                      for name, shape in zip(entry.hf, _hf_shapes(entry, arch), strict=True)}
+    # HF name -> indices of this stage's entries that need it (tied PP: two entries).
+    needed_by: dict[str, list[int]] = {}
+    local = [entry for entry in entries if entry.stage == stage]
+    for index, entry in enumerate(local):
+        for name in entry.hf:
+            needed_by.setdefault(name, []).append(index)
+    pending: dict[str, torch.Tensor] = {}
+    done: set[int] = set()
+    loaded: set[str] = set()
+    source = _InMemoryTensors(pending)
+    for name, tensor in named_tensors:
+        if name not in expected_shape:
+            if name == "lm_head.weight" and arch.tie_word_embeddings:
+                continue
+            raise KeyError(f"{name!r} is not a weight of this {arch.family} architecture")
+        if tuple(tensor.shape) != expected_shape[name]:
+            raise ValueError(f"{name}: shape {tuple(tensor.shape)}, expected "
+                             f"{expected_shape[name]}")
+        if name not in needed_by:
+            continue  # another pipeline stage's weight
+        pending[name] = tensor
+        for index in needed_by[name]:
+            entry = local[index]
+            if index not in done and all(part in pending for part in entry.hf):
+                loaded.add(_copy_shard(entry, source, params, arch, tp_rank, dims.tp,
+                                       "the given tensors"))
+                done.add(index)
+        for part in [p for p in pending if all(i in done for i in needed_by[p])]:
+            del pending[part]
+    missing = sorted(set(params) - loaded)
+    if missing:
+        absent = sorted({n for i, e in enumerate(local) if i not in done for n in e.hf} -
+                        set(pending))
+        raise KeyError(f"model parameters with no HF tensor: {missing} (missing HF tensors: "
+                       f"{absent})")
 
 
 def _gather_tp(local: torch.Tensor, kind: str, group: dist.ProcessGroup, tp: int
