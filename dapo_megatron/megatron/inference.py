@@ -1,0 +1,541 @@
+"""Rollout generation on a Megatron-Core GPTModel with a KV cache and our own decode loop.
+
+The engine runs the model of ``megatron.model.build_model`` (the policy's own model object
+when colocated, so no weight is copied, or a model of its own refitted from HF tensors)
+with Megatron's ``StaticInferenceContext``: each attention layer appends this step's keys
+and values to a preallocated ``[max_seq, batch, groups, head_dim]`` cache and attends over
+the cached ones, so a decode step costs O(current length), not a recompute of the prefix.
+(Megatron's dynamic engine needs flash-attn, so it is not an option on CPU.)
+
+One ``generate`` call, for R = prompts x n rows:
+
+1. rows are left-padded to the longest prompt P and prefilled in ONE forward. Pad tokens
+   are masked as keys (an explicit boolean mask, causal | key-is-padding, which Megatron's
+   local core attention applies as given). Megatron's rotary embedding has no per-row
+   positions: a row with ``pad`` pad tokens sees positions ``pad..P-1`` instead of HF's
+   ``0..L-1``. RoPE scores depend only on position DIFFERENCES, so this is exact in exact
+   arithmetic and differs from HF at fp32 rounding level (measured in the tests).
+2. decode token by token: sample from the last logits (temperature, top-k, then top-p on
+   the renormalised top-k set), append, stop a row on a stop token or its budget
+   (``max_tokens``, or the context limit ``max_model_len``). Finished rows are dropped
+   from the batch and from the KV cache (compaction every time an eighth of the rows is
+   done), so long-running rows do not pay for finished ones.
+
+During a call each attention layer's ``_adjust_key_value_for_inference`` is replaced (an
+instance attribute, removed afterwards, like ``policy_step.hidden_state_head``) by one that
+caches keys AFTER RoPE: Megatron's static path caches them before and re-rotates the
+whole cache at every step, an O(T^2) recomputation that dominated CPU decoding.
+
+Tensor parallelism: all TP ranks run the loop together on the same prompts; TP rank 0
+samples and broadcasts its tokens and logprobs, so every rank returns identical samples
+even if the ranks' logits differ in their last bits. Sequence parallelism is switched off
+for the duration of a call (a one-token decode step cannot be split over the TP ranks)
+and restored afterwards. Pipeline and context parallelism are not supported for
+generation (NotImplementedError): on GPU the vLLM backend is the default engine.
+
+Transformer Engine's attention ignores explicit masks during decode; with it (or with
+fused masked softmax kernels) rows are grouped by prompt length instead, so no padding
+and no mask are needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.inference.contexts import StaticInferenceContext
+from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
+from megatron.core.transformer.dot_product_attention import DotProductAttention
+from megatron.core.transformer.enums import AttnMaskType
+
+from dapo_megatron.config.model_arch import ModelArch
+from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.generation.base import Sample, SamplingParams
+from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
+from dapo_megatron.megatron.model import build_model
+
+# Module attributes through which Megatron layers decide to split/gather the sequence.
+_SEQUENCE_PARALLEL_ATTRS = (
+    "sequence_parallel",
+    "scatter_to_sequence_parallel",
+    "reduce_scatter_embeddings",
+)
+
+# Drop finished rows from the KV cache once this fraction of its rows is finished: a
+# compaction copies the cache once (about one decode step's attention traffic), so the
+# overhead stays bounded while at most this fraction of every step is wasted.
+_COMPACT_FRACTION = 1 / 8
+
+
+def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside DDP / Float16Module wrappers (same parameters)."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
+@contextlib.contextmanager
+def _sequence_parallel_off(model: torch.nn.Module) -> Iterator[None]:
+    """Run without sequence parallelism, then restore every flag to its previous value."""
+    saved: list[tuple[object, str, bool]] = [
+        (model.config, "sequence_parallel", model.config.sequence_parallel)
+    ]
+    for module in model.modules():
+        for attr in _SEQUENCE_PARALLEL_ATTRS:
+            value = getattr(module, attr, None)
+            if isinstance(value, bool):
+                saved.append((module, attr, value))
+    try:
+        for owner, attr, _ in saved:
+            setattr(owner, attr, False)
+        yield
+    finally:
+        for owner, attr, value in saved:
+            setattr(owner, attr, value)
+
+
+def _honours_padding_mask(model: torch.nn.Module) -> bool:
+    """True when core attention applies an explicit mask in prefill and decode alike.
+
+    Megatron's local ``DotProductAttention`` masks with the given tensor whenever one is
+    passed (torch softmax path). Transformer Engine drops masks once decoding (its mask
+    type becomes no_mask) and the fused causal softmax kernel ignores them.
+    """
+    core = model.decoder.layers[0].self_attention.core_attention
+    fused = model.config.masked_softmax_fusion and torch.cuda.is_available()
+    return type(core) is DotProductAttention and not fused
+
+
+def _rotated_kv_cache_step(
+    attention: torch.nn.Module,
+    context: StaticInferenceContext,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    rotary_pos_emb: tuple[torch.Tensor, torch.Tensor] | None,
+    *_unused: object,
+    **_unused_kwargs: object,
+) -> tuple:
+    """``Attention._adjust_key_value_for_inference`` with RoPE applied BEFORE caching.
+
+    Megatron's static path caches un-rotated keys and rotates the whole cache
+    ``[0, end)`` again at every decode step: O(T) extra work per step, O(T^2) per response,
+    which dominated CPU decoding. Here the new queries and keys are rotated once at their
+    positions ``[start, end)`` with Megatron's own ``apply_rotary_pos_emb`` (the same
+    arithmetic per key), the rotated keys are cached, and ``rotary_pos_emb=None`` tells
+    the caller that RoPE is done. Cache layout and context bookkeeping are Megatron's.
+    Shapes: query [sq, b, np, hn], key/value [sq, b, ng, hn]; returns the cached
+    key/value [end, b, ng, hn].
+    """
+    if attention.layer_number not in context.key_value_memory_dict:
+        context.key_value_memory_dict[attention.layer_number] = tuple(
+            attention._allocate_memory(
+                context.max_sequence_length, context.max_batch_size, t.shape[-1], t.dtype
+            )
+            for t in (key, value)
+        )
+    key_memory, value_memory = context.key_value_memory_dict[attention.layer_number]
+    start, end = context.sequence_len_offset, context.sequence_len_offset + key.shape[0]
+    rows = slice(context.batch_size_offset, context.batch_size_offset + key.shape[1])
+    if end > key_memory.shape[0]:
+        raise ValueError(f"KV cache holds {key_memory.shape[0]} positions, step needs {end}")
+    if rotary_pos_emb is not None:
+        q_freqs, k_freqs = rotary_pos_emb
+        cp_group = attention.pg_collection.cp
+        query = apply_rotary_pos_emb(query, q_freqs[start:end], attention.config, cp_group=cp_group)
+        key = apply_rotary_pos_emb(key, k_freqs[start:end], attention.config, cp_group=cp_group)
+    key_memory[start:end, rows] = key
+    value_memory[start:end, rows] = value
+    # The prompt pass keeps the layer's causal mask type; decode steps see every cached key.
+    mask_type = attention.attn_mask_type if start == 0 else AttnMaskType.no_mask
+    return query, key_memory[:end, rows], value_memory[:end, rows], None, mask_type, None
+
+
+@contextlib.contextmanager
+def _rotate_before_caching(model: torch.nn.Module) -> Iterator[None]:
+    """Install ``_rotated_kv_cache_step`` on every attention layer of ``model`` (instance
+    attributes, removed on exit: the class's method serves training and other users)."""
+    if model.config.flash_decode:  # flash decoding rotates before caching by itself
+        yield
+        return
+    layers = [layer.self_attention for layer in model.decoder.layers]
+    for attention in layers:
+        attention._adjust_key_value_for_inference = functools.partial(
+            _rotated_kv_cache_step, attention
+        )
+    try:
+        yield
+    finally:
+        for attention in layers:
+            del attention._adjust_key_value_for_inference
+
+
+@dataclass
+class _Decoded:
+    """The outcome of one decoded batch; row b's response is ``tokens[b, :lengths[b]]``."""
+
+    tokens: torch.Tensor
+    """[B, T] int64 sampled tokens (entries past a row's length are meaningless)."""
+    logprobs: torch.Tensor
+    """[B, T] fp32 logprob of each sampled token at the sampling temperature."""
+    lengths: torch.Tensor
+    """[B] int64 response lengths."""
+    stopped: torch.Tensor
+    """[B] bool: ended on a stop token (else: reached its budget)."""
+
+
+def sample_next_tokens(
+    logits_BV: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample one token per row; returns (tokens [B] int64, logprobs [B] fp32).
+
+    The logprob is ``log_softmax(logits / temperature)`` at the sampled token, over the
+    whole vocabulary (before truncation). Truncation: top-k keeps the k largest logits
+    (ties at the k-th value kept), then top-p keeps the smallest prefix of the remaining
+    tokens, by decreasing probability, whose renormalised mass reaches top_p. top_k=1 is
+    the argmax and draws nothing from the generator.
+
+    Args:
+        logits_BV: fp32 logits over the real vocabulary (padding rows already removed).
+        sampling: temperature, top_k, top_p.
+        generator: the call's random generator, on the logits' device.
+    """
+    scaled = logits_BV / sampling.temperature
+    logp = torch.log_softmax(scaled, dim=-1)
+    vocab = scaled.shape[-1]
+    if sampling.top_k == 1:
+        tokens = scaled.argmax(dim=-1)
+    else:
+        if 1 < sampling.top_k < vocab:
+            kth = scaled.topk(sampling.top_k, dim=-1).values[:, -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        probs = torch.softmax(scaled, dim=-1)
+        if sampling.top_p < 1.0:
+            sorted_probs, order = probs.sort(dim=-1, descending=True)
+            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+            # A token is dropped when the more likely ones already reach top_p; the first
+            # token is never dropped (mass_before == 0 < top_p).
+            drop_sorted = mass_before >= sampling.top_p
+            drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
+            probs = probs.masked_fill(drop, 0.0)
+        # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) picks i with probability
+        # p_i / sum(p), for any unnormalised p; unlike multinomial it needs no host sync.
+        # The clamp keeps a zero draw (possible in fp32) from turning 0/0 into a NaN winner.
+        race = torch.empty_like(probs).exponential_(generator=generator)
+        race.clamp_(min=torch.finfo(race.dtype).tiny)
+        tokens = (probs / race).argmax(dim=-1)
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+class MegatronGenerationBackend:
+    """``GenerationBackend`` on a Megatron-Core GPTModel (see the module docstring).
+
+    Every method is collective over the model's TP group: all its ranks call it together
+    with the same arguments, and all return the same samples. Data-parallel replicas are
+    independent engines.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        arch: ModelArch,
+        dims: ParallelDims,
+        *,
+        shares_policy_model: bool = False,
+        max_batch_size: int | None = None,
+        max_model_len: int | None = None,
+    ) -> None:
+        """Wrap this rank's model (requires ``initialize_parallel``).
+
+        Args:
+            model: this rank's GPTModel from ``build_model(arch, dims, ...)``, possibly
+                wrapped in DDP / Float16Module (the policy's ``model[0]``).
+            arch: the model's architecture.
+            dims: the layout the model was built with; pp and cp must be 1.
+            shares_policy_model: ``model`` is the policy's own model object, so the engine
+                always sees the current weights and ``update_weights`` copies nothing.
+            max_batch_size: most rows (prompts x n) decoded together; None: all of them.
+            max_model_len: longest prompt + response; default the model's
+                ``max_position_embeddings``. A row that reaches it finishes with "length".
+
+        Raises:
+            NotImplementedError: pipeline or context parallelism.
+        """
+        if dims.pp > 1 or dims.cp > 1:
+            raise NotImplementedError(
+                f"Megatron generation supports tensor parallelism only (got pp={dims.pp}, "
+                f"cp={dims.cp}): give the generation engine pp=1 and cp=1, or use the vllm "
+                f"backend"
+            )
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self._model: torch.nn.Module | None = _unwrap(model)
+        self._arch = arch
+        self._dims = dims
+        self._shares_policy_model = shares_policy_model
+        self._max_batch_size = max_batch_size
+        self._max_model_len = max_model_len or arch.max_position_embeddings
+        self._padding_mask_ok = _honours_padding_mask(self._model)
+
+    @classmethod
+    def from_hf_checkpoint(
+        cls,
+        hf_dir: str | Path,
+        arch: ModelArch,
+        dims: ParallelDims,
+        precision: str,
+        **kwargs: object,
+    ) -> MegatronGenerationBackend:
+        """An engine with a model of its own, built for ``dims`` and loaded from ``hf_dir``."""
+        model = build_model(arch, dims, precision)
+        load_hf_checkpoint(model, hf_dir, arch, dims)
+        return cls(model, arch, dims, **kwargs)
+
+    # ----------------------------------------------------------------------------------
+    # GenerationBackend
+
+    def generate(
+        self, prompts_token_ids: list[list[int]], sampling: SamplingParams
+    ) -> list[list[Sample]]:
+        """Sample ``sampling.n`` responses for each prompt; ``out[i][j]`` is sample j of i.
+
+        All prompts x n rows are decoded in as few batches as possible (one, unless
+        ``max_batch_size`` or a mask-less attention forces more).
+
+        Raises:
+            ValueError: an empty prompt, a token id outside the vocabulary, or a prompt
+                that leaves no room for a response within ``max_model_len``.
+        """
+        model = self._check_open()
+        self._validate_prompts(prompts_token_ids)
+        rows = [p for p in prompts_token_ids for _ in range(sampling.n)]
+        budgets = [min(sampling.max_tokens, self._max_model_len - len(p)) for p in rows]
+        device = next(model.parameters()).device
+        generator = torch.Generator(device=device)
+        if sampling.seed is None:
+            generator.seed()
+        else:
+            generator.manual_seed(sampling.seed)
+        samples: list[Sample | None] = [None] * len(rows)
+        with self._inference(model):
+            for batch in self._plan_batches([len(r) for r in rows]):
+                decoded = self._decode(
+                    model,
+                    [rows[i] for i in batch],
+                    [budgets[i] for i in batch],
+                    sampling,
+                    generator,
+                )
+                for b, row in enumerate(batch):
+                    samples[row] = _to_sample(decoded, b, sampling.logprobs)
+        n = sampling.n
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts_token_ids))]
+
+    def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load full HF-named tensors (e.g. ``export_hf_weights`` of the policy).
+
+        With ``shares_policy_model`` the engine's parameters ARE the policy's, so there is
+        nothing to copy and ``weights`` is not iterated (a generator is closed unstarted:
+        the export's collectives then run on no rank, consistently). Otherwise each
+        tensor is sharded into this rank's model (``hf_weights.load_hf_tensors``); the
+        iterator must then be consumed by every rank that produces it.
+        """
+        model = self._check_open()
+        if self._shares_policy_model:
+            close = getattr(weights, "close", None)
+            if close is not None:
+                close()
+            return
+        load_hf_tensors(model, weights, self._arch, self._dims)
+
+    def sleep(self) -> None:
+        """No-op on CPU. KV caches live only inside ``generate``; on GPU their freed
+        blocks are handed back to the driver so that the colocated trainer can use them."""
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def wake(self) -> None:
+        """No-op: ``sleep`` releases nothing that must be restored."""
+
+    def shutdown(self) -> None:
+        """Drop the engine's reference to the model; further calls raise RuntimeError."""
+        self._model = None
+
+    # ----------------------------------------------------------------------------------
+    # Internals
+
+    def _check_open(self) -> torch.nn.Module:
+        if self._model is None:
+            raise RuntimeError("the generation backend was shut down")
+        return self._model
+
+    def _validate_prompts(self, prompts: list[list[int]]) -> None:
+        for i, prompt in enumerate(prompts):
+            if not prompt:
+                raise ValueError(f"prompt {i} is empty: generation needs at least one token")
+            if min(prompt) < 0 or max(prompt) >= self._arch.vocab_size:
+                raise ValueError(
+                    f"prompt {i} has token ids outside [0, "
+                    f"{self._arch.vocab_size}): {min(prompt)}..{max(prompt)}"
+                )
+            if len(prompt) >= self._max_model_len:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens: no room for a response "
+                    f"within max_model_len={self._max_model_len}"
+                )
+
+    def _plan_batches(self, lengths: list[int]) -> list[list[int]]:
+        """Row indices of each decoded batch: sorted by prompt length (less padding), one
+        length per batch when the attention cannot mask padding, at most max_batch_size."""
+        order = sorted(range(len(lengths)), key=lengths.__getitem__)
+        groups: list[list[int]] = []
+        for row in order:
+            if groups and (self._padding_mask_ok or lengths[groups[-1][0]] == lengths[row]):
+                groups[-1].append(row)
+            else:
+                groups.append([row])
+        size = self._max_batch_size
+        return [g[i : i + size] for g in groups for i in range(0, len(g), size)] if size else groups
+
+    @contextlib.contextmanager
+    def _inference(self, model: torch.nn.Module) -> Iterator[None]:
+        """Eval mode, no autograd, no sequence parallelism, RoPE before the KV cache; the
+        model is restored afterwards (the policy may be mid-training when colocated)."""
+        was_training = model.training
+        model.eval()
+        try:
+            with torch.no_grad(), _sequence_parallel_off(model), _rotate_before_caching(model):
+                yield
+        finally:
+            model.train(was_training)
+
+    def _forward(
+        self,
+        model: torch.nn.Module,
+        tokens_BS: torch.Tensor,
+        start: int,
+        pad_BK: torch.Tensor | None,
+        context: StaticInferenceContext,
+    ) -> torch.Tensor:
+        """Logits [B, vocab] fp32 of the last position, for tokens at positions
+        ``start..start+S-1``; the K/V of those positions are appended to the cache."""
+        b, s = tokens_BS.shape
+        positions = torch.arange(start, start + s, device=tokens_BS.device).expand(b, s)
+        mask = None
+        if pad_BK is not None:
+            # [B, 1, S, start+S], True = masked: padding keys, and future keys in prefill.
+            mask = pad_BK[:, None, None, : start + s].expand(b, 1, s, start + s)
+            if s > 1:
+                causal = torch.ones(s, start + s, dtype=torch.bool, device=pad_BK.device)
+                mask = mask | causal.triu(start + 1)
+        logits = model(
+            tokens_BS, positions, mask, inference_context=context, runtime_gather_output=True
+        )
+        context.increment_sequence_len_offset(s)
+        return logits[:, -1, : self._arch.vocab_size].float()
+
+    def _decode(
+        self,
+        model: torch.nn.Module,
+        prompts: list[list[int]],
+        budgets: list[int],
+        sampling: SamplingParams,
+        generator: torch.Generator,
+    ) -> _Decoded:
+        """Prefill one batch of rows and decode it to completion."""
+        device = generator.device
+        batch = len(prompts)
+        lengths = torch.tensor([len(p) for p in prompts], device=device)
+        prompt_len, steps = int(lengths.max()), max(budgets)
+        tokens = torch.zeros(batch, prompt_len, dtype=torch.long, device=device)
+        for b, prompt in enumerate(prompts):
+            tokens[b, prompt_len - len(prompt) :] = torch.tensor(prompt, device=device)
+        pad_BK = None
+        if int(lengths.min()) < prompt_len:
+            pad_BK = torch.zeros(batch, prompt_len + steps, dtype=torch.bool, device=device)
+            pad_BK[:, :prompt_len] = (
+                torch.arange(prompt_len, device=device) < (prompt_len - lengths)[:, None]
+            )
+        context = StaticInferenceContext(batch, prompt_len + steps)
+        logits = self._forward(model, tokens, 0, pad_BK, context)
+        context.enable_decode_mode()
+
+        out = _Decoded(
+            tokens=torch.zeros(batch, steps, dtype=torch.long, device=device),
+            logprobs=torch.zeros(batch, steps, dtype=torch.float32, device=device),
+            lengths=torch.zeros(batch, dtype=torch.long, device=device),
+            stopped=torch.zeros(batch, dtype=torch.bool, device=device),
+        )
+        budget_B = torch.tensor(budgets, device=device)
+        stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=device)
+        rows = torch.arange(batch, device=device)  # cache row -> batch row
+        alive = torch.ones(batch, dtype=torch.bool, device=device)
+        for step in range(steps):
+            next_tok, next_lp = self._sample_on_tp_rank0(logits, sampling, generator)
+            out.tokens[rows, step] = next_tok
+            out.logprobs[rows, step] = next_lp
+            hit_stop = torch.isin(next_tok, stop_ids)
+            finished = alive & (hit_stop | (budget_B[rows] <= step + 1))
+            out.lengths[rows[finished]] = step + 1
+            out.stopped[rows[finished]] = hit_stop[finished]
+            alive &= ~finished
+            num_alive = int(alive.sum())
+            if num_alive == 0:
+                break
+            if len(rows) - num_alive >= max(1, int(len(rows) * _COMPACT_FRACTION)):
+                keep = alive.nonzero().squeeze(1)
+                _compact_cache(context, keep)
+                rows, alive, next_tok = rows[keep], alive[keep], next_tok[keep]
+                pad_BK = None if pad_BK is None else pad_BK[keep]
+            logits = self._forward(model, next_tok[:, None], prompt_len + step, pad_BK, context)
+        return out
+
+    def _sample_on_tp_rank0(
+        self, logits_BV: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Sample on TP rank 0 and give its tokens and logprobs to every TP rank.
+
+        The TP ranks' gathered logits agree only up to the reduction order of their
+        all-reduces; one broadcast per step makes the choice (and the cache) identical.
+        """
+        if self._dims.tp == 1:
+            return sample_next_tokens(logits_BV, sampling, generator)
+        packed = torch.empty(logits_BV.shape[0], 2, dtype=torch.float64, device=logits_BV.device)
+        if parallel_state.get_tensor_model_parallel_rank() == 0:
+            tokens, logprobs = sample_next_tokens(logits_BV, sampling, generator)
+            # float64 holds every token id (< 2**53) and every fp32 logprob exactly.
+            packed[:, 0], packed[:, 1] = tokens, logprobs
+        dist.broadcast(
+            packed,
+            src=parallel_state.get_tensor_model_parallel_src_rank(),
+            group=parallel_state.get_tensor_model_parallel_group(),
+        )
+        return packed[:, 0].long(), packed[:, 1].float()
+
+
+def _compact_cache(context: StaticInferenceContext, keep: torch.Tensor) -> None:
+    """Keep only the cache rows ``keep`` (their filled positions) in every layer."""
+    filled = context.sequence_len_offset
+    for layer, (keys, values) in context.key_value_memory_dict.items():
+        compacted = []
+        for memory in (keys, values):
+            new = memory.new_empty(memory.shape[0], len(keep), *memory.shape[2:])
+            new[:filled] = memory[:filled, keep]
+            compacted.append(new)
+        context.key_value_memory_dict[layer] = tuple(compacted)
+    context.max_batch_size = len(keep)
+
+
+def _to_sample(decoded: _Decoded, row: int, with_logprobs: bool) -> Sample:
+    length = int(decoded.lengths[row])
+    return Sample(
+        response_token_ids=decoded.tokens[row, :length].tolist(),
+        logprobs=decoded.logprobs[row, :length].tolist() if with_logprobs else [],
+        finish_reason="stop" if bool(decoded.stopped[row]) else "length",
+    )
