@@ -60,6 +60,7 @@ from dapo_megatron.megatron.checkpoint_dirs import (
     temporary_sibling,
     write_durably,
 )
+from dapo_megatron.megatron.model import unwrap_model
 
 __all__ = [
     "capture_rng_state",
@@ -139,13 +140,6 @@ def _is_distributed(optimizer: MegatronOptimizer) -> bool:
     return any(isinstance(o, DistributedOptimizer) for o in _sub_optimizers(optimizer))
 
 
-def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
-    """The GPTModel inside DDP / Float16Module (it owns the sharded_state_dict logic)."""
-    while hasattr(chunk, "module") and isinstance(chunk.module, torch.nn.Module):
-        chunk = chunk.module
-    return chunk
-
-
 @contextlib.contextmanager
 def _virtual_pipeline_rank(index: int, chunks: int) -> Iterator[None]:
     """With interleaved PP, layer numbering of a chunk depends on the virtual rank."""
@@ -190,7 +184,7 @@ def _sharded_state_dict(
     state: dict[str, Any] = {}
     for index, (key, chunk) in enumerate(zip(_model_keys(model), model, strict=True)):
         with _virtual_pipeline_rank(index, len(model)):
-            state[key] = _unwrap(chunk).sharded_state_dict(metadata=metadata)
+            state[key] = unwrap_model(chunk).sharded_state_dict(metadata=metadata)
     if optimizer is not None:
         _init_optimizer_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(
@@ -438,7 +432,7 @@ def load_checkpoint(
     loaded = dist_checkpointing.load(state, str(path))
     for index, (key, chunk) in enumerate(zip(_model_keys(model), model, strict=True)):
         with _virtual_pipeline_rank(index, len(model)):
-            _unwrap(chunk).load_state_dict(loaded[key], strict=True)
+            unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
     if optimizer is not None:
         steps = _saved_adam_steps(optimizer, loaded["optimizer"])
         # Loading copies into parameters and optimizer state in place: no autograd history.

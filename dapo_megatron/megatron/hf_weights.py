@@ -41,7 +41,7 @@ from safetensors import safe_open
 
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.megatron.model import padded_vocab_size
+from dapo_megatron.megatron.model import padded_vocab_size, unwrap_model
 
 # How a Megatron parameter is split over TP and fused from HF tensors.
 REPLICATED, VOCAB, QKV, FC1, ROW = "replicated", "vocab", "qkv", "fc1", "row"
@@ -220,13 +220,6 @@ def _check_layer_offset(model: torch.nn.Module, arch: ModelArch, dims: ParallelD
         raise ValueError(f"stage holds global layers {built}, expected {offset}..{offset + per_stage - 1}")
 
 
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The GPTModel inside Megatron's DDP / Float16Module wrappers (same Parameters)."""
-    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-        model = model.module
-    return model
-
-
 @torch.no_grad()
 def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, arch: ModelArch,
                        dims: ParallelDims) -> None:
@@ -244,7 +237,7 @@ def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, arch: ModelAr
         KeyError / ValueError: a tensor is missing from the checkpoint, has the wrong
             shape, or a model parameter has no HF source.
     """
-    model = _unwrap(model)
+    model = unwrap_model(model)
     _check_layer_offset(model, arch, dims)
     params = dict(model.named_parameters())
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -311,7 +304,7 @@ def load_hf_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str, t
         KeyError: a name is not an HF weight of ``arch``, or a parameter got no tensor.
         ValueError: a tensor has the wrong shape.
     """
-    model = _unwrap(model)
+    model = unwrap_model(model)
     _check_layer_offset(model, arch, dims)
     params = dict(model.named_parameters())
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -398,7 +391,7 @@ def export_hf_weights(model: torch.nn.Module, arch: ModelArch, dims: ParallelDim
     model-parallel group must consume the iterator fully: each parameter costs one TP
     all-gather on its stage and, with PP, one broadcast over the pipeline group.
     """
-    params = dict(_unwrap(model).named_parameters())
+    params = dict(unwrap_model(model).named_parameters())
     sample = next(iter(params.values()))
     tp_group = parallel_state.get_tensor_model_parallel_group()
     pp_group = parallel_state.get_pipeline_model_parallel_group()

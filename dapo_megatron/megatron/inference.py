@@ -58,7 +58,7 @@ from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.generation.base import Sample, SamplingParams
 from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
-from dapo_megatron.megatron.model import build_model
+from dapo_megatron.megatron.model import build_model, unwrap_model
 
 # Module attributes through which Megatron layers decide to split/gather the sequence.
 _SEQUENCE_PARALLEL_ATTRS = (
@@ -71,13 +71,6 @@ _SEQUENCE_PARALLEL_ATTRS = (
 # compaction copies the cache once (about one decode step's attention traffic), so the
 # overhead stays bounded while at most this fraction of every step is wasted.
 _COMPACT_FRACTION = 1 / 8
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The GPTModel inside DDP / Float16Module wrappers (same parameters)."""
-    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
-        model = model.module
-    return model
 
 
 @contextlib.contextmanager
@@ -275,7 +268,7 @@ class MegatronGenerationBackend:
             )
         if max_batch_size is not None and max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        self._model: torch.nn.Module | None = _unwrap(model)
+        self._model: torch.nn.Module | None = unwrap_model(model)
         self._arch = arch
         self._dims = dims
         self._shares_policy_model = shares_policy_model

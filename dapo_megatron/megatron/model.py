@@ -47,6 +47,13 @@ VOCAB_DIVISIBLE_BY = 128
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The GPTModel inside Megatron's DDP / Float16Module wrappers (same parameters)."""
+    while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
+        model = model.module
+    return model
+
+
 def padded_vocab_size(vocab_size: int, tp: int) -> int:
     """Rows of the embedding/output layer: ``vocab_size`` rounded up to 128 * tp."""
     multiple = VOCAB_DIVISIBLE_BY * tp
@@ -120,8 +127,9 @@ class _RMSNorm(torch.nn.RMSNorm):
     then scale by the weight), so that bf16 training sees the rollout engine's numbers.
     """
 
-    def __init__(self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5,
-                 **_unused: object) -> None:
+    def __init__(
+        self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_unused: object
+    ) -> None:
         super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
         self.weight.sequence_parallel = config.sequence_parallel
 

@@ -46,6 +46,7 @@ from dapo_megatron.megatron.context_parallel import (
     gather_from_context_parallel,
     split_for_context_parallel,
 )
+from dapo_megatron.megatron.model import unwrap_model
 
 
 @dataclass(frozen=True)
@@ -62,12 +63,6 @@ class StepContext:
 
 # ---------------------------------------------------------------------------------------
 # Output layer -> hidden states
-
-
-def _unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    while hasattr(model, "module"):
-        model = model.module
-    return model
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -101,7 +96,9 @@ def hidden_state_head(model_chunks: list[torch.nn.Module]) -> Iterator[None]:
     It is an instance attribute of our own model object, restored on exit; generation can
     use the same model with real logits outside the context.
     """
-    layer_owners = [_unwrap(m) for m in model_chunks if hasattr(_unwrap(m), "output_layer")]
+    layer_owners = [
+        unwrap_model(m) for m in model_chunks if hasattr(unwrap_model(m), "output_layer")
+    ]
     layers = [owner.output_layer for owner in layer_owners if getattr(owner, "post_process", False)]
     for owner, layer in zip(layer_owners, layers, strict=False):
 
@@ -128,7 +125,7 @@ def hidden_state_head(model_chunks: list[torch.nn.Module]) -> Iterator[None]:
 
 
 def _output_weight(model: torch.nn.Module) -> torch.Tensor:
-    return _unwrap(model)._dapo_output_weight
+    return unwrap_model(model)._dapo_output_weight
 
 
 # ---------------------------------------------------------------------------------------
