@@ -70,6 +70,47 @@ def _local_targets(
     return local_N.clamp(0, vocab_local - 1), owned_N
 
 
+def combine_shard_statistics(
+    max_r_N: torch.Tensor,
+    sum_exp_r_N: torch.Tensor,
+    sum_exp_z_r_N: torch.Tensor,
+    target_N: torch.Tensor,
+    tp_group: Any,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Combine per-shard statistics over ``tp_group`` (two collectives for the whole call).
+
+    Args:
+        max_r_N: this shard's max logit ``m_r``.
+        sum_exp_r_N: ``sum_v exp(z_v - m_r)`` over this shard.
+        sum_exp_z_r_N: ``sum_v exp(z_v - m_r) (z_v - m_r)`` (zeros when no entropy).
+        target_N: the target logit where this shard owns the target, else 0.
+        tp_group: process group sharding the vocab, or None.
+
+    Returns:
+        ``(max_N, log_sum_exp_N, mean_zm_N, logprob_N)``: the global max ``m``,
+        ``log sum_v exp(z_v - m)`` (so ``lse = m + log_sum_exp``), ``E_p[z - m]`` and the
+        clamped (``<= 0``) target logprob.
+    """
+    # Combine shards: with m = max_r m_r and a_r = exp(m_r - m),
+    #   s        = sum_r a_r s_r
+    #   sum e(z-m) (over all shards, z - m = (z - m_r) + (m_r - m))
+    #            = sum_r a_r (sum_exp_z_r + (m_r - m) s_r)
+    max_N = max_r_N.clone()
+    _all_reduce(max_N, dist.ReduceOp.MAX, tp_group)
+    shift_N = max_r_N - max_N
+    scale_N = torch.exp(shift_N)
+    combined = torch.stack(
+        [sum_exp_r_N * scale_N, (sum_exp_z_r_N + shift_N * sum_exp_r_N) * scale_N, target_N]
+    )
+    _all_reduce(combined, dist.ReduceOp.SUM, tp_group)
+    sum_exp_N, sum_exp_z_N, target_N = combined
+    log_sum_exp_N = torch.log(sum_exp_N)  # lse = m + log_sum_exp
+    logprob_N = ((target_N - max_N) - log_sum_exp_N).clamp_(max=0.0)
+    # E_p[z - m]; entropy = lse - E_p[z] = log_sum_exp - E_p[z - m].
+    mean_zm_N = sum_exp_z_N / sum_exp_N
+    return max_N, log_sum_exp_N, mean_zm_N, logprob_N
+
+
 class ChunkedLinearLogprob(torch.autograd.Function):
     """autograd.Function behind :func:`chunked_linear_logprob` (see the module docstring).
 
@@ -124,23 +165,9 @@ class ChunkedLinearLogprob(torch.autograd.Function):
                 sum_exp_z_r_N[lo:hi] = e.mul_(z).sum(dim=1)
             del z, e
 
-        # Combine shards: with m = max_r m_r and a_r = exp(m_r - m),
-        #   s        = sum_r a_r s_r
-        #   sum e(z-m) (over all shards, z - m = (z - m_r) + (m_r - m))
-        #            = sum_r a_r (sum_exp_z_r + (m_r - m) s_r)
-        max_N = max_r_N.clone()
-        _all_reduce(max_N, dist.ReduceOp.MAX, tp_group)
-        shift_N = max_r_N - max_N
-        scale_N = torch.exp(shift_N)
-        combined = torch.stack(
-            [sum_exp_r_N * scale_N, (sum_exp_z_r_N + shift_N * sum_exp_r_N) * scale_N, target_N]
+        max_N, log_sum_exp_N, mean_zm_N, logprob_N = combine_shard_statistics(
+            max_r_N, sum_exp_r_N, sum_exp_z_r_N, target_N, tp_group
         )
-        _all_reduce(combined, dist.ReduceOp.SUM, tp_group)
-        sum_exp_N, sum_exp_z_N, target_N = combined
-        log_sum_exp_N = torch.log(sum_exp_N)  # lse = m + log_sum_exp
-        logprob_N = ((target_N - max_N) - log_sum_exp_N).clamp_(max=0.0)
-        # E_p[z - m]; entropy = lse - E_p[z] = log_sum_exp - E_p[z - m].
-        mean_zm_N = sum_exp_z_N / sum_exp_N
 
         ctx.save_for_backward(hidden_NH, weight_VH, targets_N, max_N, log_sum_exp_N, mean_zm_N)
         ctx.temperature = temperature

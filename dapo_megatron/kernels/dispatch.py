@@ -5,12 +5,20 @@ implementations behind it compute the same numbers:
 
   ``"reference"``  materialised logits (:mod:`.reference`): single process, tests and debugging;
   ``"chunked"``    memory-lean autograd.Function (:mod:`.chunked`), vocab-parallel;
-  ``"auto"``       currently always ``"chunked"``. When the fused Triton kernel lands it will be
-                   picked here for CUDA tensors, with ``"chunked"`` kept for CPU.
+  ``"triton"``     fused Triton kernels (:mod:`.triton_logprob`), vocab-parallel; fp16/bf16/fp32
+                   CUDA tensors (CPU tensors only under ``TRITON_INTERPRET=1``, for tests);
+  ``"auto"``       ``"triton"`` for fp16/bf16/fp32 CUDA tensors when triton imports, else
+                   ``"chunked"`` (CPU, fp64).
+
+:mod:`.triton_logprob` is imported lazily, on first use: Triton decides at ``@triton.jit``
+time whether kernels run compiled or interpreted, so importing this package must not define
+them before a test has set ``TRITON_INTERPRET``.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any, Literal
 
 import torch
@@ -23,9 +31,33 @@ from dapo_megatron.kernels.chunked import (
 )
 from dapo_megatron.kernels.reference import linear_logprob_reference
 
-LogprobImpl = Literal["auto", "chunked", "reference"]
-LOGPROB_IMPLS: tuple[str, ...] = ("auto", "chunked", "reference")
+LogprobImpl = Literal["auto", "chunked", "reference", "triton"]
+LOGPROB_IMPLS: tuple[str, ...] = ("auto", "chunked", "reference", "triton")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+@functools.cache
+def triton_available() -> bool:
+    """Whether the ``triton`` package imports (it is absent or broken on some CPU installs)."""
+    try:
+        import triton  # noqa: F401
+    except Exception:  # an install without a driver can fail with more than ImportError
+        return False
+    return True
+
+
+def _triton_interpreted() -> bool:
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def _resolve_impl(impl: str, hidden_NH: torch.Tensor) -> str:
+    """The implementation ``impl="auto"`` stands for with these inputs."""
+    if impl != "auto":
+        return impl
+    if hidden_NH.is_cuda and hidden_NH.dtype in _TRITON_DTYPES and triton_available():
+        return "triton"
+    return "chunked"
 
 
 def _validate(
@@ -80,6 +112,19 @@ def _validate(
             f"vocab_start={vocab_start} puts the shard of {weight_VH.shape[0]} rows outside "
             f"the global vocabulary [0, {vocab_global}) (tp size {tp_size})"
         )
+    if impl == "triton":
+        if hidden_NH.dtype not in _TRITON_DTYPES:
+            raise ValueError(
+                f"impl='triton' takes fp16/bf16/fp32 inputs, got {hidden_NH.dtype} "
+                "(use impl='chunked' for float64)"
+            )
+        if not triton_available():
+            raise ValueError("impl='triton' needs the triton package, which does not import")
+        if not hidden_NH.is_cuda and not _triton_interpreted():
+            raise ValueError(
+                f"impl='triton' needs CUDA tensors (got {hidden_NH.device}); CPU tensors "
+                "run only under TRITON_INTERPRET=1"
+            )
     if impl == "reference" and tp_size > 1:
         raise ValueError(f"impl='reference' is single-process, got a tp_group of size {tp_size}")
     if targets_N.numel() > 0:
@@ -120,8 +165,10 @@ def linear_logprob(
         vocab_start: global id of ``weight_VH[0]``.
         tp_group: process group over which the vocabulary is split; None = single process.
         compute_entropy: also return the entropy of each row's distribution.
-        chunk_size: tokens per chunk (chunked path); None = about 256 MiB of logits per chunk.
-        impl: ``"auto"``, ``"chunked"`` or ``"reference"`` (see the module docstring).
+        chunk_size: tokens per chunk (chunked path only); None = about 256 MiB of logits per
+            chunk.
+        impl: ``"auto"``, ``"chunked"``, ``"triton"`` or ``"reference"`` (see the module
+            docstring).
         reduce_grad_hidden: all-reduce the gradient of ``hidden_NH`` over ``tp_group`` (the
             input is a replica); False when the caller's TP region op reduces it instead.
         vocab_size: number of real vocabulary entries when the weight carries padding rows
@@ -163,7 +210,19 @@ def linear_logprob(
             temperature=temperature,
             compute_entropy=compute_entropy,
         )
-    # "auto": the fused Triton kernel will be chosen here for CUDA tensors once it exists.
+    if _resolve_impl(impl, hidden_NH) == "triton":
+        from dapo_megatron.kernels.triton_logprob import triton_linear_logprob
+
+        return triton_linear_logprob(
+            hidden_NH,
+            weight_VH,
+            targets_N,
+            temperature=float(temperature),
+            vocab_start=vocab_start,
+            tp_group=tp_group,
+            compute_entropy=compute_entropy,
+            reduce_grad_hidden=reduce_grad_hidden,
+        )
     if chunk_size is None:
         chunk_size = default_chunk_size(weight_VH.shape[0], hidden_NH.dtype)
     return chunked_linear_logprob(
