@@ -1,0 +1,197 @@
+"""slurm/ray.sub end to end on one machine, with a fake Slurm (tests/functional/fake_slurm).
+
+The fake `srun` runs each job step as a local process in its own session and records the
+session id, so after every case we can check that no process the job started is left
+(Ray's workers change process group but not session). Two `ray start` processes on one
+machine form a 2-node cluster; each advertises its Slurm node name as a custom resource.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.functional
+
+REPO = Path(__file__).resolve().parents[2]
+FAKE_SLURM = Path(__file__).resolve().parent / "fake_slurm"
+RAY_BIN = Path(sys.executable).parent / "ray"
+
+CHECK_TWO_NODES = (
+    f"{sys.executable} -c '"
+    'import os, ray; ray.init(address=os.environ["RAY_ADDRESS"]); '
+    'alive = [n for n in ray.nodes() if n["Alive"]]; '
+    'print("ALIVE_NODES", len(alive)); assert len(alive) == 2\''
+)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _session_members(sid: int) -> list[int]:
+    """Live (non-zombie) processes whose session id is sid."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        # Fields after the parenthesised command name: state ppid pgrp session ...
+        fields = stat.rsplit(")", 1)[1].split()
+        if fields[0] != "Z" and int(fields[3]) == sid:
+            pids.append(int(entry.name))
+    return pids
+
+
+@pytest.fixture
+def job(tmp_path: Path):
+    """Runs slurm/ray.sub under the fake Slurm; afterwards checks (and cleans) leftovers."""
+    if not RAY_BIN.exists() or shutil.which("setsid") is None or shutil.which("pkill") is None:
+        pytest.skip("needs the ray CLI next to the test's python, setsid and pkill")
+    # Short: Ray's unix socket paths live under the temp dir and must stay < 108 bytes.
+    ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
+    sids_file = tmp_path / "sids"
+
+    def environment(command: str | None, **extra: str) -> dict[str, str]:
+        env = dict(
+            os.environ,
+            PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ.get('PATH', '')}",
+            SLURM_JOB_ID="4242",
+            SLURM_JOB_NODELIST="node[0-1]",
+            GPUS_PER_NODE="0",
+            CPUS_PER_NODE="1",
+            RAY_AUTH_MODE="disabled",
+            RAY_USAGE_STATS_ENABLED="0",
+            RAY_PORT=str(_free_port()),
+            HEAD_IP="127.0.0.1",
+            RAY_TEMP_DIR=str(ray_tmp),
+            RAY_START_ARGS="--object-store-memory=100000000",
+            LOG_DIR=str(tmp_path / "logs"),
+            PYTHON=sys.executable,
+            RAY=str(RAY_BIN),
+            JOIN_TIMEOUT_S="60",
+            TEARDOWN_GRACE_S="15",
+            FAKE_SRUN_SIDS=str(sids_file),
+            FAKE_SRUN_GRACE_S="3",
+        )
+        env.pop("RAY_ADDRESS", None)
+        env.pop("COMMAND", None)
+        if command is not None:
+            env["COMMAND"] = command
+        env.update(extra)
+        return env
+
+    def run(command: str | None, timeout: float = 90, **extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["bash", str(REPO / "slurm" / "ray.sub")],
+            cwd=tmp_path,
+            env=environment(command, **extra),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            start_new_session=True,
+        )
+
+    run.environment = environment
+
+    yield run
+
+    sids = [int(x) for x in sids_file.read_text().split()] if sids_file.exists() else []
+    assert sids, "the fake srun recorded no job steps"
+    leftovers = {sid: _session_members(sid) for sid in sids}
+    leftovers = {sid: pids for sid, pids in leftovers.items() if pids}
+    for pids in leftovers.values():  # clean up what we started, by pid, before failing
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert not leftovers, f"processes left behind by the job (session: pids): {leftovers}"
+
+
+def _explain(result: subprocess.CompletedProcess) -> str:
+    return f"rc={result.returncode}\nstdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+
+
+def test_command_sees_two_nodes_and_job_exits_zero(job, tmp_path: Path):
+    result = job(CHECK_TWO_NODES)
+    assert result.returncode == 0, _explain(result)
+    assert "ALIVE_NODES 2" in result.stdout, _explain(result)
+    assert (tmp_path / "logs" / "ray-node0.log").exists()
+    assert (tmp_path / "logs" / "ray-node1.log").exists()
+
+
+def test_job_exits_with_command_status(job):
+    result = job(f"{sys.executable} -c 'import sys; sys.exit(3)'")
+    assert result.returncode == 3, _explain(result)
+    assert "COMMAND exited with status 3" in result.stderr, _explain(result)
+
+
+def test_node_that_fails_to_start_fails_the_job_fast(job):
+    start = time.monotonic()
+    result = job(CHECK_TWO_NODES, FAKE_SRUN_FAIL_NODE="node1")
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0, _explain(result)
+    assert "node node1 failed to start Ray" in result.stderr, _explain(result)
+    assert "ALIVE_NODES" not in result.stdout, _explain(result)
+    assert elapsed < 45, (
+        f"took {elapsed:.0f}s, JOIN_TIMEOUT_S is 60: not fail-fast\n{_explain(result)}"
+    )
+
+
+def test_node_that_never_joins_times_out_naming_it(job):
+    result = job(CHECK_TWO_NODES, FAKE_SRUN_HANG_NODE="node1", JOIN_TIMEOUT_S="8")
+    assert result.returncode != 0, _explain(result)
+    assert "missing nodes: node1" in result.stderr, _explain(result)
+    assert "ALIVE_NODES" not in result.stdout, _explain(result)
+
+
+def test_without_command_the_cluster_stays_up_until_the_job_is_cancelled(job, tmp_path: Path):
+    env = job.environment(None)
+    err_path = tmp_path / "job.err"
+    with err_path.open("w") as err:
+        proc = subprocess.Popen(
+            ["bash", str(REPO / "slurm" / "ray.sub")],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 60
+        while "no COMMAND given" not in err_path.read_text():
+            assert proc.poll() is None, err_path.read_text()
+            assert time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.5)
+        address = f"127.0.0.1:{env['RAY_PORT']}"
+        assert f"RAY_ADDRESS={address}" in err_path.read_text()
+        attach = subprocess.run(
+            ["bash", "-c", CHECK_TWO_NODES],
+            env=dict(env, RAY_ADDRESS=address),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "ALIVE_NODES 2" in attach.stdout, attach.stderr
+        proc.send_signal(signal.SIGTERM)  # what scancel does to the batch script
+        assert proc.wait(timeout=60) == 143, err_path.read_text()
+        assert "stopping Ray on 2 node(s)" in err_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
