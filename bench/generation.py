@@ -40,22 +40,8 @@ import transformers
 
 from dapo_megatron.config.model_arch import PRESETS, ModelArch, arch_from_hf_config
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.data.tiny_model import qwen2_hf_config
 from dapo_megatron.generation import SamplingParams
-
-
-def _hf_config(arch: ModelArch) -> transformers.Qwen2Config:
-    return transformers.Qwen2Config(
-        vocab_size=arch.vocab_size,
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.ffn_hidden_size,
-        num_hidden_layers=arch.num_layers,
-        num_attention_heads=arch.num_attention_heads,
-        num_key_value_heads=arch.num_query_groups,
-        max_position_embeddings=arch.max_position_embeddings,
-        rope_theta=arch.rope_theta,
-        rms_norm_eps=arch.norm_epsilon,
-        tie_word_embeddings=arch.tie_word_embeddings,
-    )
 
 
 def _prompts(num: int, lengths: tuple[int, int], vocab: int, seed: int) -> list[list[int]]:
@@ -162,7 +148,7 @@ def main() -> None:
     from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
     from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
 
-    hf_config = _hf_config(PRESETS[args.preset])
+    hf_config = qwen2_hf_config(PRESETS[args.preset])
     torch.manual_seed(0)
     hf_model = transformers.Qwen2ForCausalLM(hf_config).eval()
     dims = ParallelDims(tp=1, pp=1, cp=1, dp=1, sequence_parallel=False)

@@ -22,9 +22,13 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from dapo_megatron.config.model_arch import PRESETS, ModelArch, arch_from_hf_config
 from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
+
+if TYPE_CHECKING:
+    import transformers
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 """Files whose presence makes a checkpoint directory complete."""
@@ -64,17 +68,8 @@ def _write_checkpoint(out: Path, arch: ModelArch, seed: int) -> None:
             f"the char tokenizer has {len(tokenizer)} tokens but the architecture's vocabulary "
             f"has {arch.vocab_size}; choose a preset with vocab_size >= {len(tokenizer)}"
         )
-    config = transformers.Qwen2Config(
-        vocab_size=arch.vocab_size,
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.ffn_hidden_size,
-        num_hidden_layers=arch.num_layers,
-        num_attention_heads=arch.num_attention_heads,
-        num_key_value_heads=arch.num_query_groups,
-        max_position_embeddings=arch.max_position_embeddings,
-        rope_theta=arch.rope_theta,
-        rms_norm_eps=arch.norm_epsilon,
-        tie_word_embeddings=arch.tie_word_embeddings,
+    config = qwen2_hf_config(
+        arch,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -85,6 +80,25 @@ def _write_checkpoint(out: Path, arch: ModelArch, seed: int) -> None:
         model = transformers.Qwen2ForCausalLM(config)
     model.save_pretrained(out)
     save_char_tokenizer(tokenizer, out)
+
+
+def qwen2_hf_config(arch: ModelArch, **extra: object) -> transformers.Qwen2Config:
+    """The HF Qwen2 config of a (qwen2-family) ModelArch; `extra` adds HF-only fields."""
+    import transformers  # lazily: importing the data package stays light
+
+    return transformers.Qwen2Config(
+        vocab_size=arch.vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.ffn_hidden_size,
+        num_hidden_layers=arch.num_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_query_groups,
+        max_position_embeddings=arch.max_position_embeddings,
+        rope_theta=arch.rope_theta,
+        rms_norm_eps=arch.norm_epsilon,
+        tie_word_embeddings=arch.tie_word_embeddings,
+        **extra,
+    )
 
 
 def create_tiny_model(
