@@ -187,6 +187,15 @@ def _check_generation(c: _Checker) -> None:
             f"num_engines * tensor_parallel_size = {g.engine.num_engines * tp} exceeds "
             f"the {devices} generation devices",
         )
+    if g.backend == "megatron" and not c.loaded.config.cluster.colocated:
+        # A split Megatron engine is one process with a model of its own (TP1); colocated,
+        # the policy ranks generate on their own layout instead.
+        c.require(
+            tp == 1,
+            "generation.engine.tensor_parallel_size",
+            "must be 1 for the megatron backend in split mode (use generation.backend=vllm "
+            "for tensor-parallel engines)",
+        )
 
 
 def _check_dapo(c: _Checker) -> None:

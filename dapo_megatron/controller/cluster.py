@@ -54,29 +54,42 @@ def start_ray(cluster: ClusterConfig, *, num_cpus: int | None = None) -> None:
     )
 
 
-def rank_resources(cluster: ClusterConfig) -> RankResources:
-    """One device per rank on GPU; on CPU, a share of the machine's cores."""
+def rank_resources(cluster: ClusterConfig, *, device_share: float = 1.0) -> RankResources:
+    """One device per rank on GPU; on CPU, a share of the machine's cores.
+
+    ``device_share`` < 1 leaves the rest of each GPU bundle to a colocated engine actor
+    (Ray counts GPUs logically: both processes then see the same device).
+    """
     if resolve_device(cluster) == "cuda":
-        return RankResources(num_cpus=1, num_gpus=1)
+        return RankResources(num_cpus=1, num_gpus=device_share)
     available = ray.cluster_resources().get("CPU", 1)
     ranks = cluster.num_nodes * cluster.gpus_per_node
     return RankResources(num_cpus=max(0.01, min(1.0, available / ranks)), num_gpus=0)
 
 
 def reserve_ranks(
-    world_size: int, resources: RankResources, *, timeout_s: float = 120.0
+    world_size: int,
+    resources: RankResources,
+    *,
+    timeout_s: float = 120.0,
+    what: str = "policy ranks",
+    devices_per_bundle: int = 1,
 ) -> PlacementGroup:
-    """A placement group with one bundle per rank; a clear error if the cluster cannot fit it."""
+    """A placement group with one bundle per rank; a clear error if the cluster cannot fit it.
+
+    A bundle holds ``devices_per_bundle`` whole GPUs when ranks use GPUs (a generation
+    engine holds all devices of its tensor-parallel group).
+    """
     bundle = {"CPU": resources.num_cpus}
     if resources.num_gpus:
-        bundle["GPU"] = resources.num_gpus
+        bundle["GPU"] = float(devices_per_bundle)
     group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(group)
         raise RuntimeError(
-            f"the Ray cluster cannot place {world_size} policy ranks of {bundle} within "
+            f"the Ray cluster cannot place {world_size} {what} of {bundle} within "
             f"{timeout_s:.0f} s (cluster resources: {ray.cluster_resources()}); check "
-            f"cluster.num_nodes and cluster.gpus_per_node"
+            f"cluster.num_nodes, cluster.gpus_per_node and cluster.generation_num_devices"
         )
     return group

@@ -13,6 +13,7 @@ from pathlib import Path
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSampler
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.controller.generation_group import Engines
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.rollout import RolloutGroup
 from dapo_megatron.data.datasets import EncodedPrompts, build_datasets, encode_prompts
@@ -34,6 +35,7 @@ class RunContext:
     dynamic: DynamicSampler[RolloutGroup]
     verifier: VerifierPool
     policy: PolicyGroup | None = None
+    engines: Engines | None = None
 
     @property
     def pad_id(self) -> int:
@@ -49,10 +51,17 @@ class RunContext:
         self.sampler = make_sampler(self.config, len(self.train.input_ids))
         self.dynamic = make_dynamic_sampler(self.config)
 
-    def close(self) -> None:
+    def stop_workers(self) -> None:
+        """Kill the engines and policy workers (after a failure too); the run state stays."""
+        if self.engines is not None:
+            self.engines.shutdown()
+            self.engines = None
         if self.policy is not None:
             self.policy.shutdown()
             self.policy = None
+
+    def close(self) -> None:
+        self.stop_workers()
         self.verifier.close()
 
 

@@ -20,7 +20,9 @@ from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.cluster import start_ray
 from dapo_megatron.controller.context import RunContext, build_context
-from dapo_megatron.controller.policy_group import PolicyGroup, WorkerDied
+from dapo_megatron.controller.generation_group import build_engines, policy_device_share
+from dapo_megatron.controller.policy_group import PolicyGroup
+from dapo_megatron.controller.remote import WorkerDied
 from dapo_megatron.controller.rollout import rollout_metrics
 from dapo_megatron.logging import MetricsLogger, StepProgress
 from dapo_megatron.megatron.checkpoint_dirs import latest_checkpoint, prune_checkpoints
@@ -65,6 +67,8 @@ def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
                 flush=True,
             ),
         )
+    # Engines started from the HF checkpoint: give them the resumed / warmed-up weights.
+    ctx.engines.refit(ctx.policy)
     metrics: dict[str, float] = {}
     if start_step == 0 and config.validation.val_at_start:
         logger.log(0, steps.validate(ctx, 0))
@@ -78,11 +82,12 @@ def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
                 keep_rate, max_multiplier=ds.max_batch_multiplier
             )
         groups, ds_stats, gen_metrics = steps.collect_rollouts(ctx, step)
+        ctx.engines.sleep()  # colocated engines give their memory to the training phase
         batch = steps.make_batch(ctx, groups)
         metrics = {**gen_metrics, **ds_stats.to_metrics(), **rollout_metrics(groups, config)}
         metrics.update(steps.old_logprobs(ctx, batch))
         metrics.update(steps.train_on_batch(ctx, batch, step))
-        metrics["timing/refit_s"] = ctx.policy.refit()
+        metrics["timing/refit_s"] = ctx.engines.refit(ctx.policy)
         keep_rate = (
             ds_stats.keep_rate
             if keep_rate is None
@@ -121,7 +126,8 @@ def train(config: DapoMegatronConfig, run_dir: Path) -> dict[str, float]:
                 config.logger, run_dir=run_dir, run_name=config.run.name, resume=resume
             )
             try:
-                ctx.policy = PolicyGroup(config)
+                ctx.policy = PolicyGroup(config, device_share=policy_device_share(config))
+                ctx.engines = build_engines(config, ctx.policy)
                 return _run_steps(ctx, logger)
             except WorkerDied as failure:
                 restarts += 1
@@ -134,8 +140,6 @@ def train(config: DapoMegatronConfig, run_dir: Path) -> dict[str, float]:
                 )
             finally:
                 logger.close()
-                if ctx.policy is not None:
-                    ctx.policy.shutdown()
-                    ctx.policy = None
+                ctx.stop_workers()
     finally:
         ctx.close()

@@ -23,18 +23,12 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from dapo_megatron.config.parallel import policy_world_size
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
+from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather
 from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.generation.base import Sample, SamplingParams
 from dapo_megatron.workers.policy_worker import PolicyWorker
 
-
-class WorkerFailure(RuntimeError):
-    """A policy worker died or raised; the message names which."""
-
-
-class WorkerDied(WorkerFailure):
-    """A policy worker process is gone (killed, crashed): the run can restart from a
-    checkpoint. A worker that merely raised is a bug or bad input, not restarted."""
+__all__ = ["PolicyGroup", "WorkerDied", "WorkerFailure", "shard_bounds"]
 
 
 def shard_bounds(total: int, parts: int) -> list[tuple[int, int]]:
@@ -51,10 +45,15 @@ def shard_bounds(total: int, parts: int) -> list[tuple[int, int]]:
 class PolicyGroup:
     """All policy ranks of the run (one Ray actor each, in one placement group)."""
 
-    def __init__(self, config: DapoMegatronConfig) -> None:
+    def __init__(self, config: DapoMegatronConfig, *, device_share: float = 1.0) -> None:
+        """Start one actor per policy rank and set up torch.distributed + Megatron.
+
+        ``device_share``: the GPU fraction each rank asks of Ray (< 1 when a generation
+        engine actor shares the rank's device, see cluster.rank_resources).
+        """
         self.config = config
         world = policy_world_size(config)
-        resources = rank_resources(config.cluster)
+        resources = rank_resources(config.cluster, device_share=device_share)
         self.placement = reserve_ranks(world, resources)
         actor = ray.remote(PolicyWorker)
         threads = max(1, int(resources.num_cpus)) if resources.num_gpus else 1
@@ -87,22 +86,7 @@ class PolicyGroup:
         return f"policy rank {rank}" + (f" ({parts})" if parts else "")
 
     def _gather(self, refs: list[ray.ObjectRef]) -> list[Any]:
-        """ray.get of one ref per worker, failing fast on the first worker that fails."""
-        index = {ref: i for i, ref in enumerate(refs)}
-        results: list[Any] = [None] * len(refs)
-        pending = list(refs)
-        while pending:
-            ready, pending = ray.wait(pending, num_returns=1)
-            ref = ready[0]
-            try:
-                results[index[ref]] = ray.get(ref)
-            except ray.exceptions.RayActorError as e:
-                raise WorkerDied(f"{self._describe(index[ref])} died: {e}") from None
-            except ray.exceptions.RayTaskError as e:
-                raise WorkerFailure(
-                    f"{self._describe(index[ref])} raised: {e.cause!r}"
-                ) from e.cause
-        return results
+        return gather(refs, self._describe)
 
     def _call_sharded(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
         """Call `method(shard_of_my_replica, *args)` on every worker; replica leaders' results."""
@@ -149,6 +133,19 @@ class PolicyGroup:
         start = time.perf_counter()
         self._gather([w.refit.remote() for w in self.workers])
         return time.perf_counter() - start
+
+    def export_weights(self) -> ray.ObjectRef:
+        """The trained weights as full HF-named tensors, stored once in Ray's object store.
+
+        Every rank takes part in the export (TP gathers, PP broadcasts); rank 0 keeps the
+        CPU copies and puts them in the object store, so each engine fetches them from
+        there (host memory; a device-to-device path for large GPU models is not built).
+        """
+        return self._gather([w.export_weights.remote() for w in self.workers])[0][0]
+
+    def device_ids(self) -> list[str]:
+        """Each rank's accelerator ids as Ray assigned them (empty strings on CPU)."""
+        return self._gather([w.device_ids.remote() for w in self.workers])
 
     def save(self, directory: str, step: int, extra_state: dict[str, Any]) -> str:
         return self._gather([w.save.remote(directory, step, extra_state) for w in self.workers])[0]

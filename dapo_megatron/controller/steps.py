@@ -39,7 +39,7 @@ def generate_groups(
     ids = [prompts.input_ids[i] for i in prompt_indices]
     truths = [prompts.records[i].ground_truth for i in prompt_indices]
     start = time.perf_counter()
-    samples = ctx.policy.generate(ids, sampling)
+    samples = ctx.engines.generate(ids, sampling)
     generated = time.perf_counter()
     scores, reward_metrics = _score(ctx, samples, truths)
     timing = {

@@ -121,6 +121,26 @@ class PolicyWorker:
         if self.engine is not None:
             self.engine.update_weights(())
 
+    def export_weights(self) -> list[Any] | None:
+        """Full HF-named CPU tensors of the model: rank 0 returns ``[ObjectRef]`` of the
+        list of ``(name, tensor)``, the other ranks None (they only join the gathers)."""
+        import ray
+
+        exported = self._require_policy().export_weights()
+        if self.rank != 0:
+            for _ in exported:  # the collectives of the export need every rank
+                pass
+            return None
+        weights = [(name, t.cpu()) for name, t in exported]
+        # Wrapped in a list: Ray would otherwise resolve the reference on return.
+        return [ray.put(weights)]
+
+    def device_ids(self) -> str:
+        """Comma-separated accelerator ids Ray gave this worker ("" on CPU)."""
+        import ray
+
+        return ",".join(str(i) for i in ray.get_gpu_ids())
+
     def save(self, directory: str, step: int, extra_state: dict[str, Any]) -> str:
         return str(self._require_policy().save(Path(directory), step=step, extra_state=extra_state))
 

@@ -1,4 +1,4 @@
-"""The controller's rollout phase with a fake policy and verifier (no Ray, no Megatron)."""
+"""The controller's rollout phase with fake engines and verifier (no Ray, no Megatron)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parents[2]
 N = 4  # samples per prompt
 
 
-class FakePolicy:
+class FakeEngines:
     """Answers prompt i with token 7 + (i % 3) for every sample; counts rounds."""
 
     def __init__(self):
@@ -75,7 +75,7 @@ def _ctx(pattern, *overrides) -> RunContext:
         sampler=make_sampler(config, 30),
         dynamic=make_dynamic_sampler(config),
         verifier=FakeVerifier(pattern),
-        policy=FakePolicy(),
+        engines=FakeEngines(),
     )
 
 
@@ -87,7 +87,7 @@ def test_all_equal_groups_exhaust_after_exactly_max_gen_batches_rounds():
     )
     with pytest.raises(DynamicSamplingExhausted, match="max_gen_batches=3"):
         steps.collect_rollouts(ctx, step=0)
-    assert ctx.policy.rounds == 3  # never a 4th round
+    assert ctx.engines.rounds == 3  # never a 4th round
 
 
 def test_mixed_groups_carry_surplus_across_steps():
@@ -99,13 +99,13 @@ def test_mixed_groups_carry_surplus_across_steps():
     )
     groups, stats, metrics = steps.collect_rollouts(ctx, step=0)
     # One round of ceil(4 * 4) = 16 prompts (0..15): 8 even prompts kept, 4 trained, 4 carried.
-    assert ctx.policy.rounds == 1 and stats.num_prompts_generated == 16
+    assert ctx.engines.rounds == 1 and stats.num_prompts_generated == 16
     assert [g.prompt_ids[0] for g in groups] == [0, 2, 4, 6]
     assert stats.num_carried_groups == 4 and stats.keep_rate == 0.5
     assert metrics["num_generated_tokens"] == 16 * N * 2
     # Next step is served from the carry alone: no generation round at all.
     groups, stats, metrics = steps.collect_rollouts(ctx, step=1)
-    assert ctx.policy.rounds == 1 and stats.num_gen_batches == 0
+    assert ctx.engines.rounds == 1 and stats.num_gen_batches == 0
     assert [g.prompt_ids[0] for g in groups] == [8, 10, 12, 14]
     assert stats.num_carried_in == 4 and metrics["num_generated_tokens"] == 0.0
 

@@ -1,0 +1,44 @@
+"""Collecting results from groups of Ray actors without hanging on a dead one.
+
+Workers of one group call collectives together: when one dies, the others block in the
+collective forever, so waiting on all of them would hang the run. ``gather`` returns as
+soon as any worker fails and names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import ray
+
+
+class WorkerFailure(RuntimeError):
+    """A worker died or raised; the message names which."""
+
+
+class WorkerDied(WorkerFailure):
+    """A worker process is gone (killed, crashed): the run can restart from a checkpoint.
+    A worker that merely raised is a bug or bad input, not restarted."""
+
+
+def gather(refs: list[ray.ObjectRef], describe: Callable[[int], str]) -> list[Any]:
+    """ray.get of one ref per worker, raising on the first worker that fails.
+
+    Args:
+        refs: one pending call per worker, in worker order.
+        describe: worker index -> how to name it in an error ("policy rank 3 (tp_rank 1)").
+    """
+    index = {ref: i for i, ref in enumerate(refs)}
+    results: list[Any] = [None] * len(refs)
+    pending = list(refs)
+    while pending:
+        ready, pending = ray.wait(pending, num_returns=1)
+        ref = ready[0]
+        try:
+            results[index[ref]] = ray.get(ref)
+        except ray.exceptions.RayActorError as e:
+            raise WorkerDied(f"{describe(index[ref])} died: {e}") from None
+        except ray.exceptions.RayTaskError as e:
+            raise WorkerFailure(f"{describe(index[ref])} raised: {e.cause!r}") from e.cause
+    return results

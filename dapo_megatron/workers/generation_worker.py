@@ -1,0 +1,153 @@
+"""GenerationWorker: one rollout engine as a Ray actor, for engines the policy does not own.
+
+Used when the engines are separate from the policy ranks: split mode (engines on devices
+of their own) and, on GPU, colocated vLLM engines (an engine process next to the policy
+ranks on the same devices, asleep while they train). The colocated Megatron engine needs
+no worker: it runs inside the policy ranks on their own model (workers/policy_worker.py).
+
+Backends (``generation.backend``):
+
+* ``vllm``: ``VllmGenerationBackend`` on the HF checkpoint, with the engine's tensor
+  parallel size (vLLM starts its own rank processes for TP > 1).
+* ``megatron``: a Megatron-Core model of its own in a private one-process
+  torch.distributed world (TP1), loaded from the HF checkpoint and refitted from the
+  policy's exported HF tensors.
+
+Like PolicyWorker, the class is plain Python (the controller wraps it with ``ray.remote``)
+so it can run in-process for debugging.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.generation.base import GenerationBackend, Sample, SamplingParams
+
+_VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+class GenerationWorker:
+    """One generation engine (all of its ranks when the backend spawns them itself)."""
+
+    def __init__(
+        self,
+        config: DapoMegatronConfig,
+        *,
+        engine_index: int,
+        num_threads: int = 1,
+        visible_devices: str | None = None,
+    ) -> None:
+        """Args:
+        config: the run config (generation.*, policy model path and precision).
+        engine_index: this engine's index (its seed offset, and its name in errors).
+        num_threads: torch intra-op threads (CPU).
+        visible_devices: CUDA_VISIBLE_DEVICES for the engine, set before any CUDA call:
+            a colocated engine with TP > 1 must see the devices of several policy ranks,
+            while Ray shows an actor only the device of its own bundle.
+        """
+        self.config = config
+        self.engine_index = engine_index
+        torch.set_num_threads(max(1, num_threads))
+        if visible_devices is not None:
+            os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
+        for message in (
+            "Transformer Engine and Apex are not installed",
+            "Apex is not installed",
+            "full scope is deprecated",
+        ):
+            warnings.filterwarnings("ignore", message=f".*{message}")
+        self.backend: GenerationBackend | None = None
+
+    def setup(self) -> dict[str, Any]:
+        """Start the engine on the policy's HF checkpoint; returns a description."""
+        config = self.config
+        engine, policy = config.generation.engine, config.policy
+        if config.generation.backend == "vllm":
+            from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
+
+            self.backend = VllmGenerationBackend(
+                policy.model_name_or_path,
+                tensor_parallel_size=engine.tensor_parallel_size,
+                gpu_memory_utilization=engine.gpu_memory_utilization,
+                max_num_seqs=engine.max_num_seqs,
+                enforce_eager=engine.enforce_eager,
+                max_model_len=policy.max_total_sequence_length,
+                seed=config.run.seed + self.engine_index,
+                dtype=_VLLM_DTYPES[policy.precision],
+            )
+        else:
+            self.backend = self._megatron_engine()
+        return {
+            "engine": self.engine_index,
+            "backend": config.generation.backend,
+            "pid": os.getpid(),
+        }
+
+    def _megatron_engine(self) -> GenerationBackend:
+        from dapo_megatron.config.model_arch import resolve_arch
+        from dapo_megatron.config.parallel import ParallelDims
+        from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
+        from dapo_megatron.megatron.distributed import initialize_parallel
+
+        policy = self.config.policy
+        arch, _ = resolve_arch(policy.model_name_or_path, None)
+        if arch is None:
+            raise FileNotFoundError(
+                f"policy.model_name_or_path: no config.json in {policy.model_name_or_path}"
+            )
+        # A world of its own: the engine never joins the policy's collectives.
+        for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
+            os.environ.pop(name, None)
+        dims = ParallelDims(tp=1, pp=1, cp=1, dp=1, sequence_parallel=False)
+        initialize_parallel(dims, seed=self.config.run.seed + self.engine_index)
+        return MegatronGenerationBackend.from_hf_checkpoint(
+            policy.model_name_or_path,
+            arch,
+            dims,
+            policy.precision,
+            max_batch_size=self.config.generation.engine.max_num_seqs,
+            max_model_len=policy.max_total_sequence_length,
+        )
+
+    def _require_backend(self) -> GenerationBackend:
+        if self.backend is None:
+            raise RuntimeError("GenerationWorker.setup() must run before any other call")
+        return self.backend
+
+    def generate(
+        self, prompts_token_ids: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[list[Sample]]:
+        return self._require_backend().generate([list(p) for p in prompts_token_ids], sampling)
+
+    def update_weights(self, weights: list[Any]) -> None:
+        """Load the policy's full HF-named tensors.
+
+        ``weights`` is either ``[ObjectRef]`` of the list of ``(name, tensor)`` pairs (from
+        the controller: wrapped, so that Ray hands over the reference and each engine
+        fetches the one stored copy itself) or the list of pairs (in-process use).
+        """
+        if len(weights) == 1 and not isinstance(weights[0], tuple):
+            import ray
+
+            weights = ray.get(weights[0])
+        self._require_backend().update_weights(weights)
+
+    def sleep(self) -> None:
+        self._require_backend().sleep()
+
+    def wake(self) -> None:
+        self._require_backend().wake()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def shutdown(self) -> None:
+        if self.backend is not None:
+            self.backend.shutdown()
+            self.backend = None
