@@ -97,15 +97,47 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     return _run_guarded(main)
 
 
+DEFAULT_GPU_MEM_GIB = 80.0
+"""Device memory dapo-plan checks against unless --gpu-mem says otherwise (H100/A100 80GB)."""
+
+
 def plan_main(argv: Sequence[str] | None = None) -> int:
-    """dapo-plan: validate a recipe against its cluster and print the layout plan."""
-    parser = _parser("dapo-plan", "Check that a recipe's layout fits its cluster.")
+    """dapo-plan: validate a recipe, print its layout and per-GPU memory plan.
+
+    Exit status 1 when the memory plan does not fit a GPU (CPU recipes: never, the numbers
+    are informative), 2 on an invalid recipe.
+    """
+    parser = _parser("dapo-plan", "Check that a recipe's layout and memory fit its cluster.")
+    parser.add_argument(
+        "--gpu-mem",
+        type=float,
+        default=DEFAULT_GPU_MEM_GIB,
+        metavar="GIB",
+        help=f"memory of one GPU in GiB (default: {DEFAULT_GPU_MEM_GIB:g})",
+    )
     args = parser.parse_args(argv)
 
     def main() -> int:
+        from dapo_megatron.memory_plan import memory_inputs, plan_memory
+        from dapo_megatron.plan import format_memory
+
+        if args.gpu_mem <= 0:
+            raise ConfigError(f"--gpu-mem = {args.gpu_mem}: must be > 0 GiB")
         loaded = load_config(args.config or DEFAULT_RECIPE, args.overrides)
         print(format_plan(loaded))
-        return 0
+        assert loaded.report is not None
+        if loaded.report.arch is None:
+            print(f"memory: not planned, architecture unknown ({loaded.report.arch_source})")
+            return 0
+        report = plan_memory(memory_inputs(loaded, args.gpu_mem))
+        print(format_memory(report))
+        if report.fits or not report.inputs.on_gpu:
+            return 0
+        print(
+            f"error: the recipe does not fit in {args.gpu_mem:g} GiB: {report.reason}",
+            file=sys.stderr,
+        )
+        return 1
 
     return _run_guarded(main)
 

@@ -1,7 +1,7 @@
 """The run plan printed by dapo-train and dapo-plan: layout and batch arithmetic of a step.
 
-Pure arithmetic on a validated config; nothing is started. The memory estimate per device
-belongs here too once the planner lands (it needs the layout computed below).
+Pure arithmetic on a validated config; nothing is started. The per-GPU memory estimate
+comes from memory_plan.py; format_memory prints it next to the layout.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 from dapo_megatron.config.loader import LoadedConfig
 from dapo_megatron.config.parallel import generation_devices
+from dapo_megatron.memory_plan import MemoryReport, sleeping_engine_gib
 
 
 @dataclass(frozen=True)
@@ -123,4 +124,110 @@ def format_plan(loaded: LoadedConfig) -> str:
     width = max(len(k) for k, _ in rows)
     lines = [f"{k.ljust(width)}  {v}" for k, v in rows]
     lines += [f"warning: {w}" for w in report.warnings]
+    return "\n".join(lines)
+
+
+def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str]]:
+    """(term, GiB per pipeline stage, what the alternatives of its knob give)."""
+    inp, alt = report.inputs, report.alternatives
+    dist = "on" if inp.distributed_optimizer else "off"
+    other = "off" if inp.distributed_optimizer else "on"
+    train, logprob = report.phases[0], report.phases[1]
+    swap = alt[f"distributed optimizer {other}"]
+    recompute = ", ".join(
+        f"{mode} {alt[f'recompute {mode}']:.1f}"
+        for mode in ("none", "selective", "full")
+        if mode != inp.recompute
+    )
+    logits_alt = "naive logits" if inp.fused_logits else "fused logits"
+
+    def col(attr: str) -> tuple[float, ...]:
+        return tuple(getattr(s, attr) for s in report.stages)
+
+    def flat(value: float) -> tuple[float, ...]:
+        return (value,) * len(report.stages)
+
+    ov = inp.overheads
+    in_flight = "/".join(str(s.in_flight) for s in report.stages)
+    return [
+        (f"weights ({inp.precision})", col("weights"), ""),
+        (
+            "master weights (fp32)",
+            col("master"),
+            f"distributed optimizer {dist}; train peak with it {other}: {swap:.1f}",
+        ),
+        ("grads (fp32 buffer)", col("grads"), "not sharded over DP"),
+        (f"optimizer ({inp.optimizer}, fp32)", col("optimizer"), f"distributed optimizer {dist}"),
+        (
+            "activations",
+            col("activations"),
+            f"recompute {inp.recompute}, {in_flight} micro-batch(es) in flight; "
+            f"train peak with recompute {recompute}",
+        ),
+        (
+            "logits (train step)",
+            col("logits"),
+            f"{'fused' if inp.fused_logits else 'naive'}; train peak with "
+            f"{logits_alt}: {alt[logits_alt]:.1f}",
+        ),
+        ("policy process", flat(ov.policy_process_gib), "CUDA context + NCCL"),
+        ("train workspace", flat(ov.train_workspace_gib), "allocator, workspaces, buffers"),
+        ("sleeping engine", flat(sleeping_engine_gib(inp)), "colocated vLLM asleep (level 1)"),
+        (
+            "= train peak",
+            train.per_stage,
+            f"{'fits' if train.fits else 'DOES NOT FIT'} in {train.limit:.0f} GiB",
+        ),
+        (
+            "logprob pass",
+            col("logprob_pass"),
+            f"forward only, {inp.logprob_micro_batch_size} sample(s) per micro-batch",
+        ),
+        (
+            "= logprob peak",
+            logprob.per_stage,
+            f"{'fits' if logprob.fits else 'DOES NOT FIT'} (states + logprob pass + overheads)",
+        ),
+    ]
+
+
+def format_memory(report: MemoryReport) -> str:
+    """The per-GPU memory table: each term per pipeline stage, the knobs' alternatives,
+    the peak of every phase and the verdict."""
+    inp = report.inputs
+    dims = inp.dims
+    header = (
+        f"memory per GPU ({inp.gpu_mem_gib:.0f} GiB, {inp.precision}; policy TP{dims.tp} "
+        f"PP{dims.pp} CP{dims.cp} DP{dims.dp}{' +SP' if dims.sequence_parallel else ''}, "
+        f"{inp.micro_batch_size} x {inp.seq_len} tokens per micro-batch"
+        f"{'' if inp.on_gpu else '; CPU run: informative only'})"
+    )
+    rows = _memory_rows(report)
+    stage_head = [f"stage {s.stage}" for s in report.stages]
+    width = max(len(r[0]) for r in rows)
+    lines = [header, f"  {'term (GiB)'.ljust(width)}  " + "  ".join(h.rjust(8) for h in stage_head)]
+    for name, values, note in rows:
+        cells = "  ".join(f"{v:8.2f}" for v in values)
+        lines.append(f"  {name.ljust(width)}  {cells}  {note}".rstrip())
+    for phase in report.phases[2:]:
+        terms = " + ".join(f"{k} {v:.1f}" for k, v in phase.terms)
+        verdict = "fits" if phase.fits else "DOES NOT FIT"
+        lines.append(
+            f"  {phase.name} peak {phase.peak:.1f} GiB (stage {phase.stage}: {terms}): {verdict}"
+        )
+    e = report.engine
+    if e is not None and inp.engine is not None:
+        lines.append(
+            f"  vLLM engine GPU (TP{inp.engine.tensor_parallel_size}, utilization "
+            f"{inp.engine.gpu_memory_utilization}): budget {e.budget:.1f} = weights "
+            f"{e.weights:.1f} + runtime/profile {e.overhead:.1f} + KV cache {e.kv_cache:.1f} GiB"
+            f" -> {e.kv_tokens:,} tokens ({e.kv_bytes_per_token:,} B each), "
+            f"{e.full_sequences} concurrent sequence(s) of {inp.seq_len} tokens"
+        )
+    else:
+        lines.append("  generation: Megatron backend on the policy's weights (not modelled)")
+    if report.fits:
+        lines.append("memory: fits")
+    else:
+        lines.append(f"memory: DOES NOT FIT: {report.reason}")
     return "\n".join(lines)
