@@ -71,16 +71,40 @@ def uses_transformer_engine() -> bool:
     return True
 
 
-def transformer_config(arch: ModelArch, dims: ParallelDims, precision: str) -> TransformerConfig:
+def _recompute_settings(recompute: str) -> dict[str, object]:
+    """Megatron's activation-recompute fields for ``policy.megatron.recompute_granularity``.
+
+    selective: core attention only (Megatron's default module; the [b, a, s, s] scores of
+    unfused attention are the largest activation it saves). full: every layer keeps only its
+    input and recomputes the rest in backward (uniform, one layer per unit).
+    """
+    if recompute == "none":
+        return {}
+    if recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    if recompute == "full":
+        return {
+            "recompute_granularity": "full",
+            "recompute_method": "uniform",
+            "recompute_num_layers": 1,
+        }
+    raise ValueError(f"recompute {recompute!r}: expected none, selective or full")
+
+
+def transformer_config(
+    arch: ModelArch, dims: ParallelDims, precision: str, *, recompute: str = "none"
+) -> TransformerConfig:
     """Megatron TransformerConfig equivalent to the HF model ``arch`` under layout ``dims``.
 
     Args:
         arch: model architecture (Qwen2 or Llama family).
         dims: parallel layout; tp, pp, cp and sequence_parallel are used.
         precision: "fp32", "bf16" or "fp16": the dtype of the parameters and activations.
+        recompute: activation recompute in training: "none", "selective" or "full".
     """
     if precision not in _DTYPES:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(_DTYPES)}")
+    recompute_fields = _recompute_settings(recompute)
     if arch.family not in ("qwen2", "llama"):
         raise ValueError(f"model family {arch.family!r} is not supported (qwen2, llama)")
     dtype = _DTYPES[precision]
@@ -112,6 +136,7 @@ def transformer_config(arch: ModelArch, dims: ParallelDims, precision: str) -> T
         # On CPU, the master weight is built once and split, so that every TP layout of
         # the same seed starts from the same weights (and no CUDA allocation is tried).
         use_cpu_initialization=on_cpu,
+        **recompute_fields,
     )
 
 
@@ -178,7 +203,9 @@ def layer_spec(config: TransformerConfig) -> ModuleSpec | TransformerBlockSubmod
     return _local_block_spec(config)
 
 
-def build_model(arch: ModelArch, dims: ParallelDims, precision: str) -> GPTModel:
+def build_model(
+    arch: ModelArch, dims: ParallelDims, precision: str, *, recompute: str = "none"
+) -> GPTModel:
     """This rank's pipeline stage of the GPT model (requires ``initialize_parallel``).
 
     The stage owns layers ``[pp_rank * L / pp, (pp_rank + 1) * L / pp)``, the embedding on
@@ -188,7 +215,7 @@ def build_model(arch: ModelArch, dims: ParallelDims, precision: str) -> GPTModel
     on other stages the hidden states ``[s / (tp if SP else 1), b, h]`` for the next stage.
     """
     apply_cpu_compat()
-    config = transformer_config(arch, dims, precision)
+    config = transformer_config(arch, dims, precision, recompute=recompute)
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(config),

@@ -71,7 +71,9 @@ class MegatronPolicy:
                 )
         self.arch = arch
         initialize_parallel(self.dims, seed=config.run.seed)
-        model = build_model(arch, self.dims, policy.precision)
+        model = build_model(
+            arch, self.dims, policy.precision, recompute=policy.megatron.recompute_granularity
+        )
         load_hf_checkpoint(model, policy.model_name_or_path, arch, self.dims)
         # Our losses carry the global normaliser themselves: Megatron must only sum
         # gradients over micro-batches and DP/CP ranks (see policy_step's docstring).

@@ -114,8 +114,9 @@ def _reference(hf_dir: Path, batch: PolicyBatch, loss_cfg) -> dict:
     }
 
 
-def _config(hf_dir: Path, dims: ParallelDims, micro: int):
+def _config(hf_dir: Path, dims: ParallelDims, micro: int, recompute: str = "none"):
     overrides = [
+        f"policy.megatron.recompute_granularity={recompute}",
         f"policy.model_name_or_path={hf_dir}",
         "policy.model_arch=null",
         "policy.init_model_if_missing=false",
@@ -135,12 +136,14 @@ def _config(hf_dir: Path, dims: ParallelDims, micro: int):
     return load_config(REPO / "recipes" / "dapo-tiny-cpu.yaml", overrides, validate=False).config
 
 
-def _worker(hf_dir: Path, dims: ParallelDims, micro: int, batch: PolicyBatch) -> dict:
+def _worker(
+    hf_dir: Path, dims: ParallelDims, micro: int, batch: PolicyBatch, recompute: str
+) -> dict:
     from megatron.core import parallel_state
 
     from dapo_megatron.megatron.policy import MegatronPolicy
 
-    policy = MegatronPolicy(_config(hf_dir, dims, micro), dims=dims)
+    policy = MegatronPolicy(_config(hf_dir, dims, micro, recompute), dims=dims)
     dp_rank, dp = parallel_state.get_data_parallel_rank(), dims.dp
     shard = batch.select(slice(dp_rank * B // dp, (dp_rank + 1) * B // dp))
     lp, ent = policy.logprobs(shard, compute_entropy=True)
@@ -156,6 +159,7 @@ def _worker(hf_dir: Path, dims: ParallelDims, micro: int, batch: PolicyBatch) ->
     post_nan = dict(policy.export_weights())
     policy.shutdown()
     return {
+        "recompute": policy._gpt.config.recompute_granularity,
         "dp_rank": dp_rank,
         "lp": lp,
         "ent": ent,
@@ -178,24 +182,30 @@ def setup(tmp_path_factory):
 
 
 LAYOUTS = {
-    # name: (dims, micro-batch size per DP rank)
-    "tp1-1micro": (ParallelDims(1, 1, 1, 1, False), 8),
-    "tp1-4micro": (ParallelDims(1, 1, 1, 1, False), 2),
-    "dp2-4micro": (ParallelDims(1, 1, 1, 2, False), 1),
-    "tp2": (ParallelDims(2, 1, 1, 1, False), 4),
-    "tp2-sp": (ParallelDims(2, 1, 1, 1, True), 4),
-    "pp2": (ParallelDims(1, 2, 1, 1, False), 2),
-    "tp2xpp2": (ParallelDims(2, 2, 1, 1, False), 4),
-    "cp2": (ParallelDims(1, 1, 2, 1, False), 4),
+    # name: (dims, micro-batch size per DP rank, activation recompute)
+    "tp1-1micro": (ParallelDims(1, 1, 1, 1, False), 8, "none"),
+    "tp1-4micro": (ParallelDims(1, 1, 1, 1, False), 2, "none"),
+    "dp2-4micro": (ParallelDims(1, 1, 1, 2, False), 1, "none"),
+    "tp2": (ParallelDims(2, 1, 1, 1, False), 4, "none"),
+    "tp2-sp": (ParallelDims(2, 1, 1, 1, True), 4, "none"),
+    "pp2": (ParallelDims(1, 2, 1, 1, False), 2, "none"),
+    "tp2xpp2": (ParallelDims(2, 2, 1, 1, False), 4, "none"),
+    "cp2": (ParallelDims(1, 1, 2, 1, False), 4, "none"),
+    # Recompute must not change a single gradient (it re-runs the same forward).
+    "tp1-selective-recompute": (ParallelDims(1, 1, 1, 1, False), 2, "selective"),
+    "tp2-sp-full-recompute": (ParallelDims(2, 1, 1, 1, True), 4, "full"),
 }
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_policy_steps_match_hf_reference(layout, setup):
     hf_dir, batch, ref = setup
-    dims, micro = LAYOUTS[layout]
-    per_rank = run_distributed(_worker, dims.world_size, hf_dir, dims, micro, batch, timeout=300)
+    dims, micro, recompute = LAYOUTS[layout]
+    per_rank = run_distributed(
+        _worker, dims.world_size, hf_dir, dims, micro, batch, recompute, timeout=300
+    )
     per_dp = dims.world_size // dims.dp
+    assert per_rank[0]["recompute"] == (None if recompute == "none" else recompute)
     for result in per_rank:
         rows = slice(result["dp_rank"] * B // dims.dp, (result["dp_rank"] + 1) * B // dims.dp)
         lp_diff = (result["lp"].double() - ref["lp"][rows]).abs().max().item()
