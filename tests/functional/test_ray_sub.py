@@ -9,6 +9,8 @@ machine form a 2-node cluster; each advertises its Slurm node name as a custom r
 from __future__ import annotations
 
 import contextlib
+import json
+import math
 import os
 import shutil
 import signal
@@ -195,3 +197,22 @@ def test_without_command_the_cluster_stays_up_until_the_job_is_cancelled(job, tm
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_one_step_of_the_tiny_recipe_across_two_nodes(job, tmp_path: Path):
+    # One policy rank per fake node (1 CPU each): DP2 over gloo across two Ray nodes.
+    run_dir = tmp_path / "run"
+    command = (
+        f"{sys.executable} -c 'import sys; from dapo_megatron.cli import train_main; "
+        f"sys.exit(train_main())' --config {REPO / 'recipes' / 'dapo-tiny-cpu.yaml'} "
+        f"run.output_dir={run_dir} policy.model_name_or_path={tmp_path / 'model'} "
+        "cluster.num_nodes=2 cluster.gpus_per_node=1 dapo.max_num_steps=1 "
+        "sft_warmup.num_steps=40 dapo.dynamic_sampling.max_gen_batches=0 validation.val_at_start=false validation.val_period=0 "
+        "logger.progress_bar=false logger.plots=false"
+    )
+    result = job(command, timeout=300)
+    assert result.returncode == 0, _explain(result)
+    assert "dapo-train: finished" in result.stdout, _explain(result)
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [row["step"] for row in rows] == [1] and math.isfinite(rows[0]["loss"])
+    assert (run_dir / "checkpoints" / "step_000001").is_dir()
