@@ -4,8 +4,18 @@
 pass and train step. It never materialises the fp32 ``[tokens, vocab]`` logits (the chunked
 path recomputes logit chunks in backward), works with a vocab-parallel output layer over a
 tensor-parallel group, and picks an implementation with ``impl`` (see :mod:`.dispatch`).
+:func:`pg_loss` is the DAPO policy loss with the same choice (torch, or the fused Triton
+kernel of :mod:`.triton_pg_loss`; see :mod:`.pg_loss`).
 """
 
 from dapo_megatron.kernels.dispatch import LOGPROB_IMPLS, LogprobImpl, linear_logprob
+from dapo_megatron.kernels.pg_loss import PG_LOSS_IMPLS, PGLossImpl, pg_loss
 
-__all__ = ["LOGPROB_IMPLS", "LogprobImpl", "linear_logprob"]
+__all__ = [
+    "LOGPROB_IMPLS",
+    "PG_LOSS_IMPLS",
+    "LogprobImpl",
+    "PGLossImpl",
+    "linear_logprob",
+    "pg_loss",
+]

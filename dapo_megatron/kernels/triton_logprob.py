@@ -9,11 +9,15 @@ derivation there), with the logits never leaving on-chip memory:
     ``sum exp(z - m_r)``, ``sum exp(z - m_r) (z - m_r)`` and the target logit. Only these
     O(N) statistics are written; they are combined over the TP group in torch with
     :func:`.chunked.combine_shard_statistics` (two collectives per call).
-  * backward: one program per (token block, vocab block) recomputes its logit tile, forms
-    ``dz`` with the formula of :class:`.chunked.ChunkedLinearLogprob` and adds
-    ``dz @ W_blk`` into ``dH`` and ``dz^T @ H_blk`` into ``dW`` with fp32 atomics (simpler
-    than separate dH / dW kernels that each recompute every tile; the summation order, hence
-    the last bits, is not deterministic on a GPU).
+  * backward: one program per (token block, vocab split) walks the vocab blocks of its
+    split (blocks ``split, split + S, ...``), recomputes each logit tile, forms ``dz`` with
+    the formula of :class:`.chunked.ChunkedLinearLogprob`, and accumulates ``dz @ W_blk``
+    into rows of ``dH`` that it alone owns (a ``[S, N, H]`` fp32 partial buffer, summed
+    over splits in torch): the summation order of ``dH`` is fixed, so ``dH`` is bitwise
+    deterministic run to run. ``dz^T @ H_blk`` is added into ``dW`` with fp32 atomics (one
+    kernel recomputing each tile once; the last bits of ``dW`` are not deterministic on a
+    GPU). ``S`` is 1 when there are enough token blocks to fill the GPU, so the partial
+    buffer is then ``dH`` itself; small batches get more splits for parallelism.
 
 Supported inputs: fp16 / bf16 / fp32 (fp64 stays on the chunked path, which gradchecks).
 fp32 inputs use IEEE fp32 dots (not TF32) so they match the chunked path to ~1e-6;
@@ -169,6 +173,7 @@ def _backward_kernel(
     stride_hn,
     stride_wv,
     inv_t,
+    n_splits,
     HAS_LP: tl.constexpr,
     HAS_ENT: tl.constexpr,
     NEED_DH: tl.constexpr,
@@ -180,19 +185,62 @@ def _backward_kernel(
     BLOCK_K: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
-    pid_v = tl.program_id(1)
+    split = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
     row_mask = rows < n_tokens
+    rows64 = rows.to(tl.int64)
+    # This split's private [N, H] slice of the partial-dH buffer: no other program writes
+    # these rows, so plain load/add/store accumulates them in a fixed order.
+    dh_rows = dh_ptr + (split.to(tl.int64) * n_tokens + rows64)[:, None] * n_hidden
+    m = tl.load(max_ptr + rows, mask=row_mask, other=0.0)
+    lse = tl.load(lse_ptr + rows, mask=row_mask, other=0.0)
+    for v0 in range(split * BLOCK_V, n_vocab, n_splits * BLOCK_V):
+        _backward_tile(
+            h_ptr, w_ptr, tgt_ptr, mean_zm_ptr, g_lp_ptr, g_ent_ptr, dh_rows, dw_ptr,
+            rows, rows64, row_mask, m, lse, v0, n_vocab, n_hidden, stride_hn, stride_wv, inv_t,
+            HAS_LP, HAS_ENT, NEED_DH, NEED_DW, IEEE, UPCAST, BLOCK_M, BLOCK_V, BLOCK_K,
+        )  # fmt: skip
+
+
+@triton.jit
+def _backward_tile(
+    h_ptr,
+    w_ptr,
+    tgt_ptr,
+    mean_zm_ptr,
+    g_lp_ptr,
+    g_ent_ptr,
+    dh_rows,
+    dw_ptr,
+    rows,
+    rows64,
+    row_mask,
+    m,
+    lse,
+    v0,
+    n_vocab,
+    n_hidden,
+    stride_hn,
+    stride_wv,
+    inv_t,
+    HAS_LP: tl.constexpr,
+    HAS_ENT: tl.constexpr,
+    NEED_DH: tl.constexpr,
+    NEED_DW: tl.constexpr,
+    IEEE: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """One (token block, vocab block) tile of the backward: dz, then its dH and dW shares."""
+    cols = v0 + tl.arange(0, BLOCK_V)
     col_mask = cols < n_vocab
     tile_mask = row_mask[:, None] & col_mask[None, :]
-
     z = _logit_tile(
         h_ptr, w_ptr, rows, cols, row_mask, col_mask, n_hidden, stride_hn, stride_wv,
         inv_t, BLOCK_M, BLOCK_V, BLOCK_K, IEEE, UPCAST,
     )  # fmt: skip
-    m = tl.load(max_ptr + rows, mask=row_mask, other=0.0)
-    lse = tl.load(lse_ptr + rows, mask=row_mask, other=0.0)
     zm = z - m[:, None]
     p = tl.exp(zm - lse[:, None])
     # dz = -p (g_lp + g_ent ((z - m) - E_p[z - m])) + g_lp [j = t]  (g already divided by T)
@@ -212,7 +260,6 @@ def _backward_kernel(
     dz_in = dz.to(h_ptr.dtype.element_ty)
 
     ks = tl.arange(0, BLOCK_K)
-    rows64 = rows.to(tl.int64)
     cols64 = cols.to(tl.int64)
     for k0 in range(0, n_hidden, BLOCK_K):
         k = k0 + ks
@@ -223,12 +270,10 @@ def _backward_kernel(
                 mask=col_mask[:, None] & k_mask[None, :],
                 other=0.0,
             )
-            dh = _dot(dz_in, w, tl.zeros((BLOCK_M, BLOCK_K), tl.float32), IEEE, UPCAST)
-            tl.atomic_add(
-                dh_ptr + rows64[:, None] * n_hidden + k[None, :],
-                dh,
-                mask=row_mask[:, None] & k_mask[None, :],
-            )
+            dh_mask = row_mask[:, None] & k_mask[None, :]
+            dh_acc = tl.load(dh_rows + k[None, :], mask=dh_mask, other=0.0)
+            dh_acc = _dot(dz_in, w, dh_acc, IEEE, UPCAST)
+            tl.store(dh_rows + k[None, :], dh_acc, mask=dh_mask)
         if NEED_DW:
             h = tl.load(
                 h_ptr + rows64[:, None] * stride_hn + k[None, :],
@@ -258,6 +303,22 @@ def _blocks(device: torch.device, blocks: tuple[int, int, int] | None) -> tuple[
     if device.type == "cuda":
         return 64, 128, 64
     return 128, 256, 128
+
+
+def _vocab_splits(
+    device: torch.device, n_tokens: int, n_hidden: int, grid_m: int, grid_v: int
+) -> int:
+    """Vocab splits ``S`` of the backward grid ``(grid_m, S)`` (see the module docstring).
+
+    Enough programs to keep every SM busy (~4 per SM), but at most ``grid_v`` (a split
+    needs a vocab block) and a partial-dH buffer of at most 1 GiB beyond ``dH`` itself.
+    The interpreter uses 2, so that the tests cover the split sum.
+    """
+    if device.type != "cuda":
+        return max(1, min(2, grid_v))
+    programs = 4 * torch.cuda.get_device_properties(device).multi_processor_count
+    by_memory = max(1, 2**30 // max(1, 4 * n_tokens * n_hidden))
+    return max(1, min(grid_v, -(-programs // grid_m), by_memory))
 
 
 class TritonLinearLogprob(torch.autograd.Function):
@@ -338,24 +399,24 @@ class TritonLinearLogprob(torch.autograd.Function):
         inv_t = 1.0 / ctx.temperature
         g_lp_N = None if grad_lp_N is None else grad_lp_N.float().mul(inv_t).contiguous()
         g_ent_N = None if grad_ent_N is None else grad_ent_N.float().mul(inv_t).contiguous()
-        # Atomic accumulation targets: fp32 and zero-initialised (also the answer for a
-        # padding-only shard or an empty batch, where no program runs).
         dev = hidden_NH.device
-        # An unneeded gradient gets a 1-element placeholder (the kernel never touches it).
-        dh_NH = torch.zeros(n_tokens if need_dh else 1, n_hidden, dtype=torch.float32, device=dev)
-        dw_VH = torch.zeros(
-            vocab_local if need_dw else 1, n_hidden, dtype=torch.float32, device=dev
-        )
+        block_m, block_v, block_k = _blocks(dev, ctx.blocks)
+        grid_m, grid_v = triton.cdiv(n_tokens, block_m), triton.cdiv(vocab_local, block_v)
+        splits = _vocab_splits(dev, n_tokens, n_hidden, grid_m, grid_v)
+        # Accumulation targets: fp32 and zero-initialised (also the answer for a padding-only
+        # shard or an empty batch, where no program runs). An unneeded gradient gets a
+        # 1-row placeholder (the kernel never touches it).
+        f32 = dict(dtype=torch.float32, device=dev)
+        dh_SNH = torch.zeros(splits if need_dh else 1, n_tokens if need_dh else 1, n_hidden, **f32)
+        dw_VH = torch.zeros(vocab_local if need_dw else 1, n_hidden, **f32)
         if vocab_local > 0 and n_tokens > 0:
-            block_m, block_v, block_k = _blocks(dev, ctx.blocks)
-            grid = (triton.cdiv(n_tokens, block_m), triton.cdiv(vocab_local, block_v))
-            _backward_kernel[grid](
+            _backward_kernel[(grid_m, splits)](
                 hidden_NH, weight_VH, local_tgt_N, max_N, log_sum_exp_N, mean_zm_N,
                 g_lp_N if g_lp_N is not None else max_N,  # dummy pointer, never read
                 g_ent_N if g_ent_N is not None else max_N,
-                dh_NH, dw_VH,
+                dh_SNH, dw_VH,
                 n_tokens, vocab_local, n_hidden,
-                hidden_NH.stride(0), weight_VH.stride(0), inv_t,
+                hidden_NH.stride(0), weight_VH.stride(0), inv_t, splits,
                 HAS_LP=g_lp_N is not None, HAS_ENT=g_ent_N is not None,
                 NEED_DH=need_dh, NEED_DW=need_dw, IEEE=hidden_NH.dtype == torch.float32, UPCAST=_upcast_dots(hidden_NH),
                 BLOCK_M=block_m, BLOCK_V=block_v, BLOCK_K=block_k,
@@ -363,6 +424,8 @@ class TritonLinearLogprob(torch.autograd.Function):
 
         dh_out = dw_out = None
         if need_dh:
+            # Fixed-order sum over the splits (a view, not a copy, when there is one).
+            dh_NH = dh_SNH[0] if splits == 1 else dh_SNH.sum(dim=0)
             # The hidden input is replicated over the TP group: its gradient is the sum over
             # shards, unless the caller's own TP region op reduces it (see chunked.py).
             if ctx.reduce_grad_hidden:

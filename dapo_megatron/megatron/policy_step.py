@@ -35,13 +35,13 @@ from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 from dapo_megatron.algorithms.loss import (
     loss_denominator,
     metric_reduction,
-    policy_loss,
     reduce_loss_metrics,
 )
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.schema import LossConfig
 from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.kernels import linear_logprob
+from dapo_megatron.kernels.pg_loss import pg_loss
 from dapo_megatron.megatron.context_parallel import (
     gather_from_context_parallel,
     split_for_context_parallel,
@@ -425,7 +425,9 @@ def train_step(
     def loss_fn(model, mb, hidden):
         lp, ent = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=True)
         old = mb["old_logprobs"] if mb["old_logprobs"] is not None else lp.detach()
-        out = policy_loss(
+        # algorithms.loss.policy_loss semantics; the fused Triton kernel on CUDA, that very
+        # function on CPU (impl="auto").
+        out = pg_loss(
             lp,
             old,
             mb["advantages"],

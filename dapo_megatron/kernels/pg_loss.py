@@ -1,0 +1,365 @@
+"""The DAPO policy loss with an implementation choice: torch (``algorithms.loss``) or fused Triton.
+
+:func:`pg_loss` takes exactly the arguments of
+:func:`dapo_megatron.algorithms.loss.policy_loss` plus ``impl``, and returns the same
+``PolicyLossOutput`` (loss and metric sums, same keys):
+
+  ``"torch"``   calls ``policy_loss`` itself (the reference semantics);
+  ``"triton"``  the clipped PG term, rollout correction and metrics in one fused kernel
+                (:mod:`.triton_pg_loss`); fp16/bf16/fp32 CUDA tensors (CPU tensors only under
+                ``TRITON_INTERPRET=1``, for tests);
+  ``"auto"``    ``"triton"`` for fp16/bf16/fp32 CUDA logprobs when triton imports, else
+                ``"torch"``, so CPU runs are bit-for-bit the torch path.
+
+What the Triton path does in torch, and why:
+
+- the aggregation weight of each token (``loss_agg_mode`` and the global ``normalizer``
+  expressed per token, see :mod:`.triton_pg_loss`): O(B) work, no host sync;
+- sequence-level rollout correction: its log weight is a row sum
+  (``rollout_log_weights(level="sequence")``), computed in torch and handed to the kernel as
+  a stride-0 view; token-level TIS/MIS run entirely in the kernel;
+- for ``seq-mean-token-mean`` with MIS, the per-sequence count of MIS-accepted tokens;
+- the optional KL and entropy terms (and their ``kl_sum``/``entropy_sum`` metrics): they are
+  added with ``aggregate_loss`` on the same effective mask, which is exact because the
+  aggregation is linear in the per-token values.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+import torch
+
+from dapo_megatron.algorithms.kl import (
+    KL_ESTIMATORS,
+    KLEstimator,
+    check_same_shape,
+    entropy_bonus_per_token,
+    kl_penalty,
+    validate_coef,
+)
+from dapo_megatron.algorithms.loss import (
+    LOSS_AGG_MODES,
+    LossAggMode,
+    PolicyLossOutput,
+    aggregate_loss,
+    policy_loss,
+    validate_clip_ratios,
+)
+from dapo_megatron.algorithms.rollout_correction import (
+    RolloutCorrectionLevel,
+    RolloutCorrectionMode,
+    rollout_log_weights,
+    validate_rollout_correction_args,
+)
+from dapo_megatron.kernels.dispatch import _triton_interpreted, triton_available
+
+PGLossImpl = Literal["auto", "torch", "triton"]
+PG_LOSS_IMPLS: tuple[str, ...] = ("auto", "torch", "triton")
+_TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def resolve_pg_loss_impl(impl: str, logprobs_BT: torch.Tensor) -> str:
+    """The implementation ``impl`` stands for with these logprobs (``"torch"``/``"triton"``)."""
+    if impl not in PG_LOSS_IMPLS:
+        raise ValueError(f"impl must be one of {PG_LOSS_IMPLS}, got {impl!r}")
+    if impl != "auto":
+        return impl
+    if logprobs_BT.is_cuda and logprobs_BT.dtype in _TRITON_DTYPES and triton_available():
+        return "triton"
+    return "torch"
+
+
+def _validate_triton_inputs(logprobs_BT: torch.Tensor, tensors: dict[str, torch.Tensor]) -> None:
+    """Checks ``policy_loss`` does not need (it accepts any dtype/device mix torch accepts)."""
+    if logprobs_BT.dtype not in _TRITON_DTYPES:
+        raise ValueError(
+            f"impl='triton' takes fp16/bf16/fp32 logprobs_BT, got {logprobs_BT.dtype} "
+            "(use impl='torch' for float64)"
+        )
+    if not triton_available():
+        raise ValueError("impl='triton' needs the triton package, which does not import")
+    if not logprobs_BT.is_cuda and not _triton_interpreted():
+        raise ValueError(
+            f"impl='triton' needs CUDA tensors (got {logprobs_BT.device}); CPU tensors "
+            "run only under TRITON_INTERPRET=1"
+        )
+    for name, t in tensors.items():
+        if t.device != logprobs_BT.device:
+            raise ValueError(f"{name} is on {t.device}, expected {logprobs_BT.device}")
+        if t.is_complex() or (name != "mask_BT" and not t.is_floating_point()):
+            raise ValueError(f"{name} must be a floating tensor, got dtype {t.dtype}")
+
+
+def _validate_like_policy_loss(
+    logprobs_BT: torch.Tensor,
+    tensors: dict[str, torch.Tensor | None],
+    *,
+    clip: tuple[float, float, float | None],
+    correction: tuple[str, str, float, float, float],
+    kl_coef: float,
+    kl_estimator: str,
+    entropy_coef: float,
+    loss_agg_mode: str,
+) -> None:
+    """The argument checks of ``policy_loss``, so both implementations reject the same calls."""
+    if logprobs_BT.dim() != 2:
+        raise ValueError(
+            f"logprobs_BT has shape {tuple(logprobs_BT.shape)}, expected 2 dims [B, T]"
+        )
+    for name, t in tensors.items():
+        if t is not None and name != "advantages_BT":
+            check_same_shape("logprobs_BT", logprobs_BT, name, t)
+    validate_clip_ratios(*clip)
+    validate_rollout_correction_args(*correction)
+    validate_coef("kl_coef", kl_coef)
+    validate_coef("entropy_coef", entropy_coef)
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}")
+    if correction[0] != "none" and tensors["rollout_logprobs_BT"] is None:
+        raise ValueError(
+            f"rollout_correction={correction[0]!r} requires rollout_logprobs_BT (got None)"
+        )
+    if kl_coef > 0 and tensors["ref_logprobs_BT"] is None:
+        raise ValueError(f"kl_coef={kl_coef!r} > 0 requires ref_logprobs_BT (got None)")
+    if entropy_coef > 0 and tensors["entropy_BT"] is None:
+        raise ValueError(f"entropy_coef={entropy_coef!r} > 0 requires entropy_BT (got None)")
+    if loss_agg_mode not in LOSS_AGG_MODES:
+        raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not one of {LOSS_AGG_MODES}")
+
+
+def _advantages_view(advantages: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    """``[B, T]`` view of per-token or per-sample advantages (stride 0 over tokens)."""
+    if advantages.shape == shape:
+        return advantages
+    if advantages.dim() == 1 and advantages.shape[0] == shape[0]:
+        return advantages.unsqueeze(-1).expand(shape)
+    raise ValueError(
+        f"advantages_BT has shape {tuple(advantages.shape)}, expected {tuple(shape)} "
+        f"or [{shape[0]}] (one advantage per sample)"
+    )
+
+
+def _inverse_normalizer(normalizer: torch.Tensor | float, device: torch.device) -> torch.Tensor:
+    """``1 / normalizer`` as a 0-dim fp32 tensor, 0 when ``normalizer <= 0`` (no host sync)."""
+    if isinstance(normalizer, torch.Tensor):
+        if normalizer.numel() != 1:
+            raise ValueError(
+                f"normalizer has shape {tuple(normalizer.shape)}, expected a single element"
+            )
+        norm = normalizer.detach().reshape(()).to(device=device, dtype=torch.float32)
+    elif isinstance(normalizer, (int, float)) and math.isfinite(normalizer):
+        norm = torch.tensor(float(normalizer), dtype=torch.float32, device=device)
+    else:
+        raise ValueError(f"normalizer={normalizer!r} must be a finite number or a 1-element tensor")
+    positive = norm > 0
+    return torch.where(positive, 1.0 / torch.where(positive, norm, 1.0), 0.0)
+
+
+def pg_loss(
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    normalizer: torch.Tensor | float,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None = None,
+    loss_agg_mode: LossAggMode = "token-mean",
+    rollout_logprobs_BT: torch.Tensor | None = None,
+    rollout_correction: RolloutCorrectionMode = "none",
+    rollout_correction_level: RolloutCorrectionLevel = "token",
+    tis_cap: float = 2.0,
+    mis_low: float = 0.5,
+    mis_high: float = 2.0,
+    ref_logprobs_BT: torch.Tensor | None = None,
+    kl_coef: float = 0.0,
+    kl_estimator: KLEstimator = "k3",
+    entropy_BT: torch.Tensor | None = None,
+    entropy_coef: float = 0.0,
+    impl: PGLossImpl = "auto",
+    block: int | None = None,
+) -> PolicyLossOutput:
+    """DAPO policy loss of one micro-batch; same arguments and result as ``policy_loss``.
+
+    Args:
+        (all but the last two): see :func:`dapo_megatron.algorithms.loss.policy_loss`.
+        impl: ``"auto"``, ``"torch"`` or ``"triton"`` (see the module docstring).
+        block: tokens per Triton program (power of two; tests use small ones to cover
+            several programs); None picks one per device. Ignored by the torch path.
+
+    Returns:
+        ``PolicyLossOutput``: a 0-dim loss (fp32 on the Triton path, ``policy_loss``'s dtype
+        on the torch path) and detached float64 metric sums with ``policy_loss``'s keys.
+    """
+    if resolve_pg_loss_impl(impl, logprobs_BT) == "torch":
+        return policy_loss(
+            logprobs_BT,
+            old_logprobs_BT,
+            advantages_BT,
+            mask_BT,
+            normalizer=normalizer,
+            clip_ratio_low=clip_ratio_low,
+            clip_ratio_high=clip_ratio_high,
+            clip_ratio_c=clip_ratio_c,
+            loss_agg_mode=loss_agg_mode,
+            rollout_logprobs_BT=rollout_logprobs_BT,
+            rollout_correction=rollout_correction,
+            rollout_correction_level=rollout_correction_level,
+            tis_cap=tis_cap,
+            mis_low=mis_low,
+            mis_high=mis_high,
+            ref_logprobs_BT=ref_logprobs_BT,
+            kl_coef=kl_coef,
+            kl_estimator=kl_estimator,
+            entropy_BT=entropy_BT,
+            entropy_coef=entropy_coef,
+        )
+
+    optional = {
+        "old_logprobs_BT": old_logprobs_BT,
+        "advantages_BT": advantages_BT,
+        "mask_BT": mask_BT,
+        "rollout_logprobs_BT": rollout_logprobs_BT,
+        "ref_logprobs_BT": ref_logprobs_BT,
+        "entropy_BT": entropy_BT,
+    }
+    _validate_like_policy_loss(
+        logprobs_BT,
+        optional,
+        clip=(clip_ratio_low, clip_ratio_high, clip_ratio_c),
+        correction=(rollout_correction, rollout_correction_level, tis_cap, mis_low, mis_high),
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        entropy_coef=entropy_coef,
+        loss_agg_mode=loss_agg_mode,
+    )
+    _validate_triton_inputs(logprobs_BT, {k: v for k, v in optional.items() if v is not None})
+    from dapo_megatron.kernels.triton_pg_loss import (
+        CORR_MIS,
+        CORR_NONE,
+        CORR_TIS,
+        PGKernelConfig,
+        triton_pg_loss,
+    )
+
+    shape = logprobs_BT.shape
+    device = logprobs_BT.device
+    advantages_BT = _advantages_view(advantages_BT, shape)
+    valid_BT = mask_BT != 0
+    correction = {"none": CORR_NONE, "tis": CORR_TIS, "mis": CORR_MIS}[rollout_correction]
+    token_level = rollout_correction_level == "token"
+    log_w_BT = None
+    if correction != CORR_NONE:
+        assert rollout_logprobs_BT is not None  # validated above
+        if token_level:
+            log_w_BT = rollout_logprobs_BT  # the kernel forms old - rollout itself
+        else:
+            # Row sums: torch. A stride-0 [B, T] view of one log weight per sequence.
+            log_w_BT = rollout_log_weights(
+                torch.where(valid_BT, old_logprobs_BT, 0),
+                torch.where(valid_BT, rollout_logprobs_BT, 0),
+                mask_BT,
+                "sequence",
+            )
+
+    # The effective mask is needed in torch only for per-sequence lengths under MIS and for
+    # the KL/entropy terms; otherwise it never leaves the kernel.
+    extras = ref_logprobs_BT is not None or entropy_BT is not None
+    effective_BT = valid_BT
+    if correction == CORR_MIS and (extras or loss_agg_mode == "seq-mean-token-mean"):
+        if token_level:
+            assert rollout_logprobs_BT is not None
+            log_w_full_BT = rollout_log_weights(
+                old_logprobs_BT, rollout_logprobs_BT, mask_BT, "token"
+            )
+        else:
+            log_w_full_BT = log_w_BT
+        log_low = math.log(mis_low) if mis_low > 0 else -math.inf
+        # Compared in fp32, like the kernel, so both agree on tokens at the interval's edge.
+        log_w32_BT = log_w_full_BT.float()
+        effective_BT = valid_BT & (log_w32_BT >= log_low) & (log_w32_BT <= math.log(mis_high))
+
+    inv_norm = _inverse_normalizer(normalizer, device)
+    if loss_agg_mode == "seq-mean-token-mean":
+        lengths_B = effective_BT.sum(dim=-1).clamp(min=1).to(torch.float32)
+        scale_B = inv_norm / lengths_B
+    else:
+        scale_B = inv_norm.expand(shape[0])
+    scale_BT = scale_B.unsqueeze(-1).expand(shape)
+
+    cfg = PGKernelConfig(
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        correction=correction,
+        log_w_is_rollout=token_level,
+        tis_cap=tis_cap,
+        mis_low=mis_low,
+        mis_high=mis_high,
+        block=block,
+    )
+    out = triton_pg_loss(
+        logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, scale_BT, cfg, log_w_BT
+    )
+    metrics = dict(out.sums, ratio_max=out.ratio_max, ratio_min=out.ratio_min)
+    loss = out.loss
+    if extras:
+        loss, extra_metrics = _add_kl_and_entropy(
+            loss,
+            logprobs_BT,
+            valid_BT,
+            effective_BT,
+            normalizer,
+            loss_agg_mode,
+            ref_logprobs_BT=ref_logprobs_BT,
+            kl_coef=kl_coef,
+            kl_estimator=kl_estimator,
+            entropy_BT=entropy_BT,
+            entropy_coef=entropy_coef,
+        )
+        metrics.update(extra_metrics)
+    return PolicyLossOutput(loss=loss, metrics=metrics)
+
+
+def _add_kl_and_entropy(
+    loss: torch.Tensor,
+    logprobs_BT: torch.Tensor,
+    valid_BT: torch.Tensor,
+    effective_BT: torch.Tensor,
+    normalizer: torch.Tensor | float,
+    loss_agg_mode: LossAggMode,
+    *,
+    ref_logprobs_BT: torch.Tensor | None,
+    kl_coef: float,
+    kl_estimator: KLEstimator,
+    entropy_BT: torch.Tensor | None,
+    entropy_coef: float,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """``policy_loss``'s KL and entropy terms in torch, on the fused path's effective mask."""
+
+    def clean(t_BT: torch.Tensor) -> torch.Tensor:
+        return torch.where(valid_BT, t_BT, 0)
+
+    def masked_sum(x_BT: torch.Tensor) -> torch.Tensor:
+        return torch.where(effective_BT, x_BT.detach(), 0).sum().to(torch.float64)
+
+    metrics: dict[str, torch.Tensor] = {}
+    extra_BT = None
+    if ref_logprobs_BT is not None:
+        kl_BT = kl_penalty(clean(logprobs_BT), clean(ref_logprobs_BT), kl_estimator)
+        metrics["kl_sum"] = masked_sum(kl_BT)
+        if kl_coef > 0:
+            extra_BT = kl_coef * kl_BT
+    if entropy_BT is not None:
+        entropy_clean_BT = clean(entropy_BT)
+        metrics["entropy_sum"] = masked_sum(entropy_clean_BT)
+        if entropy_coef > 0:
+            bonus_BT = entropy_bonus_per_token(entropy_clean_BT, entropy_coef)
+            extra_BT = bonus_BT if extra_BT is None else extra_BT + bonus_BT
+    if extra_BT is not None:
+        extra = aggregate_loss(extra_BT, effective_BT, loss_agg_mode, normalizer)
+        loss = loss + extra.to(loss.dtype)
+    return loss, metrics
