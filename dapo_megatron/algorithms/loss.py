@@ -72,7 +72,7 @@ def _check_2d(name: str, t: torch.Tensor) -> None:
         raise ValueError(f"{name} has shape {tuple(t.shape)}, expected 2 dims [B, T]")
 
 
-def _expand_advantages(advantages: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+def expand_advantages(advantages: torch.Tensor, shape: torch.Size) -> torch.Tensor:
     """Accept per-token ``[B, T]`` or per-sample ``[B]`` advantages; return ``[B, T]``."""
     if advantages.shape == shape:
         return advantages
@@ -264,7 +264,7 @@ def clipped_pg_loss_per_token(
     validate_clip_ratios(clip_ratio_low, clip_ratio_high, clip_ratio_c)
     _check_2d("logprobs_BT", logprobs_BT)
     check_same_shape("logprobs_BT", logprobs_BT, "old_logprobs_BT", old_logprobs_BT)
-    advantages_BT = _expand_advantages(advantages_BT, logprobs_BT.shape)
+    advantages_BT = expand_advantages(advantages_BT, logprobs_BT.shape)
 
     dtype = compute_dtype(logprobs_BT, old_logprobs_BT, advantages_BT)
     # Difference in >= float32 (bf16 would round away the small differences that matter), and
@@ -393,6 +393,59 @@ def _loss_metrics(
     return metrics
 
 
+def validate_policy_loss_args(
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+    loss_agg_mode: str,
+    rollout_logprobs_BT: torch.Tensor | None,
+    rollout_correction: str,
+    rollout_correction_level: str,
+    tis_cap: float,
+    mis_low: float,
+    mis_high: float,
+    ref_logprobs_BT: torch.Tensor | None,
+    kl_coef: float,
+    kl_estimator: str,
+    entropy_BT: torch.Tensor | None,
+    entropy_coef: float,
+) -> None:
+    """The argument checks of ``policy_loss`` (shared with the fused kernel's dispatch, so
+    both implementations reject the same calls). Raises ValueError naming the argument."""
+    _check_2d("logprobs_BT", logprobs_BT)
+    for name, t in (("old_logprobs_BT", old_logprobs_BT), ("mask_BT", mask_BT)):
+        check_same_shape("logprobs_BT", logprobs_BT, name, t)
+    optional = (
+        ("rollout_logprobs_BT", rollout_logprobs_BT),
+        ("ref_logprobs_BT", ref_logprobs_BT),
+        ("entropy_BT", entropy_BT),
+    )
+    for name, t in optional:
+        if t is not None:
+            check_same_shape("logprobs_BT", logprobs_BT, name, t)
+    validate_clip_ratios(clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    validate_rollout_correction_args(
+        rollout_correction, rollout_correction_level, tis_cap, mis_low, mis_high
+    )
+    validate_coef("kl_coef", kl_coef)
+    validate_coef("entropy_coef", entropy_coef)
+    if kl_estimator not in KL_ESTIMATORS:
+        raise ValueError(f"kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}")
+    if rollout_correction != "none" and rollout_logprobs_BT is None:
+        raise ValueError(
+            f"rollout_correction={rollout_correction!r} requires rollout_logprobs_BT (got None)"
+        )
+    if kl_coef > 0 and ref_logprobs_BT is None:
+        raise ValueError(f"kl_coef={kl_coef!r} > 0 requires ref_logprobs_BT (got None)")
+    if entropy_coef > 0 and entropy_BT is None:
+        raise ValueError(f"entropy_coef={entropy_coef!r} > 0 requires entropy_BT (got None)")
+    _validate_agg_mode(loss_agg_mode)
+
+
 def policy_loss(
     logprobs_BT: torch.Tensor,
     old_logprobs_BT: torch.Tensor,
@@ -451,34 +504,26 @@ def policy_loss(
     Returns:
         ``PolicyLossOutput`` (loss and detached metric sums).
     """
-    _check_2d("logprobs_BT", logprobs_BT)
-    for name, t in (("old_logprobs_BT", old_logprobs_BT), ("mask_BT", mask_BT)):
-        check_same_shape("logprobs_BT", logprobs_BT, name, t)
-    optional = (
-        ("rollout_logprobs_BT", rollout_logprobs_BT),
-        ("ref_logprobs_BT", ref_logprobs_BT),
-        ("entropy_BT", entropy_BT),
+    validate_policy_loss_args(
+        logprobs_BT,
+        old_logprobs_BT,
+        mask_BT,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        loss_agg_mode=loss_agg_mode,
+        rollout_logprobs_BT=rollout_logprobs_BT,
+        rollout_correction=rollout_correction,
+        rollout_correction_level=rollout_correction_level,
+        tis_cap=tis_cap,
+        mis_low=mis_low,
+        mis_high=mis_high,
+        ref_logprobs_BT=ref_logprobs_BT,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        entropy_BT=entropy_BT,
+        entropy_coef=entropy_coef,
     )
-    for name, t in optional:
-        if t is not None:
-            check_same_shape("logprobs_BT", logprobs_BT, name, t)
-    validate_clip_ratios(clip_ratio_low, clip_ratio_high, clip_ratio_c)
-    validate_rollout_correction_args(
-        rollout_correction, rollout_correction_level, tis_cap, mis_low, mis_high
-    )
-    validate_coef("kl_coef", kl_coef)
-    validate_coef("entropy_coef", entropy_coef)
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}")
-    if rollout_correction != "none" and rollout_logprobs_BT is None:
-        raise ValueError(
-            f"rollout_correction={rollout_correction!r} requires rollout_logprobs_BT (got None)"
-        )
-    if kl_coef > 0 and ref_logprobs_BT is None:
-        raise ValueError(f"kl_coef={kl_coef!r} > 0 requires ref_logprobs_BT (got None)")
-    if entropy_coef > 0 and entropy_BT is None:
-        raise ValueError(f"entropy_coef={entropy_coef!r} > 0 requires entropy_BT (got None)")
-    _validate_agg_mode(loss_agg_mode)
 
     valid_BT = mask_BT != 0
 
@@ -489,7 +534,7 @@ def policy_loss(
 
     lp_BT = clean(logprobs_BT)
     old_BT = clean(old_logprobs_BT)
-    adv_BT = clean(_expand_advantages(advantages_BT, logprobs_BT.shape))
+    adv_BT = clean(expand_advantages(advantages_BT, logprobs_BT.shape))
 
     pg = clipped_pg_loss_per_token(
         lp_BT,

@@ -32,26 +32,22 @@ from typing import Literal
 import torch
 
 from dapo_megatron.algorithms.kl import (
-    KL_ESTIMATORS,
     KLEstimator,
-    check_same_shape,
     entropy_bonus_per_token,
     kl_penalty,
-    validate_coef,
 )
 from dapo_megatron.algorithms.loss import (
-    LOSS_AGG_MODES,
     LossAggMode,
     PolicyLossOutput,
     aggregate_loss,
+    expand_advantages,
     policy_loss,
-    validate_clip_ratios,
+    validate_policy_loss_args,
 )
 from dapo_megatron.algorithms.rollout_correction import (
     RolloutCorrectionLevel,
     RolloutCorrectionMode,
     rollout_log_weights,
-    validate_rollout_correction_args,
 )
 from dapo_megatron.kernels.dispatch import _triton_interpreted, triton_available
 
@@ -90,55 +86,6 @@ def _validate_triton_inputs(logprobs_BT: torch.Tensor, tensors: dict[str, torch.
             raise ValueError(f"{name} is on {t.device}, expected {logprobs_BT.device}")
         if t.is_complex() or (name != "mask_BT" and not t.is_floating_point()):
             raise ValueError(f"{name} must be a floating tensor, got dtype {t.dtype}")
-
-
-def _validate_like_policy_loss(
-    logprobs_BT: torch.Tensor,
-    tensors: dict[str, torch.Tensor | None],
-    *,
-    clip: tuple[float, float, float | None],
-    correction: tuple[str, str, float, float, float],
-    kl_coef: float,
-    kl_estimator: str,
-    entropy_coef: float,
-    loss_agg_mode: str,
-) -> None:
-    """The argument checks of ``policy_loss``, so both implementations reject the same calls."""
-    if logprobs_BT.dim() != 2:
-        raise ValueError(
-            f"logprobs_BT has shape {tuple(logprobs_BT.shape)}, expected 2 dims [B, T]"
-        )
-    for name, t in tensors.items():
-        if t is not None and name != "advantages_BT":
-            check_same_shape("logprobs_BT", logprobs_BT, name, t)
-    validate_clip_ratios(*clip)
-    validate_rollout_correction_args(*correction)
-    validate_coef("kl_coef", kl_coef)
-    validate_coef("entropy_coef", entropy_coef)
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}")
-    if correction[0] != "none" and tensors["rollout_logprobs_BT"] is None:
-        raise ValueError(
-            f"rollout_correction={correction[0]!r} requires rollout_logprobs_BT (got None)"
-        )
-    if kl_coef > 0 and tensors["ref_logprobs_BT"] is None:
-        raise ValueError(f"kl_coef={kl_coef!r} > 0 requires ref_logprobs_BT (got None)")
-    if entropy_coef > 0 and tensors["entropy_BT"] is None:
-        raise ValueError(f"entropy_coef={entropy_coef!r} > 0 requires entropy_BT (got None)")
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not one of {LOSS_AGG_MODES}")
-
-
-def _advantages_view(advantages: torch.Tensor, shape: torch.Size) -> torch.Tensor:
-    """``[B, T]`` view of per-token or per-sample advantages (stride 0 over tokens)."""
-    if advantages.shape == shape:
-        return advantages
-    if advantages.dim() == 1 and advantages.shape[0] == shape[0]:
-        return advantages.unsqueeze(-1).expand(shape)
-    raise ValueError(
-        f"advantages_BT has shape {tuple(advantages.shape)}, expected {tuple(shape)} "
-        f"or [{shape[0]}] (one advantage per sample)"
-    )
 
 
 def _inverse_normalizer(normalizer: torch.Tensor | float, device: torch.device) -> torch.Tensor:
@@ -218,6 +165,26 @@ def pg_loss(
             entropy_coef=entropy_coef,
         )
 
+    validate_policy_loss_args(
+        logprobs_BT,
+        old_logprobs_BT,
+        mask_BT,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        loss_agg_mode=loss_agg_mode,
+        rollout_logprobs_BT=rollout_logprobs_BT,
+        rollout_correction=rollout_correction,
+        rollout_correction_level=rollout_correction_level,
+        tis_cap=tis_cap,
+        mis_low=mis_low,
+        mis_high=mis_high,
+        ref_logprobs_BT=ref_logprobs_BT,
+        kl_coef=kl_coef,
+        kl_estimator=kl_estimator,
+        entropy_BT=entropy_BT,
+        entropy_coef=entropy_coef,
+    )
     optional = {
         "old_logprobs_BT": old_logprobs_BT,
         "advantages_BT": advantages_BT,
@@ -226,16 +193,6 @@ def pg_loss(
         "ref_logprobs_BT": ref_logprobs_BT,
         "entropy_BT": entropy_BT,
     }
-    _validate_like_policy_loss(
-        logprobs_BT,
-        optional,
-        clip=(clip_ratio_low, clip_ratio_high, clip_ratio_c),
-        correction=(rollout_correction, rollout_correction_level, tis_cap, mis_low, mis_high),
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy_coef=entropy_coef,
-        loss_agg_mode=loss_agg_mode,
-    )
     _validate_triton_inputs(logprobs_BT, {k: v for k, v in optional.items() if v is not None})
     from dapo_megatron.kernels.triton_pg_loss import (
         CORR_MIS,
@@ -247,7 +204,7 @@ def pg_loss(
 
     shape = logprobs_BT.shape
     device = logprobs_BT.device
-    advantages_BT = _advantages_view(advantages_BT, shape)
+    advantages_BT = expand_advantages(advantages_BT, shape)
     valid_BT = mask_BT != 0
     correction = {"none": CORR_NONE, "tis": CORR_TIS, "mis": CORR_MIS}[rollout_correction]
     token_level = rollout_correction_level == "token"
