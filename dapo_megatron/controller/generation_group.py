@@ -115,42 +115,29 @@ class GenerationGroup:
                     "cluster.colocated=false"
                 )
             devices = policy.device_ids()
-            options = [
-                dict(
-                    num_cpus=0,
-                    num_gpus=COLOCATED_SHARE,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        policy.placement, placement_group_bundle_index=e * tp
-                    ),
-                    visible=",".join(devices[e * tp : (e + 1) * tp]),
-                )
-                for e in range(count)
-            ]
+            # Engine e shares the devices of policy ranks [e * tp, (e + 1) * tp).
+            visible = [",".join(devices[e * tp : (e + 1) * tp]) for e in range(count)]
+            placement, bundle_stride = policy.placement, tp
+            num_cpus, num_gpus = 0.0, COLOCATED_SHARE
         else:
             resources = rank_resources(config.cluster)
             self.placement = reserve_ranks(
                 count, resources, what="generation engines", devices_per_bundle=tp
             )
-            options = [
-                dict(
-                    num_cpus=resources.num_cpus,
-                    num_gpus=tp if resources.num_gpus else 0,
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        self.placement, placement_group_bundle_index=e
-                    ),
-                    visible=None,
-                )
-                for e in range(count)
-            ]
-        self.workers = []
-        for e, opts in enumerate(options):
-            visible = opts.pop("visible")
-            threads = 1 if not cuda else max(1, int(opts["num_cpus"]))
-            self.workers.append(
-                actor.options(**opts).remote(
-                    config, engine_index=e, num_threads=threads, visible_devices=visible
-                )
-            )
+            visible = [None] * count
+            placement, bundle_stride = self.placement, 1
+            num_cpus, num_gpus = resources.num_cpus, (tp if resources.num_gpus else 0)
+        threads = max(1, int(num_cpus)) if cuda else 1
+        self.workers = [
+            actor.options(
+                num_cpus=num_cpus,
+                num_gpus=num_gpus,
+                scheduling_strategy=PlacementGroupSchedulingStrategy(
+                    placement, placement_group_bundle_index=e * bundle_stride
+                ),
+            ).remote(config, engine_index=e, num_threads=threads, visible_devices=visible[e])
+            for e in range(count)
+        ]
         self.info = self._gather([w.setup.remote() for w in self.workers])
         self._asleep = False
 

@@ -9,20 +9,15 @@ delivered the trained weights.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
+from tiny_job import REPO, actor_pids, metrics_by_step, start_and_wait_for, train_command
 
 pytestmark = pytest.mark.functional
 
-REPO = Path(__file__).resolve().parents[2]
 SPLIT = [
     "cluster.gpus_per_node=3",
     "cluster.colocated=false",
@@ -31,21 +26,11 @@ SPLIT = [
 ]
 
 
-def _engine_pids() -> list[int]:
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if "ray::GenerationWorker" in line]
-
-
 def test_split_engines_refit_and_survive_an_engine_death(tmp_path):
     run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from dapo_megatron.cli import train_main; sys.exit(train_main())",
-        "--config",
-        str(REPO / "recipes" / "dapo-tiny-cpu.yaml"),
-        f"run.output_dir={run_dir}",
-        f"policy.model_name_or_path={tmp_path / 'model'}",
+    cmd = train_command(
+        run_dir,
+        tmp_path / "model",
         "dapo.max_num_steps=8",
         "sft_warmup.num_steps=40",
         "checkpointing.save_period=2",
@@ -54,32 +39,17 @@ def test_split_engines_refit_and_survive_an_engine_death(tmp_path):
         "logger.progress_bar=false",
         "logger.plots=false",
         *SPLIT,
-    ]
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    proc = subprocess.Popen(
-        cmd,
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
     )
     marker = run_dir / "checkpoints" / "step_000002" / "complete.json"
-    deadline = time.monotonic() + 600
-    while not marker.exists() and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    pids = _engine_pids()
+    proc = start_and_wait_for(cmd, marker, capture=True)
+    pids = actor_pids("GenerationWorker")
     assert marker.exists() and len(pids) == 1, "no checkpoint, or not exactly one engine"
     os.kill(pids[0], signal.SIGKILL)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
     assert "[restart 1/2] generation engine 0 (megatron) died" in output, output[-3000:]
     assert "[resume]" in output
-    rows = {
-        row["step"]: row
-        for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines())
-    }
+    rows = metrics_by_step(run_dir)
     assert sorted(rows) == list(range(1, 9))
     for step, row in rows.items():
         assert math.isfinite(row["loss"]) and math.isfinite(row["grad_norm"]), row
@@ -104,3 +74,11 @@ def test_split_megatron_engine_must_be_tp1():
                 "generation.engine.tensor_parallel_size=2",
             ],
         )
+
+
+def test_colocated_vllm_on_cpu_is_refused_before_anything_starts():
+    from dapo_megatron.config.errors import ConfigError
+    from dapo_megatron.config.loader import load_config
+
+    with pytest.raises(ConfigError, match="generation.backend.*colocated"):
+        load_config(REPO / "recipes" / "dapo-tiny-cpu.yaml", ["generation.backend=vllm"])

@@ -4,32 +4,20 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from tiny_job import REPO, job_env, train_command
 
 pytestmark = pytest.mark.functional
 
-REPO = Path(__file__).resolve().parents[2]
-
 
 def _run(tmp_path: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
-    cmd = [
-        sys.executable,
-        "-c",
-        "import sys; from dapo_megatron.cli import train_main; sys.exit(train_main())",
-        "--config",
-        str(REPO / "recipes" / "dapo-tiny-cpu.yaml"),
-        f"run.output_dir={tmp_path}",
-        f"policy.model_name_or_path={tmp_path / 'model'}",
-        "logger.progress_bar=false",
-        *overrides,
-    ]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+    cmd = train_command(tmp_path, tmp_path / "model", "logger.progress_bar=false", *overrides)
+    return subprocess.run(
+        cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=job_env()
+    )
 
 
 def test_three_steps_of_the_tiny_recipe(tmp_path):

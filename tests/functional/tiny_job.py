@@ -1,0 +1,64 @@
+"""Running the tiny recipe as a subprocess, for the functional tests (import: `tiny_job`).
+
+The command is `dapo-train` through the test's own Python (so the checkout's package is
+used), with Ray's token auth off (no cluster credentials on a test machine).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
+
+
+def train_command(run_dir: Path, model_dir: Path, *overrides: str) -> list[str]:
+    """dapo-train on the tiny recipe writing to run_dir, the model created in model_dir."""
+    return [
+        sys.executable,
+        "-c",
+        "import sys; from dapo_megatron.cli import train_main; sys.exit(train_main())",
+        "--config",
+        str(TINY),
+        f"run.output_dir={run_dir}",
+        f"policy.model_name_or_path={model_dir}",
+        *overrides,
+    ]
+
+
+def job_env() -> dict[str, str]:
+    return dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+
+
+def start_and_wait_for(cmd: list[str], path: Path, *, capture: bool) -> subprocess.Popen:
+    """Start cmd in its own session and return once `path` exists (or the job ended)."""
+    out = subprocess.PIPE if capture else subprocess.DEVNULL
+    proc = subprocess.Popen(
+        cmd,
+        env=job_env(),
+        cwd=REPO,
+        stdout=out,
+        stderr=subprocess.STDOUT if capture else subprocess.DEVNULL,
+        text=True,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 600
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return proc
+
+
+def actor_pids(actor_class: str) -> list[int]:
+    """Pids of the live Ray actor processes of a class (their title is ray::<class>...)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [int(line.split()[0]) for line in out.splitlines() if f"ray::{actor_class}" in line]
+
+
+def metrics_by_step(run_dir: Path) -> dict[int, dict]:
+    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {row["step"]: row for row in rows}
