@@ -196,6 +196,14 @@ def _check_generation(c: _Checker) -> None:
             "must be 1 for the megatron backend in split mode (use generation.backend=vllm "
             "for tensor-parallel engines)",
         )
+    if g.backend == "vllm" and c.loaded.config.cluster.colocated:
+        # A colocated vLLM engine is a second process on a policy rank's GPU.
+        c.require(
+            c.loaded.config.cluster.device != "cpu",
+            "generation.backend",
+            "vllm cannot be colocated with the policy on CPU; use generation.backend=megatron "
+            "or cluster.colocated=false with cluster.generation_num_devices",
+        )
 
 
 def _check_dapo(c: _Checker) -> None:

@@ -52,7 +52,14 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_vllm_worker_generates_and_refits(models):
     config = load_config(
         REPO / "recipes" / "dapo-tiny-cpu.yaml",
-        [f"policy.model_name_or_path={models['a']}", "generation.backend=vllm"],
+        [
+            f"policy.model_name_or_path={models['a']}",
+            "generation.backend=vllm",
+            # The placement of a split-mode engine (colocated vLLM needs GPUs).
+            "cluster.gpus_per_node=3",
+            "cluster.colocated=false",
+            "cluster.generation_num_devices=1",
+        ],
     ).config
     worker = GenerationWorker(config, engine_index=0)
     info = worker.setup()
