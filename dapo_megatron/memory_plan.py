@@ -55,13 +55,11 @@ from dataclasses import dataclass
 
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import LoadedConfig
-from dapo_megatron.config.model_arch import ModelArch
+from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
 
 GIB = 2**30
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-MEGATRON_VOCAB_MULTIPLE = 128
-"""Megatron pads the vocabulary to a multiple of this x TP (megatron/model.py)."""
 VLLM_VOCAB_MULTIPLE = 64
 """vLLM pads the vocabulary of its embedding and LM head to a multiple of this."""
 CHUNK_BYTES = 2**28
@@ -272,11 +270,6 @@ def _gib(n_bytes: float) -> float:
     return n_bytes / GIB
 
 
-def padded_vocab(vocab_size: int, multiple: int) -> int:
-    """vocab_size rounded up to a multiple."""
-    return -(-vocab_size // multiple) * multiple
-
-
 # ---------------------------------------------------------------------------------------
 # Parameters
 
@@ -297,7 +290,7 @@ def rank_params(arch: ModelArch, tp: int, pp: int, pp_rank: int, tp_rank: int = 
     h = arch.hidden_size
     per_stage = arch.num_layers // pp  # validation requires PP to divide the layers
     shard, whole = layer_params(arch, tp)
-    vp = padded_vocab(arch.vocab_size, MEGATRON_VOCAB_MULTIPLE * tp)
+    vp = padded_vocab_size(arch.vocab_size, tp)
     rows = vp // tp
     pad_rows = max(0, min((tp_rank + 1) * rows, vp) - max(tp_rank * rows, arch.vocab_size))
     first, last = pp_rank == 0, pp_rank == pp - 1
@@ -346,7 +339,7 @@ def logits_bytes(inputs: MemoryInputs, tokens: int, *, backward: bool) -> float:
     arch, t = inputs.arch, inputs.dims.tp
     p = PRECISION_BYTES[inputs.precision]
     h = arch.hidden_size
-    v_local = padded_vocab(arch.vocab_size, MEGATRON_VOCAB_MULTIPLE * t) // t
+    v_local = padded_vocab_size(arch.vocab_size, t) // t
     if not inputs.fused_logits:
         per_elem = p + 4 + (4 if backward else 0)
         return tokens * v_local * per_elem
@@ -415,7 +408,7 @@ def engine_params(arch: ModelArch, engine_tp: int) -> int:
     if arch.add_qkv_bias:
         layer += q + 2 * kv_heads * d
     layer += 2 * h
-    rows = -(-padded_vocab(arch.vocab_size, VLLM_VOCAB_MULTIPLE) // engine_tp)
+    rows = -(-padded_vocab_size(arch.vocab_size, 1, divisible_by=VLLM_VOCAB_MULTIPLE) // engine_tp)
     vocab = rows * h * (1 if arch.tie_word_embeddings else 2)
     return arch.num_layers * layer + vocab + h
 

@@ -14,6 +14,16 @@ from pathlib import Path
 
 from dapo_megatron.config.errors import ConfigError
 
+VOCAB_DIVISIBLE_BY = 128
+"""Megatron pads the vocabulary to a multiple of this times the TP size."""
+
+
+def padded_vocab_size(vocab_size: int, tp: int, *, divisible_by: int = VOCAB_DIVISIBLE_BY) -> int:
+    """Rows of the embedding/output layer: ``vocab_size`` rounded up to divisible_by * tp
+    (Megatron's rule by default; the memory planner also uses it for vLLM's)."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
+
 
 @dataclass(frozen=True)
 class ModelArch:

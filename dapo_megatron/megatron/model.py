@@ -36,13 +36,10 @@ from megatron.core.transformer.transformer_block import (
 )
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from dapo_megatron.config.model_arch import ModelArch
+from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.megatron.context_parallel import ContextParallelAttention
 from dapo_megatron.megatron.cpu_compat import apply_cpu_compat
-
-VOCAB_DIVISIBLE_BY = 128
-"""Megatron pads the vocabulary to a multiple of this times the TP size."""
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -52,12 +49,6 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     while hasattr(model, "module") and isinstance(model.module, torch.nn.Module):
         model = model.module
     return model
-
-
-def padded_vocab_size(vocab_size: int, tp: int) -> int:
-    """Rows of the embedding/output layer: ``vocab_size`` rounded up to 128 * tp."""
-    multiple = VOCAB_DIVISIBLE_BY * tp
-    return -(-vocab_size // multiple) * multiple
 
 
 def uses_transformer_engine() -> bool:

@@ -20,7 +20,6 @@ so it can run in-process for debugging.
 from __future__ import annotations
 
 import os
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,6 +27,7 @@ import torch
 
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.generation.base import GenerationBackend, Sample, SamplingParams
+from dapo_megatron.workers import ignore_expected_megatron_warnings
 
 _VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
@@ -56,12 +56,7 @@ class GenerationWorker:
         torch.set_num_threads(max(1, num_threads))
         if visible_devices is not None:
             os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
-        for message in (
-            "Transformer Engine and Apex are not installed",
-            "Apex is not installed",
-            "full scope is deprecated",
-        ):
-            warnings.filterwarnings("ignore", message=f".*{message}")
+        ignore_expected_megatron_warnings()
         self.backend: GenerationBackend | None = None
 
     def setup(self) -> dict[str, Any]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import socket
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ import torch
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.generation.base import Sample, SamplingParams
+from dapo_megatron.workers import ignore_expected_megatron_warnings
 
 
 def free_port() -> int:
@@ -42,12 +42,7 @@ class PolicyWorker:
         # Several ranks share a few cores on CPU: one intra-op thread each avoids
         # oversubscription (a 2-core box with 2 ranks x 2 threads runs ~2x slower).
         torch.set_num_threads(max(1, num_threads))
-        # Megatron warns at import that Transformer Engine / Apex are absent (expected on CPU,
-        # where the local spec is used) and about a deprecated cuda-graph default it sets
-        # itself; repeated by every rank, these would bury the run's progress lines.
-        for message in ("Transformer Engine and Apex are not installed", "Apex is not installed",
-                        "full scope is deprecated"):
-            warnings.filterwarnings("ignore", message=f".*{message}")
+        ignore_expected_megatron_warnings()
         self.policy = None
         self.engine = None
 
