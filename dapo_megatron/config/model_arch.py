@@ -155,6 +155,9 @@ def _rope(hf: dict, source: str) -> tuple[float, float | None]:
 PRESETS: dict[str, ModelArch] = {
     # A CPU-sized Qwen2 for tests and the tiny recipe (vocab fits the char tokenizer).
     "tiny-qwen2": _qwen2(2, 64, 128, 4, 2, 64, max_pos=512, theta=10000.0, tied=True),
+    # The same with head size 32, the smallest vLLM's CPU attention supports (tiny-qwen2 has
+    # 16): the tiny recipe's vLLM variant. Two KV heads, so engine and policy TP2 both work.
+    "tiny-qwen2-hd32": _qwen2(2, 64, 128, 2, 2, 64, max_pos=512, theta=10000.0, tied=True),
     "qwen2.5-0.5b": _qwen2(24, 896, 4864, 14, 2, 151936, tied=True),
     "qwen2.5-1.5b": _qwen2(28, 1536, 8960, 12, 2, 151936, tied=True),
     "qwen2.5-7b": _qwen2(28, 3584, 18944, 28, 4, 152064, max_pos=131072),

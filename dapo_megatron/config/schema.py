@@ -151,6 +151,19 @@ class GenerationConfig:
     """Response generation cap given to the engine, in tokens: Lmax of the overlong shaping."""
     stop_token_ids: list[int] | None
     """Extra token ids that end a response; null uses the tokenizer's end-of-sequence id."""
+    refit_transport: Literal["auto", "broadcast", "ipc", "object_store"]
+    """How trained weights reach separate engines: broadcast (bucketed NCCL on GPU, gloo on
+    CPU, over a weight-update group of the exporting policy rank and every engine worker),
+    ipc (buckets shared through CUDA IPC handles on GPU, shared memory on CPU; engines on
+    the policy's nodes), object_store (fallback: the whole model through Ray's object
+    store). auto: ipc for colocated engines on GPU, broadcast otherwise."""
+    refit_bucket_mb: float
+    """Refit bucket size in MiB: tensors travel in flat buffers of this size (a larger
+    tensor travels alone); the exporter holds at most two buckets at once."""
+    sampling_seeds: Literal["auto", "per_request", "engine"]
+    """vLLM request seeding: per_request (reproducible per prompt, forces vLLM's slow
+    per-request sampler on GPU), engine (only the engine's seed; batched sampler). auto:
+    per_request on CPU, engine on GPU."""
     engine: EngineConfig
     """Engine sizes."""
 

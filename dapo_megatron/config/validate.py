@@ -169,6 +169,14 @@ def _check_generation(c: _Checker) -> None:
     c.at_least("generation.engine.tensor_parallel_size", 1)
     c.in_unit("generation.engine.gpu_memory_utilization")
     c.at_least("generation.engine.max_num_seqs", 1)
+    c.positive("generation.refit_bucket_mb")
+    cluster = c.loaded.config.cluster
+    c.require(
+        not (g.refit_transport == "ipc" and cluster.num_nodes > 1 and not cluster.colocated),
+        "generation.refit_transport",
+        "ipc shares memory between processes of one node; split engines on a multi-node "
+        "cluster need generation.refit_transport=broadcast (or auto)",
+    )
     if g.engine.tensor_parallel_size < 1:
         return
     devices = generation_devices(c.loaded.config)

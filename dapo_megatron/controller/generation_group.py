@@ -11,6 +11,13 @@ Three placements, chosen from the config by ``build_engines``:
 * split mode (``GenerationGroup`` with a placement group of its own): engines on
   ``cluster.generation_num_devices`` devices, refitted after every step.
 
+Refit of separate engines (``generation.refit_transport``): ``broadcast`` forms one
+weight-update group of policy rank 0 and every engine worker (all TP ranks of every engine)
+and streams the weights in buckets (``dapo_megatron.weight_sync``; NCCL on GPU, gloo on CPU);
+``object_store`` is the fallback (the whole model through Ray's object store). Engines are
+never woken with their stale weights before a refit: only their weight memory is mapped
+back, and the KV cache returns with the next generate call.
+
 Sharding contract of ``GenerationGroup.generate``: prompts are cut into contiguous,
 near-equal shards, one per engine; results are concatenated in prompt order. Each engine
 draws with its own seed derived from the call's seed, so engines never share random
@@ -34,11 +41,15 @@ from dapo_megatron.controller.cluster import rank_resources, reserve_ranks, reso
 from dapo_megatron.controller.policy_group import PolicyGroup, shard_bounds
 from dapo_megatron.controller.remote import gather
 from dapo_megatron.generation.base import Sample, SamplingParams
-from dapo_megatron.workers.generation_worker import GenerationWorker
+from dapo_megatron.weight_sync.group import GroupAddress, backend_for
+from dapo_megatron.workers.generation_worker import VLLM_DTYPES, GenerationWorker
 
 # GPU fraction Ray books for each of the two processes sharing a device when a vLLM engine
 # is colocated with the policy (a logical booking: both see the whole device).
 COLOCATED_SHARE = 0.5
+# A weight-group collective that waits longer than this fails the refit instead of hanging
+# (a dead member is normally noticed at once through its Ray actor).
+WEIGHT_GROUP_TIMEOUT_S = 600.0
 
 
 class Engines(Protocol):
@@ -56,6 +67,10 @@ class Engines(Protocol):
         """Release engine memory while the policy trains (colocated engines)."""
         ...
 
+    def refit_metrics(self) -> dict[str, float]:
+        """What the last refit moved, for the step's metrics (empty when nothing moved)."""
+        ...
+
     def shutdown(self) -> None: ...
 
 
@@ -69,6 +84,11 @@ def engine_seed(seed: int | None, engine: int) -> int | None:
 def num_engines(config: DapoMegatronConfig) -> int:
     engine = config.generation.engine
     return engine.num_engines or generation_devices(config) // engine.tensor_parallel_size
+
+
+def refit_transport(config: DapoMegatronConfig) -> str:
+    """generation.refit_transport with auto resolved (see the module docstring)."""
+    return "broadcast" if config.generation.refit_transport == "auto" else config.generation.refit_transport
 
 
 def needs_engine_workers(config: DapoMegatronConfig) -> bool:
@@ -92,6 +112,9 @@ class PolicyEngines:
 
     def sleep(self) -> None:
         """Nothing to release: KV caches live only inside a generate call."""
+
+    def refit_metrics(self) -> dict[str, float]:
+        return {}
 
     def shutdown(self) -> None:
         """The policy group owns the engines."""
@@ -140,6 +163,10 @@ class GenerationGroup:
         ]
         self.info = self._gather([w.setup.remote() for w in self.workers])
         self._asleep = False
+        self.transport = refit_transport(config)
+        self._plan: list | None = None
+        self._group_policy: PolicyGroup | None = None
+        self._refit_metrics: dict[str, float] = {}
 
     def _describe(self, index: int) -> str:
         return f"generation engine {index} ({self.config.generation.backend})"
@@ -164,13 +191,61 @@ class GenerationGroup:
         return [group for part in self._gather(refs) for group in part]
 
     def refit(self, policy: PolicyGroup) -> float:
-        """Export the policy's weights once and load them into every engine."""
+        """Give every engine the policy's current weights; returns seconds."""
         start = time.perf_counter()
-        self.wake()
-        weights = policy.export_weights()
-        self._gather([w.update_weights.remote([weights]) for w in self.workers])
-        del weights  # the stored copy is freed once no reference is left
-        return time.perf_counter() - start
+        if self.transport == "object_store":
+            self.wake()
+            weights = policy.export_weights()
+            counts = self._gather([w.update_weights.remote([weights]) for w in self.workers])
+            del weights  # the stored copy is freed once no reference is left
+        else:
+            plan = self._join_weight_group(policy)
+            refs = policy.call("send_weights", plan)
+            refs += [w.receive_weights.remote(plan) for w in self.workers]
+            results = self._gather_with(policy, refs)
+            counts = results[len(policy.workers) :]
+        elapsed = time.perf_counter() - start
+        self._refit_metrics = {
+            "refit/engine_bytes_received": float(sum(c["bytes_received"] for c in counts)),
+            "refit/engine_collective_loads": float(sum(c["collective"] for c in counts)),
+            "refit/engine_object_store_loads": float(sum(c["object_store"] for c in counts)),
+        }
+        return elapsed
+
+    def refit_metrics(self) -> dict[str, float]:
+        return dict(self._refit_metrics)
+
+    def _join_weight_group(self, policy: PolicyGroup) -> list:
+        """Form the weight-update group once per policy/engine lifetime; the bucket plan."""
+        if self._plan is not None and self._group_policy is policy:
+            return self._plan
+        ranks = self._gather([w.weight_ranks.remote() for w in self.workers])
+        host, port = self._gather_with(policy, [policy.workers[0].address.remote()])[0]
+        device = "cuda" if resolve_device(self.config.cluster) == "cuda" else "cpu"
+        address = GroupAddress(
+            host, int(port), 1 + sum(ranks), backend_for(device), WEIGHT_GROUP_TIMEOUT_S
+        )
+        offsets = [1 + sum(ranks[:e]) for e in range(len(ranks))]
+        refs = policy.call("join_weight_group", address)
+        refs += [w.join_weight_group.remote(address, o) for w, o in zip(self.workers, offsets, strict=True)]
+        self._gather_with(policy, refs)
+        bucket_bytes = max(1, int(self.config.generation.refit_bucket_mb * 1024 * 1024))
+        dtype = VLLM_DTYPES[self.config.policy.precision]
+        self._plan = self._gather_with(
+            policy, [policy.workers[0].refit_plan.remote(bucket_bytes, dtype)]
+        )[0]
+        self._group_policy = policy
+        return self._plan
+
+    def _gather_with(self, policy: PolicyGroup, refs: list[ray.ObjectRef]) -> list[Any]:
+        """Gather calls on the policy's workers (first) and then the engines', failing on the
+        first that dies or raises: the others would wait for it in a collective forever."""
+        n = len(policy.workers)
+
+        def describe(i: int) -> str:
+            return policy.describe(i) if i < n else self._describe(i - n)
+
+        return gather(refs, describe)
 
     def sleep(self) -> None:
         if not self._asleep:

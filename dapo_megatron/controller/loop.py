@@ -88,6 +88,7 @@ def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
         metrics.update(steps.old_logprobs(ctx, batch))
         metrics.update(steps.train_on_batch(ctx, batch, step))
         metrics["timing/refit_s"] = ctx.engines.refit(ctx.policy)
+        metrics.update(ctx.engines.refit_metrics())
         keep_rate = (
             ds_stats.keep_rate
             if keep_rate is None

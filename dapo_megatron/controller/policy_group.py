@@ -143,6 +143,15 @@ class PolicyGroup:
         """
         return self._gather([w.export_weights.remote() for w in self.workers])[0][0]
 
+    def call(self, method: str, *args: Any) -> list[ray.ObjectRef]:
+        """Start ``method(*args)`` on every worker; the pending refs, in rank order (for
+        operations the caller gathers together with other actors' calls, like the refit)."""
+        return [getattr(w, method).remote(*args) for w in self.workers]
+
+    def describe(self, rank: int) -> str:
+        """How errors name a rank ("policy rank 1 (dp_rank 1, ...)")."""
+        return self._describe(rank)
+
     def device_ids(self) -> list[str]:
         """Each rank's accelerator ids as Ray assigned them (empty strings on CPU)."""
         return self._gather([w.device_ids.remote() for w in self.workers])

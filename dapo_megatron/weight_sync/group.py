@@ -1,0 +1,93 @@
+"""A weight-update process group: the exporting policy rank plus every engine worker.
+
+The members already belong to other torch.distributed worlds (the policy's Megatron world,
+each vLLM engine's tensor-parallel world), and a process has only one default group. So
+this group is a standalone backend object built from its own TCPStore, never registered as
+the default group and invisible to Megatron's and vLLM's collectives: NCCL
+(``ProcessGroupNCCL``) on GPU, gloo (``ProcessGroupGloo``) on CPU, constructed the way
+torch's own ``_new_process_group_helper`` builds them (torch/distributed/distributed_c10d.py)
+and used through the same two calls, so the CPU tests run the GPU code path.
+
+Rank 0 hosts the store; its address is a free port on its node, handed to the others by
+the controller. Creating the group is a rendezvous: every member must construct it
+concurrently (the controller starts all joins before waiting for any).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Literal
+
+import torch
+import torch.distributed as dist
+
+Backend = Literal["nccl", "gloo"]
+
+
+@dataclass(frozen=True)
+class GroupAddress:
+    """Where and how to join one weight-update group."""
+
+    host: str
+    """Node IP of rank 0 (the store host)."""
+    port: int
+    """Free TCP port on that node for the store."""
+    world_size: int
+    """Members: 1 exporter + all engine workers."""
+    backend: Backend
+    """nccl on GPU, gloo on CPU (the same code either way)."""
+    timeout_s: float
+    """Collective timeout: a dead member fails the refit after this long instead of hanging."""
+
+
+def backend_for(device: torch.device | str) -> Backend:
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+class WeightGroup:
+    """One member's handle on the group (see the module docstring)."""
+
+    def __init__(self, address: GroupAddress, rank: int) -> None:
+        if not 0 <= rank < address.world_size:
+            raise ValueError(f"rank {rank} outside the weight group of {address.world_size}")
+        timeout = timedelta(seconds=address.timeout_s)
+        self.rank = rank
+        self.world_size = address.world_size
+        self.backend = address.backend
+        self._store = dist.TCPStore(
+            address.host,
+            address.port,
+            address.world_size,
+            is_master=rank == 0,
+            timeout=timeout,
+            wait_for_workers=False,
+        )
+        if address.backend == "nccl":
+            options = dist.ProcessGroupNCCL.Options()
+            options._timeout = timeout
+            self._pg = dist.ProcessGroupNCCL(self._store, rank, address.world_size, options)
+        else:
+            self._pg = dist.ProcessGroupGloo(self._store, rank, address.world_size, timeout)
+
+    def broadcast(self, tensor: torch.Tensor, root: int = 0) -> dist.Work:
+        """Start a broadcast of ``tensor`` from ``root``; ``.wait()`` the returned work."""
+        return self._pg.broadcast(tensor, root)
+
+    def barrier(self) -> None:
+        """Wait until every member reached this point (a one-element broadcast round)."""
+        flag = torch.zeros(1, dtype=torch.uint8, device=self._device())
+        self._pg.allreduce([flag]).wait()
+
+    def _device(self) -> torch.device:
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def close(self) -> None:
+        """Release the backend (its sockets / communicators) and the store."""
+        pg, self._pg = self._pg, None
+        if pg is not None and self.backend == "nccl":
+            pg.shutdown()
+        del pg
+        self._store = None

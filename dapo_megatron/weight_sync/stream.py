@@ -1,0 +1,127 @@
+"""Streaming a refit plan's buckets from the exporter to every engine worker.
+
+Sender (policy rank 0): packs the exported tensors into a bucket buffer and broadcasts it
+over the weight group; two buffers alternate, so packing bucket k + 1 overlaps the transfer
+of bucket k, and the sender never holds more than two buckets (plus the one tensor the
+exporter is producing), never the whole model.
+
+Receiver (each engine worker): an iterator of ``(name, tensor)`` that receives bucket k + 1
+in the background while the consumer loads bucket k. It is handed straight to the
+engine's loader (vLLM's ``reload_weights(weights_iterator=...)`` inside each TP worker,
+``load_hf_tensors`` for a Megatron engine), so the weights land in place bucket by bucket.
+A fresh buffer per bucket: vLLM's layerwise reload may keep references to a layer's
+tensors until the layer is complete, so a received buffer is never overwritten.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from dapo_megatron.weight_sync.buckets import RefitPlan, pack, unpack
+from dapo_megatron.weight_sync.group import WeightGroup
+
+
+@dataclass
+class TransferStats:
+    """What one side of a refit moved (for logs, tests and the refit bench)."""
+
+    buckets: int = 0
+    bytes: int = 0
+    tensors: int = 0
+    seconds: float = 0.0
+    buffer_bytes: int = 0
+    """Largest memory the transfer buffers held at once on this side."""
+    names: list[str] = field(default_factory=list)
+
+
+def send_buckets(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    plan: RefitPlan,
+    group: WeightGroup,
+    *,
+    device: torch.device | str,
+    root: int = 0,
+) -> TransferStats:
+    """Broadcast ``weights`` (the export, in plan order) bucket by bucket from ``root``.
+
+    Consumes the iterator completely. Raises ValueError when the export and the plan
+    disagree (name, shape, or count).
+    """
+    start = time.perf_counter()
+    stats = TransferStats()
+    source = iter(weights)
+    size = plan.max_bucket_bytes
+    buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(min(2, len(plan.buckets)))]
+    stats.buffer_bytes = size * len(buffers)
+    pending: list[object | None] = [None] * len(buffers)
+    for k, bucket in enumerate(plan.buckets):
+        slot = k % len(buffers)
+        if pending[slot] is not None:
+            pending[slot].wait()  # the buffer's previous bucket has left
+        tensors = []
+        for _ in bucket.slots:
+            item = next(source, None)
+            if item is None:
+                raise ValueError(
+                    f"the export ended after {stats.tensors + len(tensors)} tensors; the refit "
+                    f"plan has {plan.num_tensors}"
+                )
+            tensors.append(item)
+        pack(bucket, tensors, buffers[slot])
+        del tensors
+        if buffers[slot].device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        pending[slot] = group.broadcast(buffers[slot][: bucket.nbytes], root)
+        stats.buckets += 1
+        stats.tensors += len(bucket.slots)
+        stats.bytes += bucket.nbytes
+    for work in pending:
+        if work is not None:
+            work.wait()
+    extra = next(source, None)
+    if extra is not None:
+        raise ValueError(f"the export has more tensors than the refit plan ({extra[0]} is extra)")
+    stats.seconds = time.perf_counter() - start
+    return stats
+
+
+def receive_buckets(
+    plan: RefitPlan,
+    group: WeightGroup,
+    *,
+    device: torch.device | str,
+    root: int = 0,
+    stats: TransferStats | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield every tensor of the plan as it arrives (see the module docstring).
+
+    The next bucket's broadcast is posted before the current one's tensors are yielded, so
+    the transfer overlaps the consumer's loading. ``stats`` (optional) is filled in.
+    """
+    stats = stats if stats is not None else TransferStats()
+    start = time.perf_counter()
+
+    def post(k: int) -> tuple[torch.Tensor, object]:
+        buffer = torch.empty(plan.buckets[k].nbytes, dtype=torch.uint8, device=device)
+        return buffer, group.broadcast(buffer, root)
+
+    ahead = post(0) if plan.buckets else None
+    for k, bucket in enumerate(plan.buckets):
+        buffer, work = ahead
+        work.wait()
+        ahead = post(k + 1) if k + 1 < len(plan.buckets) else None
+        stats.buckets += 1
+        stats.bytes += bucket.nbytes
+        stats.tensors += len(bucket.slots)
+        stats.buffer_bytes = max(
+            stats.buffer_bytes, bucket.nbytes + (0 if ahead is None else ahead[0].numel())
+        )
+        for name, tensor in unpack(bucket, buffer):
+            stats.names.append(name)
+            yield name, tensor
+        del buffer
+    stats.seconds = time.perf_counter() - start
