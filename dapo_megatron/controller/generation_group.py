@@ -39,7 +39,7 @@ from dapo_megatron.config.parallel import generation_devices
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.cluster import rank_resources, reserve_ranks, resolve_device
 from dapo_megatron.controller.policy_group import PolicyGroup, shard_bounds
-from dapo_megatron.controller.remote import gather
+from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather
 from dapo_megatron.generation.base import Sample, SamplingParams
 from dapo_megatron.weight_sync.group import GroupAddress, backend_for
 from dapo_megatron.workers.generation_worker import VLLM_DTYPES, GenerationWorker
@@ -50,6 +50,9 @@ COLOCATED_SHARE = 0.5
 # A weight-group collective that waits longer than this fails the refit instead of hanging
 # (a dead member is normally noticed at once through its Ray actor).
 WEIGHT_GROUP_TIMEOUT_S = 600.0
+# How long a failed refit waits for the other members' outcome, to tell a dead member (the
+# cause: restart) from a member that merely saw the broken connection.
+REFIT_DEATH_GRACE_S = 30.0
 
 
 class Engines(Protocol):
@@ -202,7 +205,7 @@ class GenerationGroup:
             plan = self._join_weight_group(policy)
             refs = policy.call("send_weights", plan)
             refs += [w.receive_weights.remote(plan) for w in self.workers]
-            results = self._gather_with(policy, refs)
+            results = self._gather_refit(policy, refs)
             counts = results[len(policy.workers) :]
         elapsed = time.perf_counter() - start
         self._refit_metrics = {
@@ -236,6 +239,26 @@ class GenerationGroup:
         )[0]
         self._group_policy = policy
         return self._plan
+
+    def _gather_refit(self, policy: PolicyGroup, refs: list[ray.ObjectRef]) -> list[Any]:
+        """``_gather_with`` for the transfer itself. When a member dies mid-transfer, the
+        survivors' collectives fail too (gloo: connection closed; NCCL: timeout), often
+        before Ray reports the death; the death is the cause, so it is what is raised
+        (WorkerDied: the run restarts from its last checkpoint)."""
+        try:
+            return self._gather_with(policy, refs)
+        except WorkerDied:
+            raise
+        except WorkerFailure as failure:
+            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=REFIT_DEATH_GRACE_S)
+            for ref in ready:
+                try:
+                    ray.get(ref)
+                except ray.exceptions.RayActorError as death:
+                    raise WorkerDied(f"{failure} after a refit member died: {death}") from None
+                except ray.exceptions.RayTaskError:
+                    pass
+            raise
 
     def _gather_with(self, policy: PolicyGroup, refs: list[ray.ObjectRef]) -> list[Any]:
         """Gather calls on the policy's workers (first) and then the engines', failing on the

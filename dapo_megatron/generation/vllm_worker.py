@@ -180,6 +180,7 @@ class WeightRefitExtension:
     def dapo_receive_weights(self, plan_wire: list) -> dict[str, float]:
         """Receive every bucket of the plan and load it in place; returns transfer stats."""
         from dapo_megatron.weight_sync.buckets import RefitPlan
+        from dapo_megatron.weight_sync.faults import exit_midway_if_asked
         from dapo_megatron.weight_sync.stream import TransferStats, receive_buckets
 
         group = getattr(self, "_dapo_weight_group", None)
@@ -187,7 +188,11 @@ class WeightRefitExtension:
             raise RuntimeError("dapo_receive_weights before dapo_join_weight_group")
         stats = TransferStats()
         plan = RefitPlan.from_wire(plan_wire)
-        weights = receive_buckets(plan, group, device=self.device, stats=stats)  # type: ignore[attr-defined]
+        self._dapo_refits = getattr(self, "_dapo_refits", 0) + 1
+        weights = exit_midway_if_asked(
+            receive_buckets(plan, group, device=self.device, stats=stats),  # type: ignore[attr-defined]
+            self._dapo_refits,
+        )
         _reload_keeping_ties(self, weights)
         if stats.tensors != plan.num_tensors:
             raise RuntimeError(

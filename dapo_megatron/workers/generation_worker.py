@@ -39,6 +39,19 @@ from dapo_megatron.workers import ignore_expected_megatron_warnings
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+def _engine_died(error: BaseException) -> bool:
+    """vLLM's signs of an engine whose core or worker processes are gone (vllm/v1/engine/
+    exceptions.py EngineDeadError; v1/engine/core.py "Executor failed.")."""
+    return type(error).__name__ == "EngineDeadError" or "Executor failed" in str(error)
+
+
+def _exit_worker(error: BaseException, what: str) -> None:
+    """End this actor: the controller then sees a dead worker and restarts the run from the
+    last checkpoint, as for any other lost worker (an engine cannot be repaired in place)."""
+    print(f"[generation worker] {what} failed: {error!r}; this engine exits", flush=True)
+    os._exit(1)
+
+
 def resolve_sampling_seeds(setting: str) -> str:
     """generation.sampling_seeds with auto resolved: per_request on CPU, engine on GPU."""
     if setting != "auto":
@@ -136,7 +149,12 @@ class GenerationWorker:
     def generate(
         self, prompts_token_ids: Sequence[Sequence[int]], sampling: SamplingParams
     ) -> list[list[Sample]]:
-        return self._require_backend().generate([list(p) for p in prompts_token_ids], sampling)
+        try:
+            return self._require_backend().generate([list(p) for p in prompts_token_ids], sampling)
+        except Exception as error:
+            if _engine_died(error):
+                _exit_worker(error, "generation")
+            raise
 
     def weight_ranks(self) -> int:
         """Members this engine adds to the weight-update group."""
@@ -166,7 +184,12 @@ class GenerationWorker:
         backend = self._require_backend()
         plan = RefitPlan.from_wire(plan_wire)
         if hasattr(backend, "receive_weights"):
-            stats = backend.receive_weights(plan)
+            try:
+                stats = backend.receive_weights(plan)
+            except Exception as error:
+                # Whatever failed (a dead peer, a dead engine process), the engine now holds
+                # partly old, partly new weights: it must not generate again.
+                _exit_worker(error, "a refit")
             received = int(sum(s["bytes"] for s in stats))
         else:
             from dapo_megatron.weight_sync.stream import TransferStats, receive_buckets

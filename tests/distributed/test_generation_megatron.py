@@ -223,7 +223,11 @@ def _refit(policy, dims: ParallelDims) -> dict:
 def _checkpoint_engines(dims: ParallelDims, models: dict) -> dict:
     """Greedy / sampled outputs of engines loaded from the HF checkpoints."""
     from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
-    from dapo_megatron.megatron.hf_weights import export_hf_weights, load_hf_checkpoint
+    from dapo_megatron.megatron.hf_weights import (
+        export_hf_weights,
+        hf_weight_specs,
+        load_hf_checkpoint,
+    )
     from dapo_megatron.megatron.model import build_model
 
     greedy = SamplingParams(top_k=1, max_tokens=GREEDY_TOKENS)
@@ -247,6 +251,12 @@ def _checkpoint_engines(dims: ParallelDims, models: dict) -> dict:
         copy = MegatronGenerationBackend(build_model(arch, dims, "fp32"), arch, dims)
         copy.update_weights(export_hf_weights(model, arch, dims))
         res["greedy_copy"] = _as_lists(copy.generate(PROMPTS, greedy))
+        # The refit plans its buckets from hf_weight_specs before exporting: it must list
+        # exactly the export's names and shapes, in the export's order.
+        exported = [(n, list(t.shape)) for n, t in export_hf_weights(model, arch, dims)]
+        res["specs_match_export"] = exported == [
+            (n, list(s)) for n, s in hf_weight_specs(arch, dims)
+        ]
         if family != "qwen2":
             continue
         sampling = dict(temperature=SAMPLE_T, max_tokens=12, n=3, stop_token_ids=STOP_IDS)
@@ -410,6 +420,11 @@ def test_top_k_top_p_truncation(results, models):
         f"{total_variation:.4f} ({len(allowed)} allowed tokens)"
     )
     assert total_variation < 0.05
+
+
+@pytest.mark.parametrize("family", ["qwen2", "llama"])
+def test_weight_specs_list_the_export(results, family):
+    assert results[family]["specs_match_export"]
 
 
 def test_refit_matches_policy(results):

@@ -10,6 +10,7 @@ environment made by scripts/setup_vllm_cpu.sh:
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         # This hook sees the items of the whole session: mark only this directory's.
         if HERE in Path(item.path).resolve().parents:
             item.add_marker(skip)
+
+
+# The loop tests start dapo-train like the functional tests do (tests/functional/tiny_job.py).
+sys.path.insert(0, str(HERE.parent / "functional"))
