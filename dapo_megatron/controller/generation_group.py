@@ -33,20 +33,21 @@ from typing import Any, Protocol
 
 import ray
 from ray.util.placement_group import remove_placement_group
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dapo_megatron.config.parallel import generation_devices
 from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.controller.cluster import rank_resources, reserve_ranks, resolve_device
+from dapo_megatron.controller.cluster import resolve_device
+from dapo_megatron.controller.placement import (
+    COLOCATED_SHARE,
+    colocated_engine_placements,
+    split_engine_placements,
+)
 from dapo_megatron.controller.policy_group import PolicyGroup, shard_bounds
 from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather
 from dapo_megatron.generation.base import Sample, SamplingParams
 from dapo_megatron.weight_sync.group import GroupAddress, backend_for
 from dapo_megatron.workers.generation_worker import VLLM_DTYPES, GenerationWorker
 
-# GPU fraction Ray books for each of the two processes sharing a device when a vLLM engine
-# is colocated with the policy (a logical booking: both see the whole device).
-COLOCATED_SHARE = 0.5
 # A weight-group collective that waits longer than this fails the refit instead of hanging
 # (a dead member is normally noticed at once through its Ray actor).
 WEIGHT_GROUP_TIMEOUT_S = 600.0
@@ -131,7 +132,6 @@ class GenerationGroup:
         count = num_engines(config)
         tp = config.generation.engine.tensor_parallel_size
         cuda = resolve_device(config.cluster) == "cuda"
-        actor = ray.remote(GenerationWorker)
         self.placement = None
         if config.cluster.colocated:
             if not cuda:
@@ -140,29 +140,15 @@ class GenerationGroup:
                     "share a device with a policy rank); set generation.backend=megatron or "
                     "cluster.colocated=false"
                 )
-            devices = policy.device_ids()
-            # Engine e shares the devices of policy ranks [e * tp, (e + 1) * tp).
-            visible = [",".join(devices[e * tp : (e + 1) * tp]) for e in range(count)]
-            placement, bundle_stride = policy.placement, tp
-            num_cpus, num_gpus = 0.0, COLOCATED_SHARE
+            places = colocated_engine_placements(policy.placement, policy.device_ids(), count, tp)
         else:
-            resources = rank_resources(config.cluster)
-            self.placement = reserve_ranks(
-                count, resources, what="generation engines", devices_per_bundle=tp
-            )
-            visible = [None] * count
-            placement, bundle_stride = self.placement, 1
-            num_cpus, num_gpus = resources.num_cpus, (tp if resources.num_gpus else 0)
-        threads = max(1, int(num_cpus)) if cuda else 1
+            self.placement, places = split_engine_placements(config, count, tp, cuda=cuda)
+        actor = ray.remote(GenerationWorker)
         self.workers = [
-            actor.options(
-                num_cpus=num_cpus,
-                num_gpus=num_gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement, placement_group_bundle_index=e * bundle_stride
-                ),
-            ).remote(config, engine_index=e, num_threads=threads, visible_devices=visible[e])
-            for e in range(count)
+            actor.options(**p.options).remote(
+                config, engine_index=e, num_threads=p.num_threads, visible_devices=p.visible_devices
+            )
+            for e, p in enumerate(places)
         ]
         self.info = self._gather([w.setup.remote() for w in self.workers])
         self._asleep = False

@@ -18,11 +18,11 @@ from typing import Any
 
 import ray
 import torch
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dapo_megatron.config.parallel import policy_world_size
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
+from dapo_megatron.controller.placement import policy_placements
 from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather
 from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.generation.base import Sample, SamplingParams
@@ -56,16 +56,11 @@ class PolicyGroup:
         resources = rank_resources(config.cluster, device_share=device_share)
         self.placement = reserve_ranks(world, resources)
         actor = ray.remote(PolicyWorker)
-        threads = max(1, int(resources.num_cpus)) if resources.num_gpus else 1
         self.workers = [
-            actor.options(
-                num_cpus=resources.num_cpus,
-                num_gpus=resources.num_gpus,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    self.placement, placement_group_bundle_index=rank
-                ),
-            ).remote(config, rank=rank, world_size=world, num_threads=threads)
-            for rank in range(world)
+            actor.options(**p.options).remote(
+                config, rank=rank, world_size=world, num_threads=p.num_threads
+            )
+            for rank, p in enumerate(policy_placements(self.placement, world, resources))
         ]
         self.layouts: list[dict[str, int]] = [{"rank": r} for r in range(world)]
         addr, port = self._gather([self.workers[0].address.remote()])[0]

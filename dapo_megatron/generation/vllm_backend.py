@@ -145,6 +145,12 @@ def _cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def executor_backend(tensor_parallel_size: int) -> str:
+    """vLLM's ``distributed_executor_backend`` for an engine of this TP size (module doc):
+    never left to vLLM, which would pick its Ray executor inside our placement groups."""
+    return "uni" if tensor_parallel_size == 1 else "mp"
+
+
 def configure_cpu_environment(tensor_parallel_size: int) -> dict[str, str]:
     """Set the vLLM CPU environment variables the caller has not set (module docstring).
 
@@ -286,7 +292,7 @@ class VllmGenerationBackend:
         self._llm: Any = vllm.LLM(
             model=model_path,
             tensor_parallel_size=tensor_parallel_size,
-            distributed_executor_backend="uni" if tensor_parallel_size == 1 else "mp",
+            distributed_executor_backend=executor_backend(tensor_parallel_size),
             gpu_memory_utilization=gpu_memory_utilization,
             max_num_seqs=max_num_seqs,
             enforce_eager=enforce_eager,

