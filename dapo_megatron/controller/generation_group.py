@@ -14,6 +14,8 @@ Three placements, chosen from the config by ``build_engines``:
 Refit of separate engines (``generation.refit_transport``): ``broadcast`` forms one
 weight-update group of policy rank 0 and every engine worker (all TP ranks of every engine)
 and streams the weights in buckets (``dapo_megatron.weight_sync``; NCCL on GPU, gloo on CPU);
+``ipc`` (colocated GPU default) shares each policy rank's bucket buffer with the engine
+workers paired with it (CUDA IPC on GPU, shared memory on CPU) with the same bucket plan;
 ``object_store`` is the fallback (the whole model through Ray's object store). Engines are
 never woken with their stale weights before a refit: only their weight memory is mapped
 back, and the KV cache returns with the next generate call.
@@ -91,8 +93,13 @@ def num_engines(config: DapoMegatronConfig) -> int:
 
 
 def refit_transport(config: DapoMegatronConfig) -> str:
-    """generation.refit_transport with auto resolved (see the module docstring)."""
-    return "broadcast" if config.generation.refit_transport == "auto" else config.generation.refit_transport
+    """generation.refit_transport with auto resolved: ipc for colocated engines on GPU
+    (same devices: no bytes need to move), broadcast otherwise."""
+    setting = config.generation.refit_transport
+    if setting != "auto":
+        return setting
+    colocated_gpu = config.cluster.colocated and resolve_device(config.cluster) == "cuda"
+    return "ipc" if colocated_gpu else "broadcast"
 
 
 def needs_engine_workers(config: DapoMegatronConfig) -> bool:
@@ -189,8 +196,9 @@ class GenerationGroup:
             del weights  # the stored copy is freed once no reference is left
         else:
             plan = self._join_weight_group(policy)
-            refs = policy.call("send_weights", plan)
-            refs += [w.receive_weights.remote(plan) for w in self.workers]
+            shared = self.transport == "ipc"
+            refs = policy.call("send_weights_shared" if shared else "send_weights", plan)
+            refs += [w.receive_weights.remote(plan, shared) for w in self.workers]
             results = self._gather_refit(policy, refs)
             counts = results[len(policy.workers) :]
         elapsed = time.perf_counter() - start
@@ -211,20 +219,41 @@ class GenerationGroup:
         ranks = self._gather([w.weight_ranks.remote() for w in self.workers])
         host, port = self._gather_with(policy, [policy.workers[0].address.remote()])[0]
         device = "cuda" if resolve_device(self.config.cluster) == "cuda" else "cpu"
+        shared = self.transport == "ipc"
+        # Broadcast: policy rank 0 sends over NCCL/gloo. Handles: every policy rank joins the
+        # (gloo) group for the per-bucket barriers; the bytes go through shared memory.
+        senders = len(policy.workers) if shared else 1
+        backend = "gloo" if shared else backend_for(device)
         address = GroupAddress(
-            host, int(port), 1 + sum(ranks), backend_for(device), WEIGHT_GROUP_TIMEOUT_S
+            host, int(port), senders + sum(ranks), backend, WEIGHT_GROUP_TIMEOUT_S
         )
-        offsets = [1 + sum(ranks[:e]) for e in range(len(ranks))]
-        refs = policy.call("join_weight_group", address)
-        refs += [w.join_weight_group.remote(address, o) for w, o in zip(self.workers, offsets, strict=True)]
+        offsets = [senders + sum(ranks[:e]) for e in range(len(ranks))]
+        refs = policy.call("join_weight_group", address, shared)
+        refs += [
+            w.join_weight_group.remote(address, o)
+            for w, o in zip(self.workers, offsets, strict=True)
+        ]
         self._gather_with(policy, refs)
         bucket_bytes = max(1, int(self.config.generation.refit_bucket_mb * 1024 * 1024))
         dtype = VLLM_DTYPES[self.config.policy.precision]
         self._plan = self._gather_with(
             policy, [policy.workers[0].refit_plan.remote(bucket_bytes, dtype)]
         )[0]
+        if shared:
+            self._share_buffers(policy, ranks)
         self._group_policy = policy
         return self._plan
+
+    def _share_buffers(self, policy: PolicyGroup, ranks: list[int]) -> None:
+        """Handle transport: engine worker j maps the buffer of policy rank j % exporters
+        (colocated: the rank on its own GPU; see weight_sync/handles.py)."""
+        exporters = min(len(policy.workers), sum(ranks))
+        handles = self._gather_with(policy, policy.call("share_buffer", self._plan, exporters))
+        refs, j = [], 0
+        for worker, count in zip(self.workers, ranks, strict=True):
+            refs.append(worker.attach_shared.remote([handles[(j + i) % exporters] for i in range(count)]))
+            j += count
+        self._gather(refs)
 
     def _gather_refit(self, policy: PolicyGroup, refs: list[ray.ObjectRef]) -> list[Any]:
         """``_gather_with`` for the transfer itself. When a member dies mid-transfer, the

@@ -392,10 +392,14 @@ class VllmGenerationBackend:
             ),
         )
 
-    def receive_weights(self, plan: RefitPlan) -> list[dict[str, float]]:
+    def attach_shared(self, handles: list[bytes]) -> None:
+        """Handle transport: worker i maps ``handles[i]`` (its exporter's bucket buffer)."""
+        self._llm_for_refit().collective_rpc(self._worker.ATTACH_SHARED, args=(handles,))
+
+    def receive_weights(self, plan: RefitPlan, *, shared: bool = False) -> list[dict[str, float]]:
         """Receive one refit's buckets (module docstring); per-worker transfer stats."""
         llm = self._llm_for_refit()
-        stats = llm.collective_rpc(self._worker.RECEIVE_WEIGHTS, args=(plan.to_wire(),))
+        stats = llm.collective_rpc(self._worker.RECEIVE_WEIGHTS, args=(plan.to_wire(), shared))
         llm.reset_prefix_cache()
         return stats
 

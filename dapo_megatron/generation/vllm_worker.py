@@ -61,6 +61,8 @@ RELOAD_SERIALISED = "dapo_reload_serialised_weights"
 """``collective_rpc`` method of ``WeightRefitExtension``: the object-store fallback refit."""
 JOIN_WEIGHT_GROUP = "dapo_join_weight_group"
 """``collective_rpc`` method: every engine worker joins the weight-update group."""
+ATTACH_SHARED = "dapo_attach_shared"
+"""``collective_rpc`` method: map the exporters' shared bucket buffers (handle transport)."""
 RECEIVE_WEIGHTS = "dapo_receive_weights"
 """``collective_rpc`` method: receive one refit's buckets into the model in place."""
 LEAVE_WEIGHT_GROUP = "dapo_leave_weight_group"
@@ -177,8 +179,15 @@ class WeightRefitExtension:
         self._dapo_weight_group = WeightGroup(address, rank)
         return rank
 
-    def dapo_receive_weights(self, plan_wire: list) -> dict[str, float]:
-        """Receive every bucket of the plan and load it in place; returns transfer stats."""
+    def dapo_attach_shared(self, handles: list[bytes]) -> None:
+        """Map this worker's exporter buffer (handle transport): ``handles[engine rank]``."""
+        from dapo_megatron.weight_sync.handles import SharedBuffer
+
+        self._dapo_shared = SharedBuffer.open(handles[int(self.rank)])  # type: ignore[attr-defined]
+
+    def dapo_receive_weights(self, plan_wire: list, shared: bool = False) -> dict[str, float]:
+        """Receive every bucket of the plan and load it in place; returns transfer stats.
+        ``shared``: from the mapped exporter buffer (handle transport), else broadcast."""
         from dapo_megatron.weight_sync.buckets import RefitPlan
         from dapo_megatron.weight_sync.faults import exit_midway_if_asked
         from dapo_megatron.weight_sync.stream import TransferStats, receive_buckets
@@ -189,10 +198,13 @@ class WeightRefitExtension:
         stats = TransferStats()
         plan = RefitPlan.from_wire(plan_wire)
         self._dapo_refits = getattr(self, "_dapo_refits", 0) + 1
-        weights = exit_midway_if_asked(
-            receive_buckets(plan, group, device=self.device, stats=stats),  # type: ignore[attr-defined]
-            self._dapo_refits,
-        )
+        if shared:
+            from dapo_megatron.weight_sync.handles import receive_shared
+
+            source = receive_shared(plan, group, self._dapo_shared, device=self.device, stats=stats)  # type: ignore[attr-defined]
+        else:
+            source = receive_buckets(plan, group, device=self.device, stats=stats)  # type: ignore[attr-defined]
+        weights = exit_midway_if_asked(source, self._dapo_refits)
         _reload_keeping_ties(self, weights)
         if stats.tensors != plan.num_tensors:
             raise RuntimeError(

@@ -94,6 +94,7 @@ class GenerationWorker:
         ignore_expected_megatron_warnings()
         self.backend: GenerationBackend | None = None
         self._weight_group: Any = None  # megatron backend: this process's WeightGroup
+        self._shared: Any = None  # megatron backend: the mapped exporter buffer (ipc)
         # Deliveries per path, reported with every refit (tests assert on them).
         self.refit_counts = {"collective": 0, "object_store": 0, "bytes_received": 0}
 
@@ -185,21 +186,33 @@ class GenerationWorker:
             self._weight_group.close()
             self._weight_group = None
 
-    def receive_weights(self, plan_wire: list) -> dict[str, int]:
-        """Receive one refit's buckets into the engine in place; returns the counters."""
+    def attach_shared(self, handles: list[bytes]) -> None:
+        """Handle transport: map the exporter buffers (``handles[i]`` for engine worker i)."""
+        backend = self._require_backend()
+        if hasattr(backend, "attach_shared"):
+            backend.attach_shared(handles)
+        else:
+            from dapo_megatron.weight_sync.handles import SharedBuffer
+
+            self._shared = SharedBuffer.open(handles[0])
+
+    def receive_weights(self, plan_wire: list, shared: bool = False) -> dict[str, int]:
+        """Receive one refit's buckets into the engine in place (broadcast, or from the
+        mapped exporter buffers when ``shared``); returns the counters."""
         from dapo_megatron.weight_sync.buckets import RefitPlan
 
         backend = self._require_backend()
         plan = RefitPlan.from_wire(plan_wire)
         if hasattr(backend, "receive_weights"):
             try:
-                stats = backend.receive_weights(plan)
+                stats = backend.receive_weights(plan, shared=shared)
             except Exception as error:
                 # Whatever failed (a dead peer, a dead engine process), the engine now holds
                 # partly old, partly new weights: it must not generate again.
                 _exit_worker(error, "a refit")
             received = int(sum(s["bytes"] for s in stats))
         else:
+            from dapo_megatron.weight_sync.handles import receive_shared
             from dapo_megatron.weight_sync.stream import TransferStats, receive_buckets
 
             if self._weight_group is None:
@@ -207,9 +220,13 @@ class GenerationWorker:
             transfer = TransferStats()
             device = "cuda" if torch.cuda.is_available() else "cpu"
             backend.wake()
-            backend.update_weights(
-                receive_buckets(plan, self._weight_group, device=device, stats=transfer)
-            )
+            if shared:
+                source = receive_shared(
+                    plan, self._weight_group, self._shared, device=device, stats=transfer
+                )
+            else:
+                source = receive_buckets(plan, self._weight_group, device=device, stats=transfer)
+            backend.update_weights(source)
             received = transfer.bytes
         self.refit_counts["collective"] += 1
         self.refit_counts["bytes_received"] += received

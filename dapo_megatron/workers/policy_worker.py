@@ -46,6 +46,7 @@ class PolicyWorker:
         self.policy = None
         self.engine = None
         self._weight_group: Any = None
+        self._shared: Any = None
 
     def address(self) -> tuple[str, int]:
         """(ip, free port) of this worker's node, for the rendezvous of rank 0."""
@@ -142,18 +143,47 @@ class PolicyWorker:
         specs = self._require_policy().hf_weight_specs()
         return plan_buckets(specs, getattr(torch, dtype), bucket_bytes).to_wire()
 
-    def join_weight_group(self, address: Any) -> None:
-        """Rank 0 joins the weight-update group as its rank 0 (hosting the store)."""
+    def join_weight_group(self, address: Any, every_rank: bool = False) -> None:
+        """Join the weight-update group with this rank's number: rank 0 only (broadcast:
+        it hosts the store and sends), or every rank (handle transport: all ranks take part
+        in the per-bucket barriers)."""
         self.leave_weight_group()
-        if self.rank == 0:
+        if self.rank == 0 or every_rank:
             from dapo_megatron.weight_sync.group import WeightGroup
 
-            self._weight_group = WeightGroup(address, 0)
+            self._weight_group = WeightGroup(address, self.rank)
 
     def leave_weight_group(self) -> None:
         group, self._weight_group = getattr(self, "_weight_group", None), None
         if group is not None:
             group.close()
+        shared, self._shared = getattr(self, "_shared", None), None
+        if shared is not None:
+            shared.close()
+
+    def share_buffer(self, plan_wire: list, exporters: int) -> bytes | None:
+        """Handle transport: ranks below ``exporters`` allocate a shareable bucket buffer
+        (CUDA IPC on GPU, shared memory on CPU) and return its handle; others None."""
+        from dapo_megatron.weight_sync.buckets import RefitPlan
+        from dapo_megatron.weight_sync.handles import SharedBuffer
+
+        if self.rank >= exporters:
+            return None
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self._shared = SharedBuffer.create(RefitPlan.from_wire(plan_wire).max_bucket_bytes, device)
+        return self._shared.handle
+
+    def send_weights_shared(self, plan_wire: list) -> dict[str, float]:
+        """Handle transport: every rank exports; ranks with a buffer pack each bucket into it."""
+        from dapo_megatron.weight_sync.buckets import RefitPlan
+        from dapo_megatron.weight_sync.handles import send_shared
+
+        if self._weight_group is None:
+            raise RuntimeError("send_weights_shared before join_weight_group")
+        stats = send_shared(self._require_policy().export_weights(),
+                            RefitPlan.from_wire(plan_wire), self._weight_group, self._shared)
+        return {"bytes": float(stats.bytes), "buckets": float(stats.buckets),
+                "seconds": stats.seconds, "buffer_bytes": float(stats.buffer_bytes)}
 
     def send_weights(self, plan_wire: list) -> dict[str, float]:
         """Export the weights; rank 0 broadcasts them bucket by bucket. Returns its stats."""

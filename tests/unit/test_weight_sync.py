@@ -15,6 +15,7 @@ import torch
 
 from dapo_megatron.weight_sync.buckets import ALIGN_BYTES, RefitPlan, pack, plan_buckets, unpack
 from dapo_megatron.weight_sync.group import GroupAddress, WeightGroup
+from dapo_megatron.weight_sync.handles import SharedBuffer, receive_shared, send_shared
 from dapo_megatron.weight_sync.stream import TransferStats, receive_buckets, send_buckets
 from dapo_megatron.workers.policy_worker import free_port
 
@@ -122,3 +123,49 @@ def test_export_that_disagrees_with_the_plan_fails_loudly() -> None:
 
     with pytest.raises(ValueError, match="export ended after 1 tensors; the refit plan has 2"):
         _run_group(2, sender, receiver)
+
+
+def test_shared_buffers_deliver_every_tensor_to_every_paired_receiver() -> None:
+    """Handle transport, CPU twin of CUDA IPC: 2 exporters (one without a paired worker
+    would pass None) and 3 receivers, worker j mapping exporter j % 2's buffer."""
+    torch.manual_seed(2)
+    shapes = [(33, 7), (5,), (128, 3), (2, 2)]
+    sent = [(f"w{i}", torch.randn(*s)) for i, s in enumerate(shapes)]
+    plan = plan_buckets([(n, t.shape) for n, t in sent], torch.bfloat16, 600)
+    assert len(plan.buckets) > 2
+    exporters = [SharedBuffer.create(plan.max_bucket_bytes, "cpu") for _ in range(2)]
+    handles = [b.handle for b in exporters]
+    world = 2 + 3
+    address = GroupAddress("127.0.0.1", free_port(), world, "gloo", 60.0)
+    results: list = [None] * world
+    errors: list[BaseException] = []
+
+    def member(rank: int) -> None:
+        try:
+            group = WeightGroup(address, rank)
+            if rank < 2:
+                results[rank] = send_shared(iter(sent), plan, group, exporters[rank])
+            else:
+                buffer = SharedBuffer.open(handles[(rank - 2) % 2])
+                results[rank] = [
+                    (n, t.clone()) for n, t in receive_shared(plan, group, buffer, device="cpu")
+                ]
+                buffer.close()
+            group.close()
+        except BaseException as error:  # noqa: BLE001  (re-raised in the main thread)
+            errors.append(error)
+
+    threads = [threading.Thread(target=member, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for buffer in exporters:
+        buffer.close()
+    if errors:
+        raise errors[0]
+    assert results[0].buckets == len(plan.buckets)
+    for got in results[2:]:
+        assert [n for n, _ in got] == [n for n, _ in sent]
+        for (_, want), (_, have) in zip(sent, got, strict=True):
+            assert torch.equal(have, want.to(torch.bfloat16))

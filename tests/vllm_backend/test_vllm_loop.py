@@ -100,3 +100,11 @@ def test_two_tp1_engines_loop_through_collective_refit(tmp_path):
     rows = metrics_by_step(run_dir)
     # One refit after the warm-up, then one per step, each into both engines.
     assert rows[STEPS]["refit/engine_collective_loads"] == 2 * (STEPS + 1)
+
+
+def test_engine_tp2_loop_through_shared_memory_handles(tmp_path):
+    """The handle transport (CUDA IPC on GPU) through its CPU twin: both policy ranks share a
+    bucket buffer with the engine worker paired with them (shared-memory files)."""
+    run_dir = tmp_path / "run"
+    _run(run_dir, "generation.refit_transport=ipc")
+    _check_refits(run_dir)

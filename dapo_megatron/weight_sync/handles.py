@@ -1,0 +1,134 @@
+"""The handle transport of the refit: buckets shared in memory instead of sent.
+
+For engines on the policy's own nodes (colocated vLLM on GPU above all), sending the bytes is
+unnecessary: each exporting policy rank packs a bucket into one buffer that its engine
+workers map directly, CUDA IPC on GPU (``torch.multiprocessing.reductions.reduce_tensor``,
+the mechanism torch's own multiprocessing uses to share CUDA tensors), a shared-memory file
+on CPU. The bucket plan, the packing and the loading are the same as for the broadcast
+(``buckets``, ``stream``): only the handle exchange differs between GPU and CPU, so the CPU
+tests cover everything else.
+
+Pairing: engine worker j (counted over all engines) maps the buffer of policy rank
+``j % exporters``; colocated, that is the rank on its own GPU. Every policy rank holds the
+full tensors during an export (``export_hf_weights`` yields them on every rank), so no
+bytes cross devices.
+
+Per bucket, over the weight group (gloo: two tiny collectives, the data never goes through
+it): exporters pack and reach barrier A; receivers copy the bucket out of the shared
+buffer and reach barrier B, then load their copy while the exporters pack the next bucket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pickle
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+
+import torch
+
+from dapo_megatron.weight_sync.buckets import RefitPlan, pack, unpack
+from dapo_megatron.weight_sync.group import WeightGroup
+from dapo_megatron.weight_sync.stream import TransferStats
+
+
+class SharedBuffer:
+    """A byte buffer another process on the same node can map (CUDA IPC or a shm file)."""
+
+    def __init__(self, tensor: torch.Tensor, handle: bytes, path: str | None) -> None:
+        self.tensor = tensor
+        """The mapped uint8 buffer."""
+        self.handle = handle
+        """Opaque, picklable-safe bytes that ``SharedBuffer.open`` maps in another process."""
+        self._path = path
+
+    @classmethod
+    def create(cls, nbytes: int, device: torch.device | str) -> SharedBuffer:
+        device = torch.device(device)
+        if device.type == "cuda":
+            from torch.multiprocessing.reductions import reduce_tensor
+
+            tensor = torch.empty(nbytes, dtype=torch.uint8, device=device)
+            return cls(tensor, pickle.dumps(("cuda_ipc", reduce_tensor(tensor))), None)
+        directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
+        path = os.path.join(directory, f"dapo-refit-{uuid.uuid4().hex}")
+        tensor = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
+        return cls(tensor, pickle.dumps(("file", path, nbytes)), path)
+
+    @classmethod
+    def open(cls, handle: bytes) -> SharedBuffer:
+        kind, *args = pickle.loads(handle)
+        if kind == "cuda_ipc":
+            rebuild, rebuild_args = args[0]
+            return cls(rebuild(*rebuild_args), handle, None)
+        path, nbytes = args
+        return cls(torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), handle, None)
+
+    def close(self) -> None:
+        """Unmap; the creator also removes the shm file (mapped peers keep their mapping)."""
+        self.tensor = None
+        if self._path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self._path)
+            self._path = None
+
+
+def send_shared(
+    weights: Iterable[tuple[str, torch.Tensor]],
+    plan: RefitPlan,
+    group: WeightGroup,
+    buffer: SharedBuffer | None,
+) -> TransferStats:
+    """Exporter side (every policy rank: ``buffer`` None for a rank with no paired engine
+    worker, which still takes part in the barriers)."""
+    start = time.perf_counter()
+    stats = TransferStats(buffer_bytes=0 if buffer is None else buffer.tensor.numel())
+    source = iter(weights)
+    for bucket in plan.buckets:
+        tensors = [next(source) for _ in bucket.slots]
+        if buffer is not None:
+            pack(bucket, tensors, buffer.tensor)
+            if buffer.tensor.device.type == "cuda":
+                torch.cuda.current_stream().synchronize()
+        del tensors
+        group.barrier()  # A: the bucket is in every exporter's buffer
+        group.barrier()  # B: every receiver has its own copy; the buffer may be reused
+        stats.buckets += 1
+        stats.tensors += len(bucket.slots)
+        stats.bytes += bucket.nbytes
+    if next(source, None) is not None:
+        raise ValueError("the export has more tensors than the refit plan")
+    stats.seconds = time.perf_counter() - start
+    return stats
+
+
+def receive_shared(
+    plan: RefitPlan,
+    group: WeightGroup,
+    buffer: SharedBuffer,
+    *,
+    device: torch.device | str,
+    stats: TransferStats | None = None,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Receiver side: every tensor of the plan, copied out of the exporter's buffer."""
+    stats = stats if stats is not None else TransferStats()
+    start = time.perf_counter()
+    for bucket in plan.buckets:
+        group.barrier()  # A
+        own = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
+        own.copy_(buffer.tensor[: bucket.nbytes])
+        if own.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        group.barrier()  # B
+        stats.buckets += 1
+        stats.tensors += len(bucket.slots)
+        stats.bytes += bucket.nbytes
+        stats.buffer_bytes = max(stats.buffer_bytes, bucket.nbytes)
+        for name, tensor in unpack(bucket, own):
+            stats.names.append(name)
+            yield name, tensor
+        del own
+    stats.seconds = time.perf_counter() - start
