@@ -134,7 +134,8 @@ class PolicyGroup:
 
         Every rank takes part in the export (TP gathers, PP broadcasts); rank 0 keeps the
         CPU copies and puts them in the object store, so each engine fetches them from
-        there (host memory; a device-to-device path for large GPU models is not built).
+        there. The ``object_store`` refit fallback only: the default transports stream
+        buckets instead (``send_weights`` / ``send_weights_shared``, weight_sync/).
         """
         return self._gather([w.export_weights.remote() for w in self.workers])[0][0]
 
