@@ -35,6 +35,22 @@ from dapo_megatron.weight_sync.group import WeightGroup
 from dapo_megatron.weight_sync.stream import TransferStats
 
 
+# Position of the device index in the arguments torch.multiprocessing.reductions
+# .reduce_tensor returns for rebuild_cuda_tensor (torch/multiprocessing/reductions.py).
+_STORAGE_DEVICE_ARG = 6
+
+
+def _local_device_index(uuid_: str) -> int:
+    for index in range(torch.cuda.device_count()):
+        if str(torch.cuda.get_device_properties(index).uuid) == uuid_:
+            return index
+    raise RuntimeError(
+        f"the refit buffer lives on GPU {uuid_}, which this process does not see "
+        f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}): the ipc "
+        "transport needs each engine worker on its exporting policy rank's node and devices"
+    )
+
+
 class SharedBuffer:
     """A byte buffer another process on the same node can map (CUDA IPC or a shm file)."""
 
@@ -52,7 +68,8 @@ class SharedBuffer:
             from torch.multiprocessing.reductions import reduce_tensor
 
             tensor = torch.empty(nbytes, dtype=torch.uint8, device=device)
-            return cls(tensor, pickle.dumps(("cuda_ipc", reduce_tensor(tensor))), None)
+            uuid_ = str(torch.cuda.get_device_properties(tensor.device).uuid)
+            return cls(tensor, pickle.dumps(("cuda_ipc", reduce_tensor(tensor), uuid_)), None)
         directory = "/dev/shm" if os.path.isdir("/dev/shm") else tempfile.gettempdir()
         path = os.path.join(directory, f"dapo-refit-{uuid.uuid4().hex}")
         tensor = torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8)
@@ -62,7 +79,12 @@ class SharedBuffer:
     def open(cls, handle: bytes) -> SharedBuffer:
         kind, *args = pickle.loads(handle)
         if kind == "cuda_ipc":
-            rebuild, rebuild_args = args[0]
+            (rebuild, rebuild_args), uuid_ = args
+            # The handle names the exporter's device by ITS index; a process with other
+            # visible devices (a colocated engine worker sees several) finds the same GPU
+            # by UUID. Argument 6 of torch's rebuild_cuda_tensor is the storage device.
+            rebuild_args = list(rebuild_args)
+            rebuild_args[_STORAGE_DEVICE_ARG] = _local_device_index(uuid_)
             return cls(rebuild(*rebuild_args), handle, None)
         path, nbytes = args
         return cls(torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), handle, None)
