@@ -34,7 +34,6 @@ from dapo_megatron.weight_sync.buckets import RefitPlan, pack, unpack
 from dapo_megatron.weight_sync.group import WeightGroup
 from dapo_megatron.weight_sync.stream import TransferStats
 
-
 # Position of the device index in the arguments torch.multiprocessing.reductions
 # .reduce_tensor returns for rebuild_cuda_tensor (torch/multiprocessing/reductions.py).
 _STORAGE_DEVICE_ARG = 6
