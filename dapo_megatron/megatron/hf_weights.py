@@ -354,16 +354,24 @@ def _gather_tp(local: torch.Tensor, kind: str, group: dist.ProcessGroup, tp: int
     """Concatenate the TP shards of a parameter (a fresh tensor, never the parameter)."""
     if kind == REPLICATED or tp == 1:
         return local.detach().clone()
+    local = local.detach().contiguous()
+    if kind != ROW:
+        # Shards concatenate along dim 0: gather straight into the result, so the export
+        # holds one full copy of the parameter, not the shards and their concatenation.
+        full = local.new_empty((tp * local.shape[0], *local.shape[1:]))
+        dist.all_gather_into_tensor(full, local, group=group)
+        return full
     shards = [torch.empty_like(local) for _ in range(tp)]
-    dist.all_gather(shards, local.detach().contiguous(), group=group)
-    return torch.cat(shards, dim=1 if kind == ROW else 0)
+    dist.all_gather(shards, local, group=group)
+    return torch.cat(shards, dim=1)
 
 
 def _unfuse(entry: _Entry, full: torch.Tensor, arch: ModelArch, tp: int
             ) -> list[tuple[str, torch.Tensor]]:
     """Split a TP-concatenated Megatron tensor back into its HF tensors."""
     if entry.kind == VOCAB:
-        return [(entry.hf[0], full[: arch.vocab_size].clone())]
+        # A view: ``full`` is already a fresh tensor, and the padding rows are its tail.
+        return [(entry.hf[0], full[: arch.vocab_size])]
     if entry.kind == FC1:
         halves = full.view(tp, 2, arch.ffn_hidden_size // tp, *full.shape[1:])
         return [(name, halves[:, i].reshape(arch.ffn_hidden_size, *full.shape[1:]))
