@@ -22,14 +22,17 @@ buckets of ``--bucket-mb`` MiB. Everything is measured in the same run:
 Both transports are timed on the same ``GenerationGroup`` (its ``transport`` attribute is
 switched), interleaved (broadcast, object store, broadcast, ...) so a change of machine load
 hits both alike; each transport's first call is a warm-up (the broadcast's forms the weight
-group) and the report is the median of ``--repeats`` calls. ``peak_extra_host_mb`` (MiB) is
-the exporting rank's (policy rank 0's) largest RSS during a refit minus its RSS just before
-it, polled every ``--poll-ms`` ms by a thread of this process (psutil), maximum over the
-timed repeats (the engine's processes, its Ray actor plus vLLM's engine core and workers,
-are polled the same way: ``engine_peak_extra_host_mib``); also given in buckets
-(``peak_extra_buckets`` = peak / ``bucket_mb``, and
-``peak_extra_largest_buckets`` = peak / the plan's largest bucket, which is the embedding
-when that is bigger than ``bucket_mb``: a tensor never spans buckets).
+group) and the report is the median of ``--repeats`` calls. A refit that fails (e.g. the
+TP2 object-store refit meeting Ray's OOM killer on a shared 24 GiB machine) is listed under
+``errors``; the engine is then rebuilt and the refit retried, at most twice per case.
+
+``peak_extra_host_mb`` (MiB) is the exporting rank's (policy rank 0's) largest RSS during a
+refit minus its RSS just before it, polled every ``--poll-ms`` ms by a thread of this
+process (psutil), maximum over the timed repeats (the engine's processes, its Ray actor
+plus vLLM's engine core and workers, are polled the same way:
+``engine_peak_extra_host_mib``); also given in buckets (``peak_extra_buckets`` = peak /
+``bucket_mb``, and ``peak_extra_largest_buckets`` = peak / the plan's largest bucket, which
+is the embedding when that is bigger than ``bucket_mb``: a tensor never spans buckets).
 ``weight_bytes`` / ``model_params``: the HF tensors of the checkpoint (safetensors header),
 2 bytes per element (bf16 on the wire; the tied lm_head is not a tensor of its own).
 
@@ -96,6 +99,7 @@ from dapo_megatron.workers.generation_worker import GenerationWorker  # noqa: E4
 from dapo_megatron.workers.policy_worker import PolicyWorker  # noqa: E402
 
 MIB = 1024 * 1024
+MAX_REBUILDS = 2
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "dapo-tiny-cpu-vllm.yaml"
 
 # Projection assumptions (GB/s = 1e9 bytes/s), see the module docstring.
@@ -300,27 +304,53 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
 
     config = _config(args, tp)
     generation_group.GenerationWorker = BenchGenerationWorker  # profile methods only
-    start = time.perf_counter()
-    engines = GenerationGroup(config, policy)
-    setup_s = time.perf_counter() - start
     pid = policy.worker_pids()[0]
-    # The engine actor and the processes vLLM started under it (engine core, TP workers).
-    engine_pids = [
-        p
-        for actor in engines.worker_pids()
-        for p in [actor] + [c.pid for c in psutil.Process(actor).children(recursive=True)]
-    ]
     vocab = PRESETS["qwen2.5-0.5b"].vocab_size
-    result: dict[str, Any] = {"engine_tp": tp, "engine_setup_s": setup_s}
+    result: dict[str, Any] = {"engine_tp": tp}
+    errors: list[str] = []
+    reference: list = []
+
+    def ready_engines() -> tuple[Any, list[int]]:
+        """A fresh engine and its processes (the Ray actor and vLLM's children), warmed up
+        with one refit per transport (the first broadcast forms the weight group). A failed
+        warm-up is recorded and the engine rebuilt (see the timed loop below)."""
+        while True:
+            start = time.perf_counter()
+            engines = GenerationGroup(config, policy)
+            setup_s = time.perf_counter() - start
+            pids = [
+                p
+                for actor in engines.worker_pids()
+                for p in [actor] + [c.pid for c in psutil.Process(actor).children(recursive=True)]
+            ]
+            try:
+                if not reference:
+                    reference.extend(_greedy(engines, vocab))
+                warm = {}
+                for transport in ("broadcast", "object_store"):
+                    engines.transport = transport
+                    with RssPoller(pid, poll_s) as poll:
+                        warm[transport] = engines.refit(policy)
+                    warm[transport + "_peak_extra_mib"] = poll.extra_mib
+                    print(f"  tp{tp} warm-up {transport}: {warm[transport]:.2f} s", flush=True)
+            except Exception as error:
+                errors.append(f"warm-up: {type(error).__name__}: {error}")
+                print(f"  tp{tp} {errors[-1][:300]}", flush=True)
+                _close(engines)
+                if len(errors) > MAX_REBUILDS:
+                    raise
+                continue
+            if "warmup" in result:  # a rebuilt engine
+                result.setdefault("rebuilt_engines", []).append(
+                    {"engine_setup_s": setup_s, "warmup": warm}
+                )
+            else:
+                result.update({"engine_setup_s": setup_s, "warmup": warm})
+            return engines, pids
+
+    engines, engine_pids = ready_engines()
+    failed = None
     try:
-        reference = _greedy(engines, vocab)
-        warm = {}
-        for transport in ("broadcast", "object_store"):
-            engines.transport = transport
-            with RssPoller(pid, poll_s) as poll:
-                warm[transport] = engines.refit(policy)
-            warm[transport + "_peak_extra_mib"] = poll.extra_mib
-            print(f"  tp{tp} warm-up {transport}: {warm[transport]:.2f} s", flush=True)
         plan = RefitPlan.from_wire(engines._join_weight_group(policy))  # formed at warm-up
         result["buckets_per_refit"] = len(plan.buckets)
         result["max_bucket_mib"] = plan.max_bucket_bytes / MIB
@@ -330,44 +360,55 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
         engine_peaks: dict[str, list[float]] = {"broadcast": [], "object_store": []}
         rss_growth: dict[str, list[float]] = {"broadcast": [], "object_store": []}
         checks: dict[str, Any] = {}
-        failed = None
-        for r in range(args.repeats):
-            for transport in ("broadcast", "object_store"):
-                engines.transport = transport
-                try:
-                    with (
-                        RssPoller(pid, poll_s) as poll,
-                        RssPoller(engine_pids, 4 * poll_s) as engine,
-                    ):
-                        seconds = engines.refit(policy)
-                except Exception as error:  # e.g. Ray's OOM killer: keep what was measured
-                    failed = f"{transport} refit {r + 1}: {type(error).__name__}: {error}"
-                    print(f"  tp{tp} {failed[:300]}", flush=True)
+        # Interleaved: broadcast, object store, broadcast, ... A refit that fails (on 24 GiB
+        # the TP2 object-store refit, ~6 GB in the engine's processes, can meet Ray's OOM
+        # killer when other jobs share the machine) is recorded in "errors", the engine is
+        # rebuilt (warm-ups again) and the refit retried, at most MAX_REBUILDS times a case.
+        tasks = [(r, t) for r in range(args.repeats) for t in ("broadcast", "object_store")]
+        while tasks:
+            r, transport = tasks[0]
+            engines.transport = transport
+            try:
+                with (
+                    RssPoller(pid, poll_s) as poll,
+                    RssPoller(engine_pids, 4 * poll_s) as engine,
+                ):
+                    seconds = engines.refit(policy)
+            except Exception as error:
+                errors.append(f"{transport} refit {r + 1}: {type(error).__name__}: {error}")
+                print(f"  tp{tp} {errors[-1][:300]}", flush=True)
+                _close(engines)
+                if len(errors) > MAX_REBUILDS:
+                    failed = errors[-1]
                     break
-                times[transport].append(seconds)
-                peaks[transport].append(poll.extra_mib)
-                engine_peaks[transport].append(engine.extra_mib)
-                rss_growth[transport].append((poll.after - poll.before) / MIB)
-                metrics.append({"transport": transport, **engines.refit_metrics()})
-                print(
-                    f"  tp{tp} {transport:12} {seconds:7.2f} s  peak extra "
-                    f"{poll.extra_mib:7.0f} MiB ({poll.samples} samples), engine processes "
-                    f"{engine.extra_mib:7.0f} MiB",
-                    flush=True,
+                engines, engine_pids = ready_engines()
+                metrics.append({"transport": "after rebuild + warm-ups", **engines.refit_metrics()})
+                continue
+            tasks.pop(0)
+            times[transport].append(seconds)
+            peaks[transport].append(poll.extra_mib)
+            engine_peaks[transport].append(engine.extra_mib)
+            rss_growth[transport].append((poll.after - poll.before) / MIB)
+            metrics.append({"transport": transport, **engines.refit_metrics()})
+            print(
+                f"  tp{tp} {transport:12} {seconds:7.2f} s  peak extra "
+                f"{poll.extra_mib:7.0f} MiB ({poll.samples} samples), engine processes "
+                f"{engine.extra_mib:7.0f} MiB",
+                flush=True,
+            )
+            if r == args.repeats - 1:
+                checks[f"greedy_after_{transport}_vs_before_refits"] = _compare(
+                    reference, _greedy(engines, vocab)
                 )
-                if r == args.repeats - 1:
-                    checks[f"greedy_after_{transport}_vs_before_refits"] = _compare(
-                        reference, _greedy(engines, vocab)
-                    )
-            if failed:
-                result["error"] = failed
-                break
+        if errors:
+            result["errors"] = errors
         # Counter deltas of each timed refit (refit_metrics() reports each engine's counters
         # since its start, summed over engines).
         keys = [k for k in metrics[0] if k != "transport"]
         deltas = [
             {"transport": row["transport"]} | {k: row[k] - prev[k] for k in keys}
             for prev, row in zip(metrics, metrics[1:], strict=False)
+            if not row["transport"].startswith("after")
         ]
         broadcast_rows = [d for d in deltas if d["transport"] == "broadcast"]
         checks["broadcast_refits_object_store_loads_delta"] = sum(
@@ -382,11 +423,10 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
         )
         result.update(
             {
-                "collective_s": statistics.median(times["broadcast"]),
+                "collective_s": statistics.median(times["broadcast"] or [float("nan")]),
                 "object_store_s": statistics.median(times["object_store"] or [float("nan")]),
-                "peak_extra_host_mb": max(peaks["broadcast"]),
+                "peak_extra_host_mb": max(peaks["broadcast"] or [float("nan")]),
                 "object_store_peak_extra_host_mb": max(peaks["object_store"] or [float("nan")]),
-                "warmup": warm,
                 "times_s": times,
                 "peak_extra_host_mib_all": peaks,
                 "engine_processes": len(engine_pids),
@@ -403,15 +443,28 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
         if args.profile and not failed:
             result["profile"] = _profile(engines, policy, pid, poll_s)
     finally:
-        engines.shutdown()
+        if not failed:
+            _close(engines)
     if args.ipc and not failed:
         result["ipc"] = _ipc(tp, policy, args, poll_s, reference)
     return result
 
 
+def _close(engines) -> None:
+    """Stop the engines' vLLM cleanly (its shared-memory queues), then kill the actors."""
+    import ray
+
+    with contextlib.suppress(Exception):
+        ray.get([w.shutdown.remote() for w in engines.workers], timeout=120)
+    with contextlib.suppress(Exception):  # already shut down after a failed refit
+        engines.shutdown()
+
+
 def _ipc(tp: int, policy, args: argparse.Namespace, poll_s: float, reference) -> dict:
     """The handle transport (shared memory on CPU) on an engine of its own (the transport
     is fixed when an engine first joins a weight group): warm-up, then timed refits."""
+    import ray
+
     from dapo_megatron.config.model_arch import PRESETS
     from dapo_megatron.controller.generation_group import GenerationGroup
 
@@ -437,7 +490,10 @@ def _ipc(tp: int, policy, args: argparse.Namespace, poll_s: float, reference) ->
             reference, _greedy(engines, PRESETS["qwen2.5-0.5b"].vocab_size)
         )
     finally:
-        engines.shutdown()
+        _close(engines)
+        # The exporters' shared-memory buffers are files in /dev/shm that only
+        # leave_weight_group removes: a killed policy actor leaves them behind.
+        ray.get(policy.call("leave_weight_group"))
     out["ipc_s"] = statistics.median(out["times_s"])
     out["peak_extra_host_mb"] = max(out["peak_extra_host_mib_all"])
     return out
