@@ -60,6 +60,12 @@ def test_pack_unpack_round_trip_converts_dtype_and_checks_names() -> None:
 
 def _run_group(world: int, sender, receiver) -> list:
     """Run sender (rank 0) and receivers (ranks 1..world-1) concurrently; their results."""
+    return _run_members(world, lambda rank, group: sender(group) if rank == 0 else receiver(group))
+
+
+def _run_members(world: int, role) -> list:
+    """Run ``role(rank, group)`` for every rank of a gloo weight group concurrently (threads
+    of this process, each with its own process group); their results, in rank order."""
     address = GroupAddress("127.0.0.1", free_port(), world, "gloo", 60.0)
     results: list = [None] * world
     errors: list[BaseException] = []
@@ -67,7 +73,7 @@ def _run_group(world: int, sender, receiver) -> list:
     def member(rank: int) -> None:
         try:
             group = WeightGroup(address, rank)
-            results[rank] = sender(group) if rank == 0 else receiver(group)
+            results[rank] = role(rank, group)
             group.close()
         except BaseException as error:  # noqa: BLE001  (re-raised in the main thread)
             errors.append(error)
@@ -135,35 +141,20 @@ def test_shared_buffers_deliver_every_tensor_to_every_paired_receiver() -> None:
     assert len(plan.buckets) > 2
     exporters = [SharedBuffer.create(plan.max_bucket_bytes, "cpu") for _ in range(2)]
     handles = [b.handle for b in exporters]
-    world = 2 + 3
-    address = GroupAddress("127.0.0.1", free_port(), world, "gloo", 60.0)
-    results: list = [None] * world
-    errors: list[BaseException] = []
 
-    def member(rank: int) -> None:
-        try:
-            group = WeightGroup(address, rank)
-            if rank < 2:
-                results[rank] = send_shared(iter(sent), plan, group, exporters[rank])
-            else:
-                buffer = SharedBuffer.open(handles[(rank - 2) % 2])
-                results[rank] = [
-                    (n, t.clone()) for n, t in receive_shared(plan, group, buffer, device="cpu")
-                ]
-                buffer.close()
-            group.close()
-        except BaseException as error:  # noqa: BLE001  (re-raised in the main thread)
-            errors.append(error)
-
-    threads = [threading.Thread(target=member, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    for buffer in exporters:
+    def role(rank: int, group: WeightGroup):
+        if rank < 2:
+            return send_shared(iter(sent), plan, group, exporters[rank])
+        buffer = SharedBuffer.open(handles[(rank - 2) % 2])
+        got = [(n, t.clone()) for n, t in receive_shared(plan, group, buffer, device="cpu")]
         buffer.close()
-    if errors:
-        raise errors[0]
+        return got
+
+    try:
+        results = _run_members(2 + 3, role)
+    finally:
+        for buffer in exporters:
+            buffer.close()
     assert results[0].buckets == len(plan.buckets)
     for got in results[2:]:
         assert [n for n, _ in got] == [n for n, _ in sent]
