@@ -161,6 +161,54 @@ def rollout_correction_weights(
     return ones_BT, new_mask_BT
 
 
+def mismatch_sums(
+    train_logprobs_BT: torch.Tensor,
+    rollout_logprobs_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+) -> dict[str, torch.Tensor]:
+    """Detached sums / max of the mismatch diagnostics over valid tokens (float64 scalars).
+
+    Keys: ``mismatch_mult_err_sum``, ``mismatch_abs_diff_sum``, ``mismatch_abs_diff_max``,
+    ``mismatch_k3_sum``, ``mismatch_count``. Sums add and the ``_max`` takes the max across
+    micro-batches and ranks (``algorithms.loss.metric_reduction``); ``mismatch_from_sums``
+    turns the combined values into the means of ``mismatch_metrics``. The training pass
+    reports them when it also provides the old logprobs (one update per rollout batch).
+    """
+    _check_inputs(train_logprobs_BT, rollout_logprobs_BT, mask_BT)
+    with torch.no_grad():
+        valid_BT = mask_BT != 0
+        dtype = compute_dtype(train_logprobs_BT, rollout_logprobs_BT)
+        train_BT = torch.where(valid_BT, train_logprobs_BT.to(dtype), 0.0)
+        rollout_BT = torch.where(valid_BT, rollout_logprobs_BT.to(dtype), 0.0)
+        diff_BT = train_BT - rollout_BT
+        abs_diff_BT = diff_BT.abs()
+        mult_err_BT = torch.expm1(diff_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).abs()
+        k3_BT = kl_penalty(rollout_BT, train_BT, "k3")
+        # padding holds |0 - 0| = 0, and |d| >= 0, so it cannot win the max
+        max_abs = abs_diff_BT.amax() if abs_diff_BT.numel() > 0 else abs_diff_BT.new_zeros(())
+        f64 = torch.float64
+        return {
+            "mismatch_mult_err_sum": mult_err_BT.sum().to(f64),
+            "mismatch_abs_diff_sum": abs_diff_BT.sum().to(f64),
+            "mismatch_abs_diff_max": max_abs.to(f64),
+            "mismatch_k3_sum": k3_BT.where(valid_BT, 0.0).sum().to(f64),
+            "mismatch_count": valid_BT.sum().to(f64),
+        }
+
+
+def mismatch_from_sums(sums: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """The ``MISMATCH_METRIC_KEYS`` means from (combined) ``mismatch_sums``; an empty mask
+    gives zeros, not NaN."""
+    denom = max(float(sums["mismatch_count"]), 1.0)
+    values = [
+        float(sums["mismatch_mult_err_sum"]) / denom,
+        float(sums["mismatch_abs_diff_sum"]) / denom,
+        float(sums["mismatch_abs_diff_max"]),
+        float(sums["mismatch_k3_sum"]) / denom,
+    ]
+    return dict(zip(MISMATCH_METRIC_KEYS, values, strict=True))
+
+
 def mismatch_metrics(
     train_logprobs_BT: torch.Tensor,
     rollout_logprobs_BT: torch.Tensor,
@@ -177,28 +225,8 @@ def mismatch_metrics(
       (the tokens were sampled by the rollout engine).
 
     ``exp(d)`` uses ``d`` clamped to ``[-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP]``. An empty mask gives
-    all zeros (no NaN). Computed without gradient; one host sync.
+    all zeros (no NaN).
     """
-    _check_inputs(train_logprobs_BT, rollout_logprobs_BT, mask_BT)
-    with torch.no_grad():
-        valid_BT = mask_BT != 0
-        dtype = compute_dtype(train_logprobs_BT, rollout_logprobs_BT)
-        train_BT = torch.where(valid_BT, train_logprobs_BT.to(dtype), 0.0)
-        rollout_BT = torch.where(valid_BT, rollout_logprobs_BT.to(dtype), 0.0)
-        diff_BT = train_BT - rollout_BT
-        abs_diff_BT = diff_BT.abs()
-        mult_err_BT = torch.expm1(diff_BT.clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)).abs()
-        k3_BT = kl_penalty(rollout_BT, train_BT, "k3")
-        count = valid_BT.sum().to(dtype)
-        denom = count.clamp(min=1.0)  # empty mask: sums are 0, so 0 / 1 = 0 rather than NaN
-        max_abs = abs_diff_BT.amax() if abs_diff_BT.numel() > 0 else abs_diff_BT.new_zeros(())
-        stacked = torch.stack(
-            [
-                mult_err_BT.sum() / denom,
-                abs_diff_BT.sum() / denom,
-                max_abs,  # padding holds |0 - 0| = 0, and |d| >= 0, so it cannot win the max
-                k3_BT.where(valid_BT, 0.0).sum() / denom,
-            ]
-        )
-        values = stacked.tolist()  # a single device-to-host copy for all four metrics
-    return dict(zip(MISMATCH_METRIC_KEYS, values, strict=True))
+    sums = mismatch_sums(train_logprobs_BT, rollout_logprobs_BT, mask_BT)
+    values = torch.stack(list(sums.values())).tolist()  # one device-to-host copy
+    return mismatch_from_sums(dict(zip(sums, values, strict=True)))

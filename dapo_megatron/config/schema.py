@@ -115,6 +115,10 @@ class PolicyConfig:
     """Samples per forward/backward micro-batch on one data-parallel rank."""
     logprob_micro_batch_size: int
     """Samples per forward-only micro-batch when computing old/reference logprobs."""
+    old_logprob_pass: Literal["auto", "always"]
+    """auto: skip the forward-only old-logprob pass when a rollout batch is trained in ONE
+    optimizer step (batch <= train_global_batch_size): the training forward's detached
+    logprobs are then exactly the old ones (peers skip it too). always: run it every step."""
     max_total_sequence_length: int
     """Longest prompt + response the trainer accepts, in tokens."""
 

@@ -6,7 +6,8 @@ cap); dynamic sampling keeps prompt groups whose RAW score varies, over at most
 max_gen_batches generation rounds, carrying surplus groups to the next step; truncated
 responses may be filtered from the loss; advantages are group-normalised; the policy trains
 on shuffled mini-batches with the clip-higher, token-level loss against old logprobs taken
-before the step; then the generation engines receive the new weights.
+before the step (by the training forward itself when the batch is a single optimizer step:
+steps.needs_old_logprob_pass); then the generation engines receive the new weights.
 """
 
 from __future__ import annotations
@@ -85,7 +86,12 @@ def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
         ctx.engines.sleep()  # colocated engines give their memory to the training phase
         batch = steps.make_batch(ctx, groups)
         metrics = {**gen_metrics, **ds_stats.to_metrics(), **rollout_metrics(groups, config)}
-        metrics.update(steps.old_logprobs(ctx, batch))
+        if steps.needs_old_logprob_pass(
+            len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
+        ):
+            metrics.update(steps.old_logprobs(ctx, batch))
+        else:
+            metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
         metrics.update(steps.train_on_batch(ctx, batch, step))
         metrics["timing/refit_s"] = ctx.engines.refit(ctx.policy)
         metrics.update(ctx.engines.refit_metrics())

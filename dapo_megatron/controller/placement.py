@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -58,8 +59,12 @@ def policy_placements(
     group: PlacementGroup, world_size: int, resources: RankResources
 ) -> list[ActorPlacement]:
     """One placement per policy rank, rank r on bundle r."""
-    # On CPU several ranks share a few cores: one intra-op thread each avoids oversubscription.
-    threads = max(1, int(resources.num_cpus)) if resources.num_gpus else 1
+    threads = max(1, int(resources.num_cpus))
+    if not resources.num_gpus:
+        # On CPU the ranks share the machine's cores: an equal share of intra-op threads
+        # each (one thread per rank when ranks >= cores avoids oversubscription; a single
+        # rank on a 2-core machine gets both cores, not one).
+        threads = max(1, int(ray.cluster_resources().get("CPU", 1)) // max(1, world_size))
     return [
         ActorPlacement(_options(resources.num_cpus, resources.num_gpus, group, r), threads, None)
         for r in range(world_size)

@@ -78,6 +78,18 @@ def collect_rollouts(
     return groups, stats, totals
 
 
+def needs_old_logprob_pass(num_samples: int, global_batch_size: int, mode: str) -> bool:
+    """Whether the old logprobs need their own forward-only pass before training.
+
+    A batch trained in one optimizer step (num_samples <= global_batch_size) has its old
+    logprobs in the training forward already: before the only update, the policy IS the
+    old policy (no dropout), so the train step uses its detached logprobs (ratio 1) and
+    gives the same loss and gradients. With several mini-batches the later ones need the
+    logprobs from before the first update: the pass runs. ``mode="always"`` forces it.
+    """
+    return mode == "always" or num_samples > global_batch_size
+
+
 def old_logprobs(ctx: RunContext, batch: PolicyBatch) -> dict[str, float]:
     """Fill batch.old_logprobs with the policy before this step's updates; mismatch metrics."""
     start = time.perf_counter()

@@ -37,6 +37,7 @@ from dapo_megatron.algorithms.loss import (
     metric_reduction,
     reduce_loss_metrics,
 )
+from dapo_megatron.algorithms.rollout_correction import mismatch_from_sums, mismatch_sums
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.schema import LossConfig
 from dapo_megatron.data.batch import PolicyBatch
@@ -424,7 +425,11 @@ def train_step(
 
     def loss_fn(model, mb, hidden):
         lp, ent = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=True)
-        old = mb["old_logprobs"] if mb["old_logprobs"] is not None else lp.detach()
+        # Without old logprobs this is the only update on the batch (the controller skips
+        # the separate pass, controller/steps.py): the policy before the update IS the
+        # current one, so old = lp.detached is exact (ratio 1, the same gradient).
+        reuse = mb["old_logprobs"] is None
+        old = lp.detach() if reuse else mb["old_logprobs"]
         # algorithms.loss.policy_loss semantics; the fused Triton kernel on CUDA, that very
         # function on CPU (impl="auto").
         out = pg_loss(
@@ -452,6 +457,9 @@ def train_step(
             entropy_coef=loss_cfg.entropy_coef,
         )
         metrics = dict(out.metrics, loss_sum=out.loss.detach().double())
+        if reuse and mb["rollout_logprobs"] is not None:
+            # The mismatch diagnostics the skipped pass would have reported.
+            metrics.update(mismatch_sums(old, mb["rollout_logprobs"], mb["mask"]))
         return out.loss, torch.tensor(0, dtype=torch.int), metrics
 
     outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=False)
@@ -466,7 +474,10 @@ def _finish_metrics(outputs: list[dict]) -> dict[str, float]:
     if parallel_state.is_pipeline_last_stage():
         sums = _reduce_metric_sums(outputs, sorted(outputs[0]))
         loss = float(sums.pop("loss_sum"))
+        mismatch = {k: sums.pop(k) for k in list(sums) if k.startswith("mismatch_")}
         metrics = {"loss": loss, **reduce_loss_metrics([sums])}
+        if mismatch:
+            metrics.update(mismatch_from_sums(mismatch))
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         holder = [metrics]
         dist.broadcast_object_list(

@@ -234,3 +234,69 @@ def test_policy_steps_match_hf_reference(layout, setup):
     lp, _ = _hf_logprobs(model.double(), batch.input_ids)
     nll = -(lp * batch.loss_mask).sum() / batch.loss_mask.sum()
     assert abs(per_rank[0]["sft"]["sft/nll"] - nll.item()) <= ATOL
+
+
+# ---------------------------------------------------------------------------------------
+# One update per rollout batch: the training forward supplies the old logprobs
+
+
+def _reuse_worker(
+    hf_dir: Path, dims: ParallelDims, micro: int, batch: PolicyBatch, separate_pass: bool
+) -> dict:
+    """One train step on a batch without old logprobs (the controller skipped the pass), or
+    with them from the separate forward-only pass (what the controller did before)."""
+    from megatron.core import parallel_state
+
+    from dapo_megatron.megatron.policy import MegatronPolicy
+
+    policy = MegatronPolicy(_config(hf_dir, dims, micro), dims=dims)
+    dp_rank, dp = parallel_state.get_data_parallel_rank(), dims.dp
+    shard = batch.select(slice(dp_rank * B // dp, (dp_rank + 1) * B // dp))
+    lp = None
+    if separate_pass:
+        lp, _ = policy.logprobs(shard)
+        shard = dataclasses.replace(shard, old_logprobs=lp)
+    before = dict(policy.export_weights())
+    metrics = policy.train_step(shard)
+    after = dict(policy.export_weights())
+    policy.shutdown()
+    return {"dp_rank": dp_rank, "lp": lp, "metrics": metrics,
+            "delta": {k: after[k] - before[k] for k in before}}
+
+
+@pytest.mark.parametrize("layout", ["tp1-4micro", "dp2-4micro", "tp2"])
+def test_skipped_old_logprob_pass_is_exact(layout, setup):
+    """Without old logprobs, train_step gives the loss, gradients and mismatch metrics of the
+    separate pass + train step, and both match the float64 HF reference at ratio 1."""
+    from dapo_megatron.algorithms.rollout_correction import MISMATCH_METRIC_KEYS, mismatch_metrics
+
+    hf_dir, batch, ref = setup
+    gen = torch.Generator().manual_seed(7)
+    rollout = (ref["lp"].float() + 0.05 * torch.randn(B, S, generator=gen)) * batch.loss_mask
+    batch = dataclasses.replace(batch, old_logprobs=None, rollout_logprobs=rollout)
+    dims, micro, _ = LAYOUTS[layout]
+    skipped = run_distributed(_reuse_worker, dims.world_size, hf_dir, dims, micro, batch, False,
+                              timeout=300)
+    separate = run_distributed(_reuse_worker, dims.world_size, hf_dir, dims, micro, batch, True,
+                               timeout=300)
+    # The independent reference: float64 HF loss with old = its own (detached) logprobs.
+    loss_cfg = _config(hf_dir, ParallelDims(1, 1, 1, 1, False), 8).dapo.loss
+    ratio_one = _reference(
+        hf_dir, dataclasses.replace(batch, old_logprobs=ref["lp"].float()), loss_cfg
+    )
+    a, b = skipped[0], separate[0]
+    assert abs(a["metrics"]["loss"] - b["metrics"]["loss"]) <= 1e-6
+    assert abs(a["metrics"]["loss"] - ratio_one["loss"]) <= ATOL
+    assert a["metrics"]["policy/ratio_mean"] == pytest.approx(1.0, abs=1e-7)
+    for name, grad in ratio_one["grads"].items():
+        if name in a["delta"]:
+            assert (a["delta"][name] - b["delta"][name]).abs().max() <= 1e-6, name
+            assert (a["delta"][name].double() + grad).abs().max() <= ATOL, name
+    # Mismatch metrics: what the controller computed from the separate pass's logprobs.
+    leaders = sorted({r["dp_rank"]: r for r in separate}.items())
+    lp = torch.cat([r["lp"] for _, r in leaders])
+    expected = mismatch_metrics(lp, rollout, batch.loss_mask)
+    assert expected["mismatch/abs_logprob_diff_mean"] > 0.01  # the check can fail
+    for key in MISMATCH_METRIC_KEYS:
+        assert a["metrics"][key] == pytest.approx(expected[key], rel=1e-5, abs=1e-7), key
+        assert key not in b["metrics"]  # with old logprobs given, the controller reports them

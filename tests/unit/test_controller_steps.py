@@ -148,3 +148,13 @@ def test_policy_batch_layout_and_overlong_filtering():
     # Rewards: scale [0,1] -> [-1,1]: [1, -1, -1, -1]; group mean -0.5, unbiased std 1.0:
     # advantages (r + 0.5) / (1 + 1e-6) = [1.5, -0.5, -0.5, -0.5]
     assert batch.advantages.tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
+
+
+def test_old_logprob_pass_runs_only_when_the_batch_needs_several_updates():
+    from dapo_megatron.controller.steps import needs_old_logprob_pass
+
+    assert not needs_old_logprob_pass(256, 256, "auto")  # one update: training forward has them
+    assert not needs_old_logprob_pass(200, 256, "auto")
+    assert needs_old_logprob_pass(257, 256, "auto")  # a 2nd mini-batch after an update
+    assert needs_old_logprob_pass(256, 128, "auto")
+    assert needs_old_logprob_pass(256, 256, "always")
