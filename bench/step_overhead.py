@@ -134,7 +134,7 @@ def _reference(model_dir: Path, steps: int, seed: int = 0) -> dict:
     torch.set_num_threads(THREADS)
     torch.manual_seed(seed)
     tok = transformers.AutoTokenizer.from_pretrained(model_dir)
-    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     data = load_config(RECIPE, validate=False).config.data
     records = build_datasets(data, seed=seed).train.records
@@ -158,9 +158,11 @@ def _reference(model_dir: Path, steps: int, seed: int = 0) -> dict:
         is_eos = resp == eos
         after_eos = (is_eos.cumsum(1) - is_eos.long()) > 0
         resp_mask = (~after_eos).float()
-        texts = [tok.decode(r[m.bool()], skip_special_tokens=True) for r, m in zip(resp, resp_mask)]
+        texts = [tok.decode(r[m.bool()], skip_special_tokens=True)
+                 for r, m in zip(resp, resp_mask, strict=True)]
         truths = [r.ground_truth for r in chosen for _ in range(SAMPLES)]
-        scores = torch.tensor([verifier.judge(t, g).score for t, g in zip(texts, truths)]).view(PROMPTS, SAMPLES)
+        scores = torch.tensor([verifier.judge(t, g).score for t, g in zip(texts, truths, strict=True)])
+        scores = scores.view(PROMPTS, SAMPLES)
         adv = (scores - scores.mean(1, keepdim=True)) / (scores.std(1, keepdim=True) + 1e-6)
         adv = adv.reshape(-1, 1)
         t2 = time.perf_counter()

@@ -321,6 +321,9 @@ class ValidationConfig:
     """Nucleus sampling threshold of validation (DAPO: 0.7)."""
     max_prompts: int | None
     """Validate on at most this many prompts; null uses the whole validation set."""
+    greedy: bool
+    """Greedy decoding (top_k=1, one sample per prompt) instead of avg@k sampling; the
+    temperature, top_p and num_samples_per_prompt keys are then unused."""
 
 
 @dataclass

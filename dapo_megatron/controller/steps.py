@@ -119,25 +119,41 @@ def train_on_batch(ctx: RunContext, batch: PolicyBatch, step: int) -> dict[str, 
     return metrics
 
 
+def validation_sampling(config, eos_ids: Sequence[int], seed: int) -> SamplingParams:
+    """Validation decoding: greedy (one sample, top_k=1) or avg@k sampling."""
+    v = config.validation
+    return SamplingParams(
+        temperature=1.0 if v.greedy else v.temperature,
+        top_p=1.0 if v.greedy else v.top_p,
+        top_k=1 if v.greedy else -1,
+        max_tokens=config.generation.max_response_length,
+        stop_token_ids=list(config.generation.stop_token_ids or eos_ids),
+        seed=seed,
+        n=1 if v.greedy else v.num_samples_per_prompt,
+    )
+
+
+def accuracy_stderr(per_prompt: Sequence[float]) -> float:
+    """Standard error of the mean accuracy over prompts (prompts are the independent draws:
+    the k samples of one prompt are correlated)."""
+    if len(per_prompt) < 2:
+        return float("nan")
+    return statistics.stdev(per_prompt) / len(per_prompt) ** 0.5
+
+
 def validate(ctx: RunContext, step: int) -> dict[str, float]:
-    """avg@k accuracy on the validation prompts."""
+    """Greedy or avg@k accuracy on the validation prompts, with its standard error."""
     if ctx.val is None:
         return {}
-    v = ctx.config.validation
-    sampling = SamplingParams(
-        temperature=v.temperature,
-        top_p=v.top_p,
-        top_k=-1,
-        max_tokens=ctx.config.generation.max_response_length,
-        stop_token_ids=list(ctx.config.generation.stop_token_ids or ctx.eos_ids),
-        seed=round_seed(ctx.config.run.seed, step, 10_000),
-        n=v.num_samples_per_prompt,
+    sampling = validation_sampling(
+        ctx.config, ctx.eos_ids, round_seed(ctx.config.run.seed, step, 10_000)
     )
     start = time.perf_counter()
     groups, _ = generate_groups(ctx, range(len(ctx.val.input_ids)), sampling, prompts=ctx.val)
     scores = [x for g in groups for x in g.scores]
     return {
         "val/acc": statistics.fmean(scores),
+        "val/acc_stderr": accuracy_stderr([statistics.fmean(g.scores) for g in groups]),
         "val/response_length": statistics.fmean(
             s.response_length for g in groups for s in g.samples
         ),
