@@ -158,3 +158,43 @@ def test_old_logprob_pass_runs_only_when_the_batch_needs_several_updates():
     assert needs_old_logprob_pass(257, 256, "auto")  # a 2nd mini-batch after an update
     assert needs_old_logprob_pass(256, 128, "auto")
     assert needs_old_logprob_pass(256, 256, "always")
+
+
+def _val_ctx(pattern, *overrides):
+    ctx = _ctx(pattern, "validation.max_prompts=null", *overrides)
+    ctx.val = ctx.train  # 30 prompts
+    seen = []
+    generate = ctx.engines.generate
+
+    def recording(prompts, sampling):
+        seen.append(sampling)
+        return generate(prompts, sampling)
+
+    ctx.engines.generate = recording
+    return ctx, seen
+
+
+def test_greedy_validation_decodes_once_per_prompt_and_reports_the_stderr():
+    # 12 of 30 prompts answered correctly (prompt % 5 < 2): acc 0.4.
+    ctx, seen = _val_ctx(lambda prompt, j: float(prompt % 5 < 2), "validation.greedy=true")
+    metrics = steps.validate(ctx, step=10)
+    assert seen[0].n == 1 and seen[0].top_k == 1
+    assert metrics["val/acc"] == pytest.approx(12 / 30)
+    # Sample standard deviation of 12 ones and 18 zeros, over sqrt(30) prompts.
+    p = 12 / 30
+    expected = (p * (1 - p) * 30 / 29) ** 0.5 / 30**0.5
+    assert metrics["val/acc_stderr"] == pytest.approx(expected, rel=1e-12)
+
+
+def test_sampled_validation_averages_k_samples_and_stderr_is_over_prompts():
+    # Sample j of every prompt is right iff j is even: each prompt scores exactly 0.5,
+    # so avg@4 = 0.5 with NO spread between prompts (stderr 0, not that of 120 coin flips).
+    ctx, seen = _val_ctx(
+        lambda prompt, j: float(j % 2 == 0),
+        "validation.greedy=false",
+        "validation.num_samples_per_prompt=4",
+        "validation.temperature=0.8",
+    )
+    metrics = steps.validate(ctx, step=10)
+    assert seen[0].n == 4 and seen[0].top_k == -1 and seen[0].temperature == 0.8
+    assert metrics["val/acc"] == 0.5 and metrics["val/acc_stderr"] == 0.0
