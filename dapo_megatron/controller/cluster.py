@@ -51,6 +51,11 @@ def start_ray(cluster: ClusterConfig, *, num_cpus: int | None = None) -> None:
         include_dashboard=False,
         object_store_memory=256 * 1024 * 1024 if resolve_device(cluster) == "cpu" else None,
         _node_ip_address="127.0.0.1",
+        # Ray starts workers at nice 15 by default, below the driver: on a machine with
+        # few cores every moment the controller computes (batching, scoring, logging) then
+        # preempts a policy rank, and the ranks wait for each other in every collective.
+        # The ranks do the run's work; they get the driver's priority.
+        _system_config={"worker_niceness": 0},
     )
 
 
