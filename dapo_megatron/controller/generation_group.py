@@ -74,7 +74,9 @@ class Engines(Protocol):
         ...
 
     def refit_metrics(self) -> dict[str, float]:
-        """What the last refit moved, for the step's metrics (empty when nothing moved)."""
+        """Refit counters of the engines (``refit/engine_*``: bytes received and loads per
+        path), CUMULATIVE over the engines' lifetime, for the step's metrics (empty when
+        nothing moved)."""
         ...
 
     def shutdown(self) -> None: ...
