@@ -76,43 +76,45 @@ def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
     progress = StepProgress(
         d.max_num_steps, start_step=start_step, enabled=config.logger.progress_bar
     )
-    for step in range(start_step, d.max_num_steps):
-        started = time.perf_counter()
-        if ds.enabled and ds.batch_multiplier == "auto" and keep_rate is not None:
-            ctx.dynamic.batch_multiplier = auto_batch_multiplier(
-                keep_rate, max_multiplier=ds.max_batch_multiplier
+    try:
+        for step in range(start_step, d.max_num_steps):
+            started = time.perf_counter()
+            if ds.enabled and ds.batch_multiplier == "auto" and keep_rate is not None:
+                ctx.dynamic.batch_multiplier = auto_batch_multiplier(
+                    keep_rate, max_multiplier=ds.max_batch_multiplier
+                )
+            groups, ds_stats, gen_metrics = steps.collect_rollouts(ctx, step)
+            ctx.engines.sleep()  # colocated engines give their memory to the training phase
+            batch = steps.make_batch(ctx, groups)
+            metrics = {**gen_metrics, **ds_stats.to_metrics(), **rollout_metrics(groups, config)}
+            if steps.needs_old_logprob_pass(
+                len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
+            ):
+                metrics.update(steps.old_logprobs(ctx, batch))
+            else:
+                metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
+            metrics.update(steps.train_on_batch(ctx, batch, step))
+            metrics["timing/refit_s"] = ctx.engines.refit(ctx.policy)
+            metrics.update(ctx.engines.refit_metrics())
+            keep_rate = (
+                ds_stats.keep_rate
+                if keep_rate is None
+                else (0.5 * keep_rate + 0.5 * ds_stats.keep_rate)
             )
-        groups, ds_stats, gen_metrics = steps.collect_rollouts(ctx, step)
-        ctx.engines.sleep()  # colocated engines give their memory to the training phase
-        batch = steps.make_batch(ctx, groups)
-        metrics = {**gen_metrics, **ds_stats.to_metrics(), **rollout_metrics(groups, config)}
-        if steps.needs_old_logprob_pass(
-            len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
-        ):
-            metrics.update(steps.old_logprobs(ctx, batch))
-        else:
-            metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
-        metrics.update(steps.train_on_batch(ctx, batch, step))
-        metrics["timing/refit_s"] = ctx.engines.refit(ctx.policy)
-        metrics.update(ctx.engines.refit_metrics())
-        keep_rate = (
-            ds_stats.keep_rate
-            if keep_rate is None
-            else (0.5 * keep_rate + 0.5 * ds_stats.keep_rate)
-        )
-        metrics["dynamic_sampling/batch_multiplier"] = ctx.dynamic.batch_multiplier
-        metrics["generated_per_trained"] = ds_stats.num_samples_generated / len(batch)
-        done = step + 1
-        if config.validation.val_period and done % config.validation.val_period == 0:
-            metrics.update(steps.validate(ctx, done))
-        metrics["timing/step_s"] = time.perf_counter() - started
-        metrics["tokens_per_s"] = metrics["num_generated_tokens"] / metrics["timing/step_s"]
-        logger.log(done, metrics)
-        progress.update(done, metrics)
-        last = done == d.max_num_steps
-        if config.checkpointing.enabled and (done % config.checkpointing.save_period == 0 or last):
-            _save(ctx, done, keep_rate)
-    progress.close()
+            metrics["dynamic_sampling/batch_multiplier"] = ctx.dynamic.batch_multiplier
+            metrics["generated_per_trained"] = ds_stats.num_samples_generated / len(batch)
+            done = step + 1
+            if config.validation.val_period and done % config.validation.val_period == 0:
+                metrics.update(steps.validate(ctx, done))
+            metrics["timing/step_s"] = time.perf_counter() - started
+            metrics["tokens_per_s"] = metrics["num_generated_tokens"] / metrics["timing/step_s"]
+            logger.log(done, metrics)
+            progress.update(done, metrics)
+            last = done == d.max_num_steps
+            if config.checkpointing.enabled and (done % config.checkpointing.save_period == 0 or last):
+                _save(ctx, done, keep_rate)
+    finally:
+        progress.close()  # on every exit path: a crash must not leave the bar drawn
     return metrics
 
 
@@ -132,10 +134,13 @@ def train(config: DapoMegatronConfig, run_dir: Path) -> dict[str, float]:
             logger = MetricsLogger(
                 config.logger, run_dir=run_dir, run_name=config.run.name, resume=resume
             )
+            failed = True  # until _run_steps returns: W&B / MLflow must see a crash as one
             try:
                 ctx.policy = PolicyGroup(config, device_share=policy_device_share(config))
                 ctx.engines = build_engines(config, ctx.policy)
-                return _run_steps(ctx, logger)
+                metrics = _run_steps(ctx, logger)
+                failed = False
+                return metrics
             except WorkerDied as failure:
                 restarts += 1
                 if restarts > config.run.max_restarts:
@@ -146,7 +151,7 @@ def train(config: DapoMegatronConfig, run_dir: Path) -> dict[str, float]:
                     flush=True,
                 )
             finally:
-                logger.close()
+                logger.close(failed=failed)
                 ctx.stop_workers()
     finally:
         ctx.close()

@@ -1,0 +1,95 @@
+"""controller/loop.train's lifecycle: a crash reaches the experiment loggers as a failure,
+and the progress bar is closed on every exit path (no Ray, no workers: stand-ins)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dapo_megatron.config.loader import load_config
+from dapo_megatron.controller import loop
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+class RecordingLogger:
+    closed: list[bool] = []
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def log(self, step, metrics):
+        pass
+
+    def close(self, *, failed: bool = False):
+        RecordingLogger.closed.append(failed)
+
+
+class RecordingProgress:
+    closed = 0
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def update(self, step, metrics):
+        pass
+
+    def close(self):
+        RecordingProgress.closed += 1
+
+
+@pytest.fixture()
+def fake_run(monkeypatch, tmp_path):
+    RecordingLogger.closed = []
+    RecordingProgress.closed = 0
+    ctx = SimpleNamespace(
+        reset_state=lambda: None,
+        stop_workers=lambda: None,
+        close=lambda: None,
+        checkpoint_dir=tmp_path / "checkpoints",
+    )
+    monkeypatch.setattr(loop, "build_context", lambda config, run_dir: ctx)
+    monkeypatch.setattr(loop, "start_ray", lambda cluster: None)
+    monkeypatch.setattr(loop, "PolicyGroup", lambda config, device_share: object())
+    monkeypatch.setattr(
+        loop, "build_engines", lambda config, policy: SimpleNamespace(refit=lambda p: 0.0)
+    )
+    monkeypatch.setattr(loop, "MetricsLogger", RecordingLogger)
+    monkeypatch.setattr(loop, "StepProgress", RecordingProgress)
+    config = load_config(REPO / "recipes" / "dapo-tiny-cpu.yaml").config
+    return config, ctx, tmp_path
+
+
+def test_a_crash_closes_the_loggers_as_failed(fake_run, monkeypatch):
+    config, _, run_dir = fake_run
+
+    def crash(ctx, logger):
+        raise RuntimeError("boom in step 3")
+
+    monkeypatch.setattr(loop, "_run_steps", crash)
+    with pytest.raises(RuntimeError, match="boom"):
+        loop.train(config, run_dir)
+    assert RecordingLogger.closed == [True]
+
+
+def test_a_finished_run_closes_the_loggers_as_successful(fake_run, monkeypatch):
+    config, _, run_dir = fake_run
+    monkeypatch.setattr(loop, "_run_steps", lambda ctx, logger: {"loss": 0.0})
+    assert loop.train(config, run_dir) == {"loss": 0.0}
+    assert RecordingLogger.closed == [False]
+
+
+def test_the_progress_bar_closes_when_a_step_raises(fake_run, monkeypatch):
+    config, ctx, run_dir = fake_run
+    monkeypatch.setattr(loop, "_resume", lambda ctx: {"step": 5})
+    ctx.config = config
+
+    def failing_rollouts(ctx, step):
+        raise RuntimeError("generation failed")
+
+    monkeypatch.setattr(loop.steps, "collect_rollouts", failing_rollouts)
+    with pytest.raises(RuntimeError, match="generation failed"):
+        loop.train(config, run_dir)
+    assert RecordingProgress.closed == 1 and RecordingLogger.closed == [True]
