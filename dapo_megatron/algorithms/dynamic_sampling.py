@@ -173,8 +173,11 @@ class DynamicSampler(Generic[G]):
     order. ``finish_step`` returns exactly ``num_prompts_per_step`` groups; the valid surplus
     is either carried (age 0, usable for ``max_carry_age`` later steps) or discarded.
 
-    ``batch_multiplier`` is public and may be changed between steps (e.g. set from the
-    observed keep rate); it is validated on assignment.
+    ``batch_multiplier`` is public and may be changed between steps; it is validated on
+    assignment. With ``auto_max_multiplier`` the sampler sets it itself (``batch_multiplier:
+    auto``): from the second step on, ``auto_batch_multiplier`` of a running average of the
+    observed keep rates (each step halves the weight of the older ones). That average is part
+    of ``state_dict``, so a resumed run continues with the same multipliers.
     """
 
     def __init__(
@@ -187,6 +190,7 @@ class DynamicSampler(Generic[G]):
         max_carry_age: int,
         enabled: bool = True,
         group_size: int,
+        auto_max_multiplier: float | None = None,
     ) -> None:
         """Configure the sampler.
 
@@ -201,6 +205,9 @@ class DynamicSampler(Generic[G]):
             enabled: when False every group is kept and a step is a single round of exactly
                 ``num_prompts_per_step`` prompts (plain GRPO batching).
             group_size: samples per group N (>= 1); every round's tensors must be ``[G, N]``.
+            auto_max_multiplier: when given (>= 1), adapt ``batch_multiplier`` to the observed
+                keep rate (class docstring), up to this value; ``batch_multiplier`` is the
+                first step's. None keeps ``batch_multiplier`` fixed.
 
         Raises:
             ValueError: naming the first bad argument.
@@ -220,6 +227,10 @@ class DynamicSampler(Generic[G]):
         self.max_carry_age = max_carry_age
         self.enabled = enabled
         self.group_size = group_size
+        if auto_max_multiplier is not None and not auto_max_multiplier >= 1.0:
+            raise ValueError(f"auto_max_multiplier must be >= 1, got {auto_max_multiplier!r}")
+        self.auto_max_multiplier = auto_max_multiplier
+        self._keep_rate_ema: float | None = None
 
         self._carry: list[_Entry[G]] = []
         self._totals: dict[str, int] = dict.fromkeys(_TOTAL_KEYS, 0)
@@ -240,6 +251,11 @@ class DynamicSampler(Generic[G]):
         if not (math.isfinite(value) and value >= 1.0):
             raise ValueError(f"batch_multiplier must be finite and >= 1.0, got {value!r}")
         self._batch_multiplier = float(value)
+
+    @property
+    def keep_rate_ema(self) -> float | None:
+        """Running average of the steps' keep rates (None before the first finished step)."""
+        return self._keep_rate_ema
 
     @property
     def num_carried_groups(self) -> int:
@@ -291,6 +307,10 @@ class DynamicSampler(Generic[G]):
         """
         if self._in_step:
             raise RuntimeError("DynamicSampler.start_step() called twice; call finish_step() first")
+        if self.enabled and self.auto_max_multiplier is not None and self._keep_rate_ema is not None:
+            self.batch_multiplier = auto_batch_multiplier(
+                self._keep_rate_ema, max_multiplier=self.auto_max_multiplier
+            )
         self._reset_step_state()
         survivors: list[_Entry[G]] = []
         for entry in self._carry:
@@ -464,6 +484,8 @@ class DynamicSampler(Generic[G]):
         self._totals["num_steps"] += 1
         for key in _TOTAL_KEYS[1:]:
             self._totals[key] += getattr(stats, key)
+        ema = self._keep_rate_ema
+        self._keep_rate_ema = stats.keep_rate if ema is None else 0.5 * ema + 0.5 * stats.keep_rate
         self._in_step = False
         self._kept = []
         return [entry.group for entry in batch], stats
@@ -494,6 +516,7 @@ class DynamicSampler(Generic[G]):
                 for entry in self._carry
             ],
             "totals": dict(self._totals),
+            "keep_rate_ema": self._keep_rate_ema,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -530,5 +553,11 @@ class DynamicSampler(Generic[G]):
             )
         for key in _TOTAL_KEYS:
             _check_int(f"state['totals'][{key!r}]", totals[key], minimum=0)
+        ema = state.get("keep_rate_ema")  # absent in states saved before it was kept here
+        if ema is not None and (
+            isinstance(ema, bool) or not isinstance(ema, (int, float)) or not 0.0 <= ema <= 1.0
+        ):
+            raise ValueError(f"state['keep_rate_ema'] must be None or in [0, 1], got {ema!r}")
         self._carry = carry
         self._totals = {key: int(totals[key]) for key in _TOTAL_KEYS}
+        self._keep_rate_ema = None if ema is None else float(ema)

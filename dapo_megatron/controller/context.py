@@ -167,6 +167,7 @@ def make_dynamic_sampler(config: DapoMegatronConfig) -> DynamicSampler[RolloutGr
         max_carry_age=ds.max_carry_age,
         enabled=ds.enabled,
         group_size=config.dapo.num_generations_per_prompt,
+        auto_max_multiplier=ds.max_batch_multiplier if ds.batch_multiplier == "auto" else None,
     )
 
 

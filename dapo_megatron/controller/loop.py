@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dapo_megatron.algorithms.dynamic_sampling import auto_batch_multiplier
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.cluster import start_ray
@@ -43,12 +42,11 @@ def _resume(ctx: RunContext) -> dict[str, Any]:
     return state
 
 
-def _save(ctx: RunContext, step: int, keep_rate: float | None) -> None:
+def _save(ctx: RunContext, step: int) -> None:
     state = {
         "step": step,
         "sampler": ctx.sampler.state_dict(),
-        "dynamic": ctx.dynamic.state_dict(),
-        "keep_rate_ema": keep_rate,
+        "dynamic": ctx.dynamic.state_dict(),  # carry cache, counters, keep-rate average
     }
     ctx.policy.save(str(ctx.checkpoint_dir), step, state)
     prune_checkpoints(ctx.checkpoint_dir, ctx.config.checkpointing.keep_last)
@@ -57,9 +55,9 @@ def _save(ctx: RunContext, step: int, keep_rate: float | None) -> None:
 def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
     """Train from the last checkpoint (or from scratch) to max_num_steps."""
     config = ctx.config
-    d, ds = config.dapo, config.dapo.dynamic_sampling
+    d = config.dapo
     state = _resume(ctx)
-    start_step, keep_rate = state.get("step", 0), state.get("keep_rate_ema")
+    start_step = state.get("step", 0)
     if start_step == 0 and config.sft_warmup.num_steps > 0:
         steps.sft_warmup(
             ctx,
@@ -79,10 +77,6 @@ def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
     try:
         for step in range(start_step, d.max_num_steps):
             started = time.perf_counter()
-            if ds.enabled and ds.batch_multiplier == "auto" and keep_rate is not None:
-                ctx.dynamic.batch_multiplier = auto_batch_multiplier(
-                    keep_rate, max_multiplier=ds.max_batch_multiplier
-                )
             groups, ds_stats, gen_metrics = steps.collect_rollouts(ctx, step)
             ctx.engines.sleep()  # colocated engines give their memory to the training phase
             batch = steps.make_batch(ctx, groups)
@@ -96,11 +90,6 @@ def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
             metrics.update(steps.train_on_batch(ctx, batch, step))
             metrics["timing/refit_s"] = ctx.engines.refit(ctx.policy)
             metrics.update(ctx.engines.refit_metrics())
-            keep_rate = (
-                ds_stats.keep_rate
-                if keep_rate is None
-                else (0.5 * keep_rate + 0.5 * ds_stats.keep_rate)
-            )
             metrics["dynamic_sampling/batch_multiplier"] = ctx.dynamic.batch_multiplier
             metrics["generated_per_trained"] = ds_stats.num_samples_generated / len(batch)
             done = step + 1
@@ -112,7 +101,7 @@ def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
             progress.update(done, metrics)
             last = done == d.max_num_steps
             if config.checkpointing.enabled and (done % config.checkpointing.save_period == 0 or last):
-                _save(ctx, done, keep_rate)
+                _save(ctx, done)
     finally:
         progress.close()  # on every exit path: a crash must not leave the bar drawn
     return metrics

@@ -720,3 +720,50 @@ def test_auto_batch_multiplier_by_hand():
         auto_batch_multiplier(1.5, max_multiplier=8.0)
     with pytest.raises(ValueError, match="max_multiplier"):
         auto_batch_multiplier(0.5, max_multiplier=0.5)
+
+
+# ------------------------------------------------------------------- auto batch multiplier
+
+
+def _one_step(s: DynamicSampler[str], flags: list[bool]) -> float:
+    """Run a step whose first round has `flags` (then all-valid rounds); its multiplier."""
+    s.start_step()
+    used = s.batch_multiplier
+    names = [f"g{i}" for i in range(s.prompts_for_next_round())]
+    round_flags = (flags + [True] * len(names))[: len(names)]
+    s.add_round(*make_round(names, round_flags))
+    while not s.is_complete():
+        names = [f"h{i}" for i in range(s.prompts_for_next_round())]
+        s.add_round(*make_round(names, [True] * len(names)))
+    s.finish_step()
+    return used
+
+
+def test_auto_multiplier_follows_the_keep_rate_average_and_survives_state_dict() -> None:
+    s = sampler(batch_multiplier=2.0, auto_max_multiplier=4.0, surplus="carry")
+    # Step 1 at the initial 2.0: a round of 8 prompts keeps 2, a second round of
+    # ceil(2 * 2) = 4 keeps 4 (2 carried): keep rate 6 / 12 = 0.5.
+    assert _one_step(s, [True, True] + [False] * 6) == 2.0
+    assert s.keep_rate_ema == pytest.approx(0.5)
+    # Step 2 at auto_batch_multiplier(0.5) = 1.2 / 0.5 = 2.4: 2 carried groups pre-fill,
+    # one round of ceil(2.4 * 2) = 5 prompts, all kept: rate 1.0, average 0.75.
+    assert _one_step(s, [True] * 16) == pytest.approx(2.4)
+    assert s.keep_rate_ema == pytest.approx(0.75)
+    state = s.state_dict()
+    resumed = sampler(batch_multiplier=2.0, auto_max_multiplier=4.0, surplus="carry")
+    resumed.load_state_dict(state)
+    # Step 3: 1.2 / 0.75 = 1.6 in the original and in the resumed sampler alike.
+    assert _one_step(s, [True] * 16) == pytest.approx(1.6)
+    assert _one_step(resumed, [True] * 16) == pytest.approx(1.6)
+
+
+def test_fixed_multiplier_never_changes_and_old_states_load() -> None:
+    s = sampler(batch_multiplier=1.5)
+    for _ in range(3):
+        assert _one_step(s, [True, False, True, False, True, False]) == 1.5
+    state = s.state_dict()
+    del state["keep_rate_ema"]  # saved before the average was part of the state
+    s.load_state_dict(state)
+    assert s.keep_rate_ema is None
+    with pytest.raises(ValueError, match="keep_rate_ema"):
+        s.load_state_dict({**s.state_dict(), "keep_rate_ema": 1.5})
