@@ -21,9 +21,7 @@ import yaml
 
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.schema import DapoMegatronConfig
-
-if typing.TYPE_CHECKING:
-    from dapo_megatron.config.validate import ValidationReport
+from dapo_megatron.config.validate import ValidationReport, validate_config
 
 CLI_SOURCE = "command line"
 DEFAULTS_KEY = "defaults"
@@ -365,7 +363,5 @@ def load_config(
     config = build(DapoMegatronConfig, tree, sources)
     loaded = LoadedConfig(config=config, sources=sources, files=files)
     if validate:
-        from dapo_megatron.config.validate import validate_config
-
         loaded.report = validate_config(loaded)
     return loaded

@@ -7,10 +7,9 @@ file that set it and the constraint, so one edit-run cycle fixes a whole recipe.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.loader import LoadedConfig
 from dapo_megatron.config.model_arch import ModelArch, resolve_arch
 from dapo_megatron.config.parallel import (
     ParallelDims,
@@ -18,6 +17,9 @@ from dapo_megatron.config.parallel import (
     parallel_dims,
     policy_world_size,
 )
+
+if TYPE_CHECKING:  # the loader imports this module: no runtime import back
+    from dapo_megatron.config.loader import LoadedConfig
 
 
 @dataclass

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from dapo_megatron.data.datasets import PromptRecord
+from dapo_megatron.data.records import PromptRecord
 
 OPERATORS = "+-*"
 """Operators the task (and the char tokenizer) supports."""

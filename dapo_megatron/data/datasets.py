@@ -31,11 +31,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dapo_megatron.config.schema import DataConfig
+from dapo_megatron.data.arithmetic import make_train_val_split
+from dapo_megatron.data.records import Message, PromptRecord
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
-
-Message = dict[str, str]
 
 FILE_FORMATS = ("dapo_math", "aime", "gsm8k")
 """Formats read from a file (arithmetic is generated)."""
@@ -46,33 +46,6 @@ SUPPORTED_EXTENSIONS = (".jsonl", ".parquet")
 SKIP_EMPTY_PROMPT = "empty prompt"
 SKIP_MISSING_ANSWER = "missing answer"
 SKIP_UNPARSEABLE_ANSWER = "answer without a final answer after ####"
-
-
-@dataclass(frozen=True)
-class PromptRecord:
-    """One training or validation problem."""
-
-    prompt: str | list[Message]
-    """Plain text, or chat messages ``[{"role": ..., "content": ...}, ...]``."""
-    ground_truth: str
-    """Reference answer handed to the verifier."""
-    metadata: dict[str, Any] = field(default_factory=dict)
-    """Everything else of the row (data_source, ability, extra_info, ...) and its ``row``
-    number in the file (1-based)."""
-
-    @property
-    def messages(self) -> list[Message]:
-        """The prompt as chat messages (plain text becomes one user message)."""
-        if isinstance(self.prompt, str):
-            return [{"role": "user", "content": self.prompt}]
-        return self.prompt
-
-    @property
-    def text(self) -> str:
-        """The prompt as plain text (the contents of its messages, one per line)."""
-        if isinstance(self.prompt, str):
-            return self.prompt
-        return "\n".join(m["content"] for m in self.prompt)
 
 
 @dataclass
@@ -371,7 +344,6 @@ def build_datasets(data: DataConfig, *, seed: int) -> DatasetSplits:
     """
     if data.format == "arithmetic":
         # Imported here because arithmetic.py builds on PromptRecord from this module.
-        from dapo_megatron.data.arithmetic import make_train_val_split
 
         task = data.arithmetic
         train, val = make_train_val_split(
