@@ -31,7 +31,7 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff>=0.6"],
+        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff>=0.6", "mypy==2.4.1"],
         # Pinned: the code is written against vLLM 0.32.0's APIs (worker_extension_cls,
         # collective_rpc, reload_weights, sleep/wake_up tags). Both resolve with torch==2.13.0
         # (vllm 0.32.0 itself requires torch==2.13.0), checked with pip install --dry-run.

@@ -28,7 +28,7 @@ ranks; a framework that averages must multiply the loss by the DP size.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -424,9 +424,9 @@ def validate_policy_loss_args(
         ("ref_logprobs_BT", ref_logprobs_BT),
         ("entropy_BT", entropy_BT),
     )
-    for name, t in optional:
-        if t is not None:
-            check_same_shape("logprobs_BT", logprobs_BT, name, t)
+    for name, opt in optional:
+        if opt is not None:
+            check_same_shape("logprobs_BT", logprobs_BT, name, opt)
     validate_clip_ratios(clip_ratio_low, clip_ratio_high, clip_ratio_c)
     validate_rollout_correction_args(
         rollout_correction, rollout_correction_level, tis_cap, mis_low, mis_high
@@ -618,7 +618,7 @@ def reduce_loss_metrics(
         required = set(_ALWAYS_PRESENT_METRICS)
         raise ValueError(f"metrics_list lacks keys {sorted(required - keys)}")
 
-    combine = {"sum": sum, "max": max, "min": min}
+    combine: dict[str, Callable[[Iterable[float]], float]] = {"sum": sum, "max": max, "min": min}
     totals = {k: combine[metric_reduction(k)](float(m[k]) for m in metrics_list) for k in keys}
     n = totals["num_valid_tokens"]
 

@@ -20,6 +20,7 @@ Shapes: ``B`` samples x ``T`` response tokens, padded; ``mask_BT`` is non-zero o
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Literal
 
 import torch
@@ -196,7 +197,7 @@ def mismatch_sums(
         }
 
 
-def mismatch_from_sums(sums: dict[str, torch.Tensor | float]) -> dict[str, float]:
+def mismatch_from_sums(sums: Mapping[str, torch.Tensor | float]) -> dict[str, float]:
     """The ``MISMATCH_METRIC_KEYS`` means from (combined) ``mismatch_sums``; an empty mask
     gives zeros, not NaN."""
     denom = max(float(sums["mismatch_count"]), 1.0)

@@ -52,7 +52,8 @@ PEER_ALIASES: dict[str, str] = {
 }
 
 
-class _Loader(yaml.SafeLoader):
+# yaml ships no type information (no types-PyYAML in the test extra), so SafeLoader is Any.
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]
     """SafeLoader that also reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`)."""
 
 
@@ -95,7 +96,7 @@ def display_path(path: str | Path) -> str:
         return str(p)
 
 
-def _read_yaml(path: Path, referenced_from: str | None) -> dict:
+def _read_yaml(path: Path, referenced_from: str | None) -> dict[str, Any]:
     if not path.is_file():
         where = f" (referenced by `defaults:` in {referenced_from})" if referenced_from else ""
         raise ConfigError(f"config file {display_path(path)} not found{where}")
@@ -114,7 +115,11 @@ def _read_yaml(path: Path, referenced_from: str | None) -> dict:
 
 
 def _merge(
-    dst: dict, src: dict, sources: dict[str, str], origin: str | dict[str, str], prefix: str = ""
+    dst: dict[str, Any],
+    src: dict[str, Any],
+    sources: dict[str, str],
+    origin: str | dict[str, str],
+    prefix: str = "",
 ) -> None:
     """Deep-merge src into dst: mappings merge key by key, anything else replaces.
 
@@ -152,7 +157,7 @@ def _record_sources(
 
 def _load_tree(
     path: Path, chain: tuple[Path, ...], files: list[str], referenced_from: str | None = None
-) -> tuple[dict, dict[str, str]]:
+) -> tuple[dict[str, Any], dict[str, str]]:
     """Load `path` with its `defaults:` parents merged underneath it.
 
     Returns the merged tree and, for each leaf, the file that set it.
@@ -169,7 +174,7 @@ def _load_tree(
         parents = [parents]
     elif not (isinstance(parents, list) and all(isinstance(p, str) for p in parents)):
         raise ConfigError(f"{display_path(path)}: `defaults:` must be a path or a list of paths")
-    merged: dict = {}
+    merged: dict[str, Any] = {}
     sources: dict[str, str] = {}
     for parent in parents:
         tree, tree_sources = _load_tree(
@@ -185,7 +190,9 @@ def _load_tree(
 # Overrides
 
 
-def apply_overrides(tree: dict, overrides: Sequence[str], sources: dict[str, str]) -> None:
+def apply_overrides(
+    tree: dict[str, Any], overrides: Sequence[str], sources: dict[str, str]
+) -> None:
     """Apply `a.b.c=value` strings (values parsed as YAML) in order."""
     for item in overrides:
         if "=" not in item:
@@ -302,7 +309,7 @@ def _coerce(value: Any, tp: Any) -> Any:
     raise TypeError(f"schema type {tp} is not supported by the loader")
 
 
-def build(cls: type, tree: dict, sources: dict[str, str], prefix: str = "") -> Any:
+def build(cls: type, tree: dict[str, Any], sources: dict[str, str], prefix: str = "") -> Any:
     """Turn a merged mapping into the dataclass `cls`, checking keys and types."""
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
@@ -320,7 +327,8 @@ def build(cls: type, tree: dict, sources: dict[str, str], prefix: str = "") -> A
                 f"`defaults: ../configs/dapo_base.yaml`, which defines every key"
             )
         value = tree[name]
-        if dataclasses.is_dataclass(tp):
+        # isinstance first: is_dataclass alone also accepts instances, and build() takes a class.
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             if not isinstance(value, dict):
                 raise ConfigError(
                     f"{dotted} in {_source_of(dotted, sources)}: expected a section "

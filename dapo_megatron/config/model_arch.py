@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from dapo_megatron.config.errors import ConfigError
 
@@ -129,7 +130,7 @@ _LLAMA3_ROPE_CONSTANTS = {
 }
 
 
-def _rope(hf: dict, source: str) -> tuple[float, float | None]:
+def _rope(hf: dict[str, Any], source: str) -> tuple[float, float | None]:
     """(theta, llama3 scaling factor) from an HF config of any transformers version.
 
     transformers >= 5 writes `rope_parameters: {rope_theta, rope_type, ...}`; older versions
@@ -168,7 +169,7 @@ PRESETS: dict[str, ModelArch] = {
 }
 
 
-def arch_from_hf_config(hf: dict, source: str) -> ModelArch:
+def arch_from_hf_config(hf: dict[str, Any], source: str) -> ModelArch:
     """Read a ModelArch from a parsed HF config.json; `source` names the file in errors."""
     family = hf.get("model_type")
     if family not in ("qwen2", "llama"):

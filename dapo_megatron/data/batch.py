@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -56,12 +57,12 @@ class PolicyBatch:
 
     def select(self, index: slice | torch.Tensor) -> PolicyBatch:
         """The samples at `index` (a slice or a 1-D index tensor)."""
-        return PolicyBatch(
-            **{
-                f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index]
-                for f in dataclasses.fields(self)
-            }
-        )
+        # Any: the fields differ (Tensor / Tensor | None); __post_init__ checks the result.
+        fields: dict[str, Any] = {
+            f.name: None if getattr(self, f.name) is None else getattr(self, f.name)[index]
+            for f in dataclasses.fields(self)
+        }
+        return PolicyBatch(**fields)
 
     def pad_to(self, num_samples: int, seq_len: int) -> PolicyBatch:
         """Append samples (copies of padding with an empty loss mask) and columns.
@@ -74,7 +75,7 @@ class PolicyBatch:
                 f"pad_to({num_samples}, {seq_len}) cannot shrink a batch of {len(self)} x "
                 f"{self.seq_len}"
             )
-        out = {}
+        out: dict[str, Any] = {}  # field name -> value, as in select()
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if value is None:

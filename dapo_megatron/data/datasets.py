@@ -357,11 +357,11 @@ def build_datasets(data: DataConfig, *, seed: int) -> DatasetSplits:
     if data.train_path is None:
         raise ValueError(f"data.train_path: data.format {data.format} reads prompts from a file")
     keys = {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
-    train = load_prompt_file(data.train_path, data.format, what="data.train_path", **keys)
-    val = None
+    train_set = load_prompt_file(data.train_path, data.format, what="data.train_path", **keys)
+    val_set = None
     if data.val_path is not None:
-        val = load_prompt_file(data.val_path, data.format, what="data.val_path", **keys)
-    return DatasetSplits(train, val)
+        val_set = load_prompt_file(data.val_path, data.format, what="data.val_path", **keys)
+    return DatasetSplits(train_set, val_set)
 
 
 @dataclass

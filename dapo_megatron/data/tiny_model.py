@@ -22,7 +22,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dapo_megatron.config.model_arch import PRESETS, ModelArch, arch_from_hf_config
 from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
@@ -86,7 +86,10 @@ def qwen2_hf_config(arch: ModelArch, **extra: object) -> transformers.Qwen2Confi
     """The HF Qwen2 config of a (qwen2-family) ModelArch; `extra` adds HF-only fields."""
     import transformers  # lazily: importing the data package stays light
 
-    return transformers.Qwen2Config(
+    # Keywords gathered in a dict[str, Any]: transformers 5's typed signature lacks
+    # `rope_theta` (still accepted and turned into rope_parameters; 4.x needs it), and
+    # `extra` may hold values for any field.
+    kwargs: dict[str, Any] = dict(
         vocab_size=arch.vocab_size,
         hidden_size=arch.hidden_size,
         intermediate_size=arch.ffn_hidden_size,
@@ -99,6 +102,7 @@ def qwen2_hf_config(arch: ModelArch, **extra: object) -> transformers.Qwen2Confi
         tie_word_embeddings=arch.tie_word_embeddings,
         **extra,
     )
+    return transformers.Qwen2Config(**kwargs)
 
 
 def create_tiny_model(

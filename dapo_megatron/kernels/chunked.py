@@ -35,7 +35,7 @@ sequence parallelism) and must NOT also route them through Megatron's
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 import torch
 import torch.distributed as dist
@@ -56,7 +56,15 @@ def default_chunk_size(vocab_local: int, dtype: torch.dtype) -> int:
     return max(1, DEFAULT_CHUNK_BYTES // (itemsize * max(1, vocab_local)))
 
 
-def _all_reduce(tensor: torch.Tensor, op: dist.ReduceOp, group: Any) -> None:
+class _TensorOptions(TypedDict):
+    """The ``dtype``/``device`` keywords of ``torch.empty(n, **options)`` and friends."""
+
+    dtype: torch.dtype
+    device: torch.device
+
+
+# op: the ReduceOp.SUM/MAX/... constants, whose type is ReduceOp.RedOpType, not ReduceOp.
+def _all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType, group: Any) -> None:
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(tensor, op=op, group=group)
 
@@ -136,7 +144,7 @@ class ChunkedLinearLogprob(torch.autograd.Function):
         local_idx_N, owned_N = _local_targets(targets_N, vocab_start, vocab_local)
         inv_t = 1.0 / temperature
 
-        stat = dict(dtype=cdtype, device=hidden_NH.device)
+        stat = _TensorOptions(dtype=cdtype, device=hidden_NH.device)
         max_r_N = torch.empty(n_tokens, **stat)  # this shard's max logit m_r
         sum_exp_r_N = torch.empty(n_tokens, **stat)  # sum_v exp(z_v - m_r)
         sum_exp_z_r_N = torch.zeros(n_tokens, **stat)  # sum_v exp(z_v - m_r) (z_v - m_r)
@@ -231,6 +239,7 @@ class ChunkedLinearLogprob(torch.autograd.Function):
                     coef.add_(g_lp_N[lo:hi, None])
                 dz = p.mul_(coef).neg_()
             else:
+                assert g_lp_N is not None  # the early return above: not both gradients None
                 dz = p.mul_(g_lp_N[lo:hi, None]).neg_()
             del zm
             if g_lp_N is not None:

@@ -233,6 +233,7 @@ def pg_loss(
                 old_logprobs_BT, rollout_logprobs_BT, mask_BT, "token"
             )
         else:
+            assert log_w_BT is not None  # set above (correction is MIS)
             log_w_full_BT = log_w_BT
         log_low = math.log(mis_low) if mis_low > 0 else -math.inf
         # Compared in fp32, like the kernel, so both agree on tokens at the interval's edge.

@@ -38,7 +38,12 @@ import torch.distributed as dist
 import triton
 import triton.language as tl
 
-from dapo_megatron.kernels.chunked import _all_reduce, _local_targets, combine_shard_statistics
+from dapo_megatron.kernels.chunked import (
+    _all_reduce,
+    _local_targets,
+    _TensorOptions,
+    combine_shard_statistics,
+)
 
 # A finite stand-in for -inf as the initial running max: the online update multiplies the
 # old sums by exp(m_old - m_new) and adds (m_old - m_new) * s; with -inf that is -inf * 0.
@@ -347,7 +352,7 @@ class TritonLinearLogprob(torch.autograd.Function):
         vocab_local = weight_VH.shape[0]
         local_idx_N, owned_N = _local_targets(targets_N, vocab_start, vocab_local)
         local_tgt_N = torch.where(owned_N, local_idx_N, -1).to(torch.int32)
-        stat = dict(dtype=torch.float32, device=hidden_NH.device)
+        stat = _TensorOptions(dtype=torch.float32, device=hidden_NH.device)
         max_r_N = torch.empty(n_tokens, **stat)
         sum_exp_r_N = torch.empty(n_tokens, **stat)
         sum_exp_z_r_N = torch.empty(n_tokens, **stat)

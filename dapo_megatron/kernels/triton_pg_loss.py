@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from dapo_megatron.algorithms.kl import LOG_RATIO_CLAMP
+from dapo_megatron.kernels.chunked import _TensorOptions
 
 # Column order of the per-program sums buffer.
 SUM_KEYS: tuple[str, ...] = (
@@ -297,7 +298,7 @@ class TritonPGLoss(torch.autograd.Function):
         # One program even for an empty batch, so the sums/extrema buffers are always written
         # (with 0 and -inf/+inf) and no special case is needed below.
         programs = max(1, triton.cdiv(n_tokens, block))
-        f32 = dict(dtype=torch.float32, device=device)
+        f32 = _TensorOptions(dtype=torch.float32, device=device)
         out_BT = torch.empty(n_seqs, seq_len, **f32)
         grad_BT = torch.empty(n_seqs, seq_len, **f32)
         sums_PK = torch.empty(programs, NUM_SUMS, **f32)

@@ -87,24 +87,24 @@ class MetricsLogger:
             return
         state = load_logger_state(self.run_dir) if resume else {}
         if wandb is not None:
-            sink = WandbSink(
+            wandb_sink = WandbSink(
                 wandb,
                 project=config.wandb_project,
                 run_name=run_name,
                 wandb_dir=self.log_dir / "wandb",
                 resume_id=state.get("wandb_run_id"),
             )
-            self._sinks.append(sink)
-            state["wandb_run_id"] = sink.run_id
+            self._sinks.append(wandb_sink)
+            state["wandb_run_id"] = wandb_sink.run_id
         if mlflow is not None:
-            sink = MlflowSink(
+            mlflow_sink = MlflowSink(
                 mlflow,
                 tracking_uri=config.mlflow_tracking_uri,
                 run_name=run_name,
                 resume_id=state.get("mlflow_run_id"),
             )
-            self._sinks.append(sink)
-            state["mlflow_run_id"] = sink.run_id
+            self._sinks.append(mlflow_sink)
+            state["mlflow_run_id"] = mlflow_sink.run_id
         save_logger_state(self.run_dir, state)
 
     @property

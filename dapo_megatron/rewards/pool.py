@@ -34,6 +34,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
+from typing import cast
 
 from dapo_megatron.rewards.base import Verifier
 from dapo_megatron.rewards.registry import get_verifier
@@ -258,7 +259,8 @@ class VerifierPool:
             # A worker's death shows as EOF on its socket, so the sockets are all we wait on.
             by_conn = {w.conn: w for w in waiting}
             for conn in wait(list(by_conn), timeout=max(0.0, next_deadline - now)):
-                self._collect(by_conn[conn], batch)
+                # wait() returns some of the objects it was given; its stub says any waitable.
+                self._collect(by_conn[cast(Connection, conn)], batch)
             self._expire(batch)
         return [o for o in batch.outcomes if o is not None], batch.restarts
 

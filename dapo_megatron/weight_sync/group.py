@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Literal, Protocol, cast
 
 import torch
 import torch.distributed as dist
@@ -45,8 +45,23 @@ def backend_for(device: torch.device | str) -> Backend:
     return "nccl" if torch.device(device).type == "cuda" else "gloo"
 
 
+class _Backend(Protocol):
+    """The calls made on ``ProcessGroupNCCL``/``ProcessGroupGloo``. They have them at runtime,
+    but torch's stubs declare the collectives on ``ProcessGroup`` only, not on ``Backend``."""
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> dist.Work: ...
+
+    def allreduce(self, tensors: list[torch.Tensor]) -> dist.Work: ...
+
+    def shutdown(self) -> None: ...
+
+
 class WeightGroup:
     """One member's handle on the group (see the module docstring)."""
+
+    _pg: _Backend | None
+    """None once closed."""
+    _store: dist.TCPStore | None
 
     def __init__(self, address: GroupAddress, rank: int) -> None:
         if not 0 <= rank < address.world_size:
@@ -63,21 +78,29 @@ class WeightGroup:
             timeout=timeout,
             wait_for_workers=False,
         )
+        pg: dist.ProcessGroupNCCL | dist.ProcessGroupGloo
         if address.backend == "nccl":
             options = dist.ProcessGroupNCCL.Options()
             options._timeout = timeout
-            self._pg = dist.ProcessGroupNCCL(self._store, rank, address.world_size, options)
+            pg = dist.ProcessGroupNCCL(self._store, rank, address.world_size, options)
         else:
-            self._pg = dist.ProcessGroupGloo(self._store, rank, address.world_size, timeout)
+            pg = dist.ProcessGroupGloo(self._store, rank, address.world_size, timeout)
+        self._pg = cast(_Backend, pg)  # see _Backend
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0) -> dist.Work:
         """Start a broadcast of ``tensor`` from ``root``; ``.wait()`` the returned work."""
-        return self._pg.broadcast(tensor, root)
+        return self._backend().broadcast(tensor, root)
 
     def barrier(self) -> None:
         """Wait until every member reached this point (a one-element broadcast round)."""
         flag = torch.zeros(1, dtype=torch.uint8, device=self._device())
-        self._pg.allreduce([flag]).wait()
+        self._backend().allreduce([flag]).wait()
+
+    def _backend(self) -> _Backend:
+        if self._pg is None:
+            # An AttributeError, as calling a collective on None raised before this check.
+            raise AttributeError("the weight group is closed")
+        return self._pg
 
     def _device(self) -> torch.device:
         if self.backend == "nccl":

@@ -54,8 +54,8 @@ class SharedBuffer:
     """A byte buffer another process on the same node can map (CUDA IPC or a shm file)."""
 
     def __init__(self, tensor: torch.Tensor, handle: bytes, path: str | None) -> None:
-        self.tensor = tensor
-        """The mapped uint8 buffer."""
+        self.tensor: torch.Tensor | None = tensor
+        """The mapped uint8 buffer; None once closed."""
         self.handle = handle
         """Opaque, picklable-safe bytes that ``SharedBuffer.open`` maps in another process."""
         self._path = path
@@ -88,6 +88,12 @@ class SharedBuffer:
         path, nbytes = args
         return cls(torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), handle, None)
 
+    def mapped(self) -> torch.Tensor:
+        """``tensor``, or AttributeError once closed (as using the None left by close did)."""
+        if self.tensor is None:
+            raise AttributeError("the shared buffer is closed")
+        return self.tensor
+
     def close(self) -> None:
         """Unmap; the creator also removes the shm file (mapped peers keep their mapping)."""
         self.tensor = None
@@ -106,13 +112,14 @@ def send_shared(
     """Exporter side (every policy rank: ``buffer`` None for a rank with no paired engine
     worker, which still takes part in the barriers)."""
     start = time.perf_counter()
-    stats = TransferStats(buffer_bytes=0 if buffer is None else buffer.tensor.numel())
+    shared = None if buffer is None else buffer.mapped()
+    stats = TransferStats(buffer_bytes=0 if shared is None else shared.numel())
     source = iter(weights)
     for bucket in plan.buckets:
         tensors = [next(source) for _ in bucket.slots]
-        if buffer is not None:
-            pack(bucket, tensors, buffer.tensor)
-            if buffer.tensor.device.type == "cuda":
+        if shared is not None:
+            pack(bucket, tensors, shared)
+            if shared.device.type == "cuda":
                 torch.cuda.current_stream().synchronize()
         del tensors
         group.barrier()  # A: the bucket is in every exporter's buffer
@@ -140,7 +147,7 @@ def receive_shared(
     for bucket in plan.buckets:
         group.barrier()  # A
         own = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
-        own.copy_(buffer.tensor[: bucket.nbytes])
+        own.copy_(buffer.mapped()[: bucket.nbytes])
         if own.device.type == "cuda":
             torch.cuda.current_stream().synchronize()
         group.barrier()  # B

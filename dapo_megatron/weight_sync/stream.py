@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 
 from dapo_megatron.weight_sync.buckets import RefitPlan, pack, unpack
 from dapo_megatron.weight_sync.group import WeightGroup
@@ -58,12 +59,13 @@ def send_buckets(
     size = plan.max_bucket_bytes
     buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(min(1, len(plan.buckets)))]
     stats.buffer_bytes = size * len(buffers)
-    pending: list[object | None] = [None] * len(buffers)
+    pending: list[dist.Work | None] = [None] * len(buffers)
     for k, bucket in enumerate(plan.buckets):
         slot = k % len(buffers)
-        if pending[slot] is not None:
-            pending[slot].wait()  # the buffer's previous bucket has left
-        tensors = []
+        previous = pending[slot]
+        if previous is not None:
+            previous.wait()  # the buffer's previous bucket has left
+        tensors: list[tuple[str, torch.Tensor]] = []
         for _ in bucket.slots:
             item = next(source, None)
             if item is None:
@@ -106,12 +108,13 @@ def receive_buckets(
     stats = stats if stats is not None else TransferStats()
     start = time.perf_counter()
 
-    def post(k: int) -> tuple[torch.Tensor, object]:
+    def post(k: int) -> tuple[torch.Tensor, dist.Work]:
         buffer = torch.empty(plan.buckets[k].nbytes, dtype=torch.uint8, device=device)
         return buffer, group.broadcast(buffer, root)
 
     ahead = post(0) if plan.buckets else None
     for k, bucket in enumerate(plan.buckets):
+        assert ahead is not None  # posted for every bucket, k = 0 before the loop
         buffer, work = ahead
         work.wait()
         ahead = post(k + 1) if k + 1 < len(plan.buckets) else None
