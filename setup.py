@@ -41,6 +41,7 @@ setup(
         "console_scripts": [
             "dapo-train=dapo_megatron.cli:train_main",
             "dapo-plan=dapo_megatron.cli:plan_main",
+            "dapo-export=dapo_megatron.cli:export_main",
         ]
     },
 )

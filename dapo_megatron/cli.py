@@ -1,4 +1,4 @@
-"""Command-line entry points: dapo-train and dapo-plan.
+"""Command-line entry points: dapo-train, dapo-plan and dapo-export.
 
 User errors (bad keys, values, files) print one `error:` message and exit with status 2,
 without a traceback; anything else is a bug and keeps its traceback.
@@ -138,6 +138,114 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+    return _run_guarded(main)
+
+
+RUN_CONFIG_FILE = "config.yaml"
+"""The resolved config a run directory may hold (``resolved_config_yaml``): dapo-export's
+default --config. dapo-train does not write it yet; without it, --config is required."""
+
+
+def _export_config(args: argparse.Namespace, checkpoint: Path) -> LoadedConfig:
+    """--config, else RUN_DIR/config.yaml of the checkpoint's run (RUN_DIR/checkpoints/step_N)."""
+    if args.config is not None:
+        return load_config(args.config, args.overrides, validate=False)
+    run_dir = checkpoint.resolve().parent.parent
+    saved = run_dir / RUN_CONFIG_FILE
+    if not saved.is_file():
+        raise ConfigError(
+            f"--config is required: {run_dir} holds no {RUN_CONFIG_FILE} (dapo-train does not "
+            f"save its config); pass the recipe and the overrides the run was trained with"
+        )
+    return load_config(saved, args.overrides, validate=False)
+
+
+def export_main(argv: Sequence[str] | None = None) -> int:
+    """dapo-export: write a Hugging Face checkpoint from a dapo-train checkpoint.
+
+    Exit status 2 on a user error (paths, config), 1 when a rank fails.
+    """
+    parser = argparse.ArgumentParser(
+        prog="dapo-export",
+        description="Write a Hugging Face checkpoint (config.json, safetensors, tokenizer) "
+        "from a dapo-train checkpoint saved at any TP/PP layout.",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="a complete checkpoint: RUN_DIR/checkpoints/step_NNNNNN",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="DIR",
+        help="HF directory to create (new or empty)",
+    )
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        help=f"the run's recipe (default: RUN_DIR/{RUN_CONFIG_FILE} when the run holds one)",
+    )
+    parser.add_argument("--tp", type=int, default=None, help="export ranks' TP (default: saved)")
+    parser.add_argument("--pp", type=int, default=None, help="export ranks' PP (default: saved)")
+    parser.add_argument(
+        "--max-shard-gb",
+        type=float,
+        default=5.0,
+        metavar="GB",
+        help="largest safetensors file in GB (10^9 bytes; default 5)",
+    )
+    parser.add_argument(
+        "overrides",
+        nargs="*",
+        metavar="KEY=VALUE",
+        help="overrides of the run's config, e.g. policy.model_name_or_path=/models/base",
+    )
+    args = parser.parse_args(argv)
+
+    def main() -> int:
+        # Megatron-free: the checks run (and fail) without starting anything.
+        from dapo_megatron.megatron.export_hf import check_checkpoint_dir, check_out_dir
+        from dapo_megatron.megatron.export_launch import launch_export, preflight
+
+        if args.max_shard_gb <= 0:
+            raise ConfigError(f"--max-shard-gb = {args.max_shard_gb}: must be > 0")
+        for flag, value in (("--tp", args.tp), ("--pp", args.pp)):
+            if value is not None and value < 1:
+                raise ConfigError(f"{flag} = {value}: must be >= 1")
+        marker = check_checkpoint_dir(args.checkpoint)
+        check_out_dir(args.out)
+        loaded = _export_config(args, args.checkpoint)
+        tp, pp, _ = preflight(args.checkpoint, args.out, loaded.config, tp=args.tp, pp=args.pp)
+        saved = marker["layout"]
+        print(
+            f"dapo-export: {args.checkpoint} (step {marker.get('step')}, saved at "
+            f"TP{saved['tp']} PP{saved['pp']}) -> {args.out}, {tp * pp} rank(s) at TP{tp} PP{pp}",
+            flush=True,
+        )
+        import torch.multiprocessing as mp
+
+        try:
+            out = launch_export(
+                args.checkpoint,
+                args.out,
+                loaded.config,
+                tp=tp,
+                pp=pp,
+                max_shard_size=max(1, int(args.max_shard_gb * 10**9)),
+            )
+        except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
+            print(f"error: the export failed, {args.out} was not written: {e}", file=sys.stderr)
+            return 1
+        files = sorted(p.name for p in out.iterdir())
+        size = sum(p.stat().st_size for p in out.iterdir()) / 1e9
+        print(f"dapo-export: wrote {out} ({size:.3f} GB): {', '.join(files)}")
+        return 0
 
     return _run_guarded(main)
 
