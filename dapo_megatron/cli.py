@@ -53,6 +53,15 @@ def _run_guarded(main: Callable[[], int]) -> int:
         return USER_ERROR_EXIT
 
 
+def _write_resolved_config(loaded: LoadedConfig, run_dir: Path) -> None:
+    """``RUN_DIR/config.yaml``: the resolved config of the run (what dapo-export and a later
+    reader need without the recipe), written atomically; a resumed run rewrites it."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    tmp = run_dir / f"{RUN_CONFIG_FILE}.tmp"
+    tmp.write_text(resolved_config_yaml(loaded), encoding="utf-8")
+    tmp.replace(run_dir / RUN_CONFIG_FILE)
+
+
 def _train(loaded: LoadedConfig) -> int:
     """Run the job; runtime failures are one-line errors with exit status 1."""
     from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
@@ -60,6 +69,7 @@ def _train(loaded: LoadedConfig) -> int:
     from dapo_megatron.controller.policy_group import WorkerFailure
 
     run_dir = Path(loaded.config.run.output_dir)
+    _write_resolved_config(loaded, run_dir)
     try:
         metrics = train(loaded.config, run_dir)
     except (DynamicSamplingExhausted, WorkerFailure) as e:

@@ -404,3 +404,22 @@ def test_arithmetic_validation_split_must_fit_the_task():
     # Two single-digit operands with "+" give 10 * 10 = 100 distinct problems.
     msg = error_of(TINY, "data.arithmetic.difficulty=2", "data.arithmetic.num_val=100")
     assert "data.arithmetic.num_val" in msg and "only 100 distinct problems" in msg
+
+
+def test_the_run_directory_keeps_a_resolved_config_that_loads_back(tmp_path):
+
+    from dapo_megatron.cli import RUN_CONFIG_FILE, _write_resolved_config
+
+    loaded = load_config(REPO / "recipes" / "dapo-tiny-cpu.yaml", ["dapo.loss.clip_ratio_high=0.3"])
+    _write_resolved_config(loaded, tmp_path / "run")
+    again = load_config(tmp_path / "run" / RUN_CONFIG_FILE).config
+    # Identical, except that the derived data-parallel size is now written out.
+    expected = dataclasses.replace(
+        loaded.config,
+        policy=dataclasses.replace(
+            loaded.config.policy,
+            megatron=dataclasses.replace(loaded.config.policy.megatron, data_parallel_size=2),
+        ),
+    )
+    assert again == expected and again.dapo.loss.clip_ratio_high == 0.3
+    assert not list((tmp_path / "run").glob("*.tmp"))
