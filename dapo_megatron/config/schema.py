@@ -188,7 +188,10 @@ class LossConfig:
     loss_scale_length: int | None
     """Constant length for seq-mean-token-sum-norm; null uses generation.max_response_length."""
     kl_coef: float
-    """Coefficient of the KL penalty against the reference policy (DAPO: 0, no reference)."""
+    """Coefficient of the KL penalty against the reference policy (DAPO: 0, no reference).
+    > 0: the reference is the policy at the start of DAPO training (after the SFT warm-up),
+    kept frozen on every policy rank (one extra copy of the rank's weights) and saved in
+    the checkpoints, so a resumed run keeps it."""
     kl_estimator: Literal["k1", "k2", "k3"]
     """KL estimator used when kl_coef > 0."""
     entropy_coef: float

@@ -87,6 +87,8 @@ def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
                 metrics.update(steps.old_logprobs(ctx, batch))
             else:
                 metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
+            if config.dapo.loss.kl_coef > 0:  # KL penalty vs the start-of-training policy
+                metrics.update(steps.reference_logprobs(ctx, batch))
             metrics.update(steps.train_on_batch(ctx, batch, step))
             metrics["timing/refit_s"] = ctx.engines.refit(ctx.policy)
             metrics.update(ctx.engines.refit_metrics())

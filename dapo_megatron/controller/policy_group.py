@@ -116,6 +116,11 @@ class PolicyGroup:
         ent = torch.cat([p[1] for p in parts]) if compute_entropy else None
         return lp, ent
 
+    def ref_logprobs(self, batch: PolicyBatch) -> torch.Tensor:
+        """Token-aligned logprobs [B, S] of the whole batch under the frozen KL reference
+        (the policy's weights at the start of DAPO training, kept on every rank)."""
+        return torch.cat(self._call_sharded("ref_logprobs", self._batch_shards(batch)))
+
     def train_step(self, mini_batch: PolicyBatch) -> dict[str, float]:
         """One optimizer step on a mini-batch (split evenly over DP ranks)."""
         return self._call_sharded("train_step", self._batch_shards(mini_batch))[0]

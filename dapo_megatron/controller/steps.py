@@ -100,6 +100,14 @@ def old_logprobs(ctx: RunContext, batch: PolicyBatch) -> dict[str, float]:
     return metrics
 
 
+def reference_logprobs(ctx: RunContext, batch: PolicyBatch) -> dict[str, float]:
+    """Fill batch.ref_logprobs with the frozen KL reference's (the policy at the start of
+    DAPO training, after the SFT warm-up); for ``dapo.loss.kl_coef > 0``."""
+    start = time.perf_counter()
+    batch.ref_logprobs = ctx.policy.ref_logprobs(batch)
+    return {"timing/ref_logprob_s": time.perf_counter() - start}
+
+
 def train_on_batch(ctx: RunContext, batch: PolicyBatch, step: int) -> dict[str, float]:
     """Shuffle samples, then one optimizer step per mini-batch; averaged metrics."""
     size = ctx.config.policy.train_global_batch_size

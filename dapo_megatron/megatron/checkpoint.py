@@ -8,6 +8,8 @@ One checkpoint is a directory ``<root>/step_<step:06d>`` holding:
   ``dp_reshardable`` format (bucket-space shards: reloadable at any DP size, but only at the
   TP/PP it was saved with); the plain optimizer's state is per parameter and reshards like
   the model;
+* optionally the frozen KL reference model (``reference.``-prefixed keys, sharded like the
+  model, so it too loads into another layout; ``"reference": true`` in the marker);
 * the LR scheduler's state and each rank's RNG states (Python, NumPy, torch, Megatron's
   model-parallel RNG tracker), which make a resume at the same layout bit-exact;
 * ``extra_state.pt``: a picklable dict owned by rank 0 (dataloader position, the dynamic
@@ -78,6 +80,8 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 """Bumped when the layout of a checkpoint directory changes incompatibly."""
 EXTRA_STATE_FILE = "extra_state.pt"
+REFERENCE_PREFIX = "reference."
+"""Key prefix of the KL reference model's tensors (distinct from the policy's)."""
 DIST_OPTIMIZER_SHARDING = "dp_reshardable"
 """DistributedOptimizer format. ``fully_reshardable`` (TP/PP resharding of optimizer state)
 fails to load with torch's Adam on Megatron-Core 0.16 (KeyError 'step', no Apex/TE)."""
@@ -172,6 +176,7 @@ def _sharded_state_dict(
     *,
     is_loading: bool,
     with_rng: bool,
+    reference: torch.nn.Module | None = None,
 ) -> dict[str, Any]:
     """The state dict that dist_checkpointing saves, or fills on load."""
     # Megatron's modules and optimizers read their options from this dict; it is the same
@@ -185,6 +190,10 @@ def _sharded_state_dict(
     for index, (key, chunk) in enumerate(zip(_model_keys(model), model, strict=True)):
         with _virtual_pipeline_rank(index, len(model)):
             state[key] = unwrap_model(chunk).sharded_state_dict(metadata=metadata)
+    if reference is not None:
+        state["reference"] = unwrap_model(reference).sharded_state_dict(
+            prefix=REFERENCE_PREFIX, metadata=metadata
+        )
     if optimizer is not None:
         _init_optimizer_state(optimizer)
         state["optimizer"] = optimizer.sharded_state_dict(
@@ -301,6 +310,7 @@ def save_checkpoint(
     scheduler: OptimizerParamScheduler | None,
     extra_state: dict[str, Any],
     step: int,
+    reference: torch.nn.Module | None = None,
 ) -> Path:
     """Write the checkpoint of optimizer step ``step`` under ``directory``; collective.
 
@@ -311,6 +321,8 @@ def save_checkpoint(
         scheduler: the LR scheduler, or None.
         extra_state: picklable run state; only rank 0's is written.
         step: optimizer steps done so far; names the directory.
+        reference: this rank's frozen KL reference model (same layout as ``model``), or
+            None.
 
     Returns:
         ``directory / checkpoint_name(step)``, complete on every rank when this returns.
@@ -330,7 +342,9 @@ def save_checkpoint(
         tmp.mkdir()
     tmp = Path(_broadcast_from_rank0(str(tmp) if tmp else None))
 
-    state = _sharded_state_dict(model, optimizer, scheduler, is_loading=False, with_rng=True)
+    state = _sharded_state_dict(
+        model, optimizer, scheduler, is_loading=False, with_rng=True, reference=reference
+    )
     with _write_results_in_process():
         dist_checkpointing.save(state, str(tmp))  # ends with a barrier: all shards written
     if rank == 0:
@@ -344,6 +358,7 @@ def save_checkpoint(
             if optimizer is None
             else (DIST_OPTIMIZER_SHARDING if _is_distributed(optimizer) else "per_parameter"),
             "scheduler": scheduler is not None,
+            "reference": reference is not None,
             "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "save_seconds": round(time.monotonic() - started, 3),
         }
@@ -393,6 +408,7 @@ def load_checkpoint(
     optimizer: MegatronOptimizer | None,
     scheduler: OptimizerParamScheduler | None,
     restore_rng: bool = True,
+    reference: torch.nn.Module | None = None,
 ) -> dict[str, Any]:
     """Load a complete checkpoint into this rank's model, optimizer and scheduler; collective.
 
@@ -409,6 +425,8 @@ def load_checkpoint(
         scheduler: the LR scheduler, or None to skip it.
         restore_rng: restore each rank's RNG states, when the layout equals the saved one
             (other layouts have no rank-to-rank correspondence: the states are skipped).
+        reference: a model of ``model``'s layout to fill with the saved KL reference
+            (``read_marker(path)["reference"]`` says whether there is one), or None.
 
     Returns:
         The ``extra_state`` given to ``save_checkpoint`` (on every rank; unpickled: load
@@ -416,8 +434,8 @@ def load_checkpoint(
 
     Raises:
         FileNotFoundError: ``path`` is not a complete checkpoint.
-        ValueError: the optimizer/scheduler asked for is not in the checkpoint or its
-            format cannot be loaded into ``optimizer`` at this layout.
+        ValueError: the optimizer/scheduler/reference asked for is not in the checkpoint
+            or its format cannot be loaded into ``optimizer`` at this layout.
     """
     path = Path(path)
     marker = read_marker(path)
@@ -426,13 +444,21 @@ def load_checkpoint(
             f"{path} is not a complete checkpoint (no {MARKER}); use latest_checkpoint()"
         )
     _check_compatible(marker, path, model, optimizer, scheduler)
+    if reference is not None and not marker.get("reference"):
+        raise ValueError(f"{path} has no KL reference model; pass reference=None")
     same_layout = marker["layout"] == _layout()
     with_rng = restore_rng and same_layout
-    state = _sharded_state_dict(model, optimizer, scheduler, is_loading=True, with_rng=with_rng)
+    state = _sharded_state_dict(
+        model, optimizer, scheduler, is_loading=True, with_rng=with_rng, reference=reference
+    )
     loaded = dist_checkpointing.load(state, str(path))
     for index, (key, chunk) in enumerate(zip(_model_keys(model), model, strict=True)):
         with _virtual_pipeline_rank(index, len(model)):
             unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
+    if reference is not None:
+        weights = {k.removeprefix(REFERENCE_PREFIX): v for k, v in loaded["reference"].items()}
+        with torch.no_grad():
+            unwrap_model(reference).load_state_dict(weights, strict=True)
     if optimizer is not None:
         steps = _saved_adam_steps(optimizer, loaded["optimizer"])
         # Loading copies into parameters and optimizer state in place: no autograd history.

@@ -2,6 +2,7 @@
 
     policy = MegatronPolicy(config)            # parallel init, model from HF, DDP, optimizer
     lp, ent = policy.logprobs(batch)            # forward only, token-aligned [B, S]
+    ref_lp = policy.ref_logprobs(batch)         # the same under the frozen KL reference
     metrics = policy.train_step(mini_batch)     # DAPO loss, one optimizer step
     metrics = policy.sft_step(batch)            # NLL warm-up through the same path
     policy.save(dir, step=..., extra_state=...) / policy.load(path)
@@ -9,10 +10,18 @@
 
 Every method is collective: all ranks of the job call it together, each with its
 data-parallel shard of the batch (identical on the TP/PP/CP ranks of one DP replica).
+
+KL reference (``dapo.loss.kl_coef > 0``): a second GPTModel of the same layout, frozen (no
+DDP, no gradients, no optimizer state), holding the weights of the policy just before its
+first DAPO update, i.e. after the SFT warm-up. Memory: one extra copy of this rank's
+weights in the parameter dtype, on the policy's device. It is saved in every checkpoint
+(sharded like the model, so it reloads into any TP/PP/DP layout): a resumed run keeps the
+reference of its start instead of taking the resumed weights.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -38,6 +47,8 @@ from dapo_megatron.megatron.policy_step import (
     sft_step,
     train_step,
 )
+
+logger = logging.getLogger(__name__)
 
 
 def total_optimizer_steps(config: DapoMegatronConfig) -> int:
@@ -102,6 +113,53 @@ class MegatronPolicy:
         self.ctx = StepContext(
             dims=self.dims, vocab_size=arch.vocab_size, temperature=config.generation.temperature
         )
+        self._reference: torch.nn.Module | None = None
+        """The frozen KL reference model (``snapshot_reference``), None until taken."""
+
+    # ----------------------------------------------------------------------------------
+    # KL reference
+
+    def _build_reference(self) -> torch.nn.Module:
+        """An empty frozen GPTModel of this rank's layout (collective: PP ties embeddings).
+
+        Building draws random init weights; the RNG states are restored afterwards, so a
+        run with the reference draws the same random numbers as one without, and a resume
+        that builds it at another moment stays bit-exact.
+        """
+        rng = ckpt.capture_rng_state()
+        reference = build_model(self.arch, self.dims, self.config.policy.precision)
+        ckpt.restore_rng_state(rng)
+        reference.config.calculate_per_token_loss = True  # as the policy's (forward only)
+        reference.requires_grad_(False)
+        return reference.eval()
+
+    def snapshot_reference(self) -> None:
+        """Freeze the current weights as the KL reference; nothing when one is held already.
+
+        Called by ``ref_logprobs`` and, with ``kl_coef > 0``, by ``train_step`` before the
+        update: the reference is the policy before its first DAPO update (after the SFT
+        warm-up), unless ``load`` restored the one of the run's start. Costs one copy of
+        this rank's weights (parameter dtype, same device) for the rest of the run.
+        """
+        if self._reference is not None:
+            return
+        reference = self._build_reference()
+        with torch.no_grad():
+            reference.load_state_dict(self._gpt.state_dict(), strict=True)
+        self._reference = reference
+
+    def ref_logprobs(self, batch: PolicyBatch) -> torch.Tensor:
+        """Token-aligned logprobs [B, S] of this rank's DP shard under the frozen reference
+        (taken now if there is none yet, see ``snapshot_reference``)."""
+        self.snapshot_reference()
+        assert self._reference is not None
+        lp, _ = compute_logprobs(
+            [self._reference],
+            batch,
+            self.ctx,
+            micro_batch_size=self.config.policy.logprob_micro_batch_size,
+        )
+        return lp
 
     def logprobs(
         self, batch: PolicyBatch, *, compute_entropy: bool = False
@@ -117,6 +175,8 @@ class MegatronPolicy:
 
     def train_step(self, batch: PolicyBatch) -> dict[str, float]:
         """One optimizer step of the DAPO loss on this rank's share of a mini-batch."""
+        if self.config.dapo.loss.kl_coef > 0:
+            self.snapshot_reference()  # before the first update: the reference's definition
         return train_step(
             self.model,
             self.optimizer,
@@ -142,7 +202,8 @@ class MegatronPolicy:
         )
 
     def save(self, directory: str | Path, *, step: int, extra_state: dict[str, Any]) -> Path:
-        """Write a complete checkpoint atomically; returns its directory."""
+        """Write a complete checkpoint atomically (with the KL reference, if taken);
+        returns its directory."""
         return ckpt.save_checkpoint(
             directory,
             model=self.model,
@@ -150,14 +211,35 @@ class MegatronPolicy:
             scheduler=self.scheduler,
             extra_state=extra_state,
             step=step,
+            reference=self._reference,
         )
 
     def load(self, path: str | Path) -> dict[str, Any]:
         """Restore model, optimizer and schedule; returns extra_state. Weights load into any
-        TP/PP layout; distributed-optimizer state reshards across DP only."""
-        return ckpt.load_checkpoint(
-            path, model=self.model, optimizer=self.optimizer, scheduler=self.scheduler
+        TP/PP layout; distributed-optimizer state reshards across DP only.
+
+        With ``kl_coef > 0`` the checkpoint's KL reference is restored too (the weights of
+        the run's start, not the resumed ones); a checkpoint without one (saved with
+        ``kl_coef: 0``) leaves the reference to be taken from the resumed weights.
+        """
+        marker = ckpt.read_marker(Path(path)) or {}
+        reference = None
+        if self.config.dapo.loss.kl_coef > 0:
+            if marker.get("reference"):
+                reference = self._reference or self._build_reference()
+            else:
+                logger.warning(
+                    "checkpoint %s has no KL reference: the resumed weights become it", path
+                )
+        state = ckpt.load_checkpoint(
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            reference=reference,
         )
+        self._reference = reference
+        return state
 
     def export_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """Full HF-named tensors, one at a time (all ranks must iterate together)."""

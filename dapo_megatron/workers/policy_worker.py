@@ -107,6 +107,10 @@ class PolicyWorker:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         return self._require_policy().logprobs(batch, compute_entropy=compute_entropy)
 
+    def ref_logprobs(self, batch: PolicyBatch) -> torch.Tensor:
+        """Logprobs [B, S] under the frozen KL reference (MegatronPolicy.ref_logprobs)."""
+        return self._require_policy().ref_logprobs(batch)
+
     def train_step(self, batch: PolicyBatch) -> dict[str, float]:
         return self._require_policy().train_step(batch)
 
