@@ -410,6 +410,10 @@ class CheckpointingConfig:
     """Keep only the newest this many complete checkpoints."""
     resume: Literal["auto", "never"]
     """auto resumes from the newest complete checkpoint in checkpoint_dir."""
+    export_hf: bool
+    """At the end of the run, write the final policy as a Hugging Face checkpoint to
+    <run.output_dir>/hf/step_<N> (config.json, safetensors, tokenizer); other steps'
+    checkpoints export with ``dapo-export``."""
 
 
 @dataclass

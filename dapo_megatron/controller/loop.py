@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from dapo_megatron.checkpoint_dirs import latest_checkpoint, prune_checkpoints
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.cluster import start_ray
@@ -25,7 +26,6 @@ from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.remote import WorkerDied
 from dapo_megatron.controller.rollout import rollout_metrics
 from dapo_megatron.logging import MetricsLogger, StepProgress
-from dapo_megatron.megatron.checkpoint_dirs import latest_checkpoint, prune_checkpoints
 
 
 def _resume(ctx: RunContext) -> dict[str, Any]:
@@ -106,7 +106,22 @@ def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
                 _save(ctx, done)
     finally:
         progress.close()  # on every exit path: a crash must not leave the bar drawn
+    if config.checkpointing.export_hf:
+        _export_final(ctx, d.max_num_steps)
     return metrics
+
+
+def _export_final(ctx: RunContext, step: int) -> None:
+    """The final policy as an HF checkpoint in RUN_DIR/hf/step_N (written atomically by the
+    exporter, so an existing directory is a complete earlier export: kept)."""
+    out = ctx.run_dir / "hf" / f"step_{step:06d}"
+    if out.exists():
+        print(f"[export] {out} already exists; kept", flush=True)
+        return
+    started = time.perf_counter()
+    ctx.policy.export_hf(str(out))
+    print(f"[export] Hugging Face checkpoint of step {step}: {out} "
+          f"({time.perf_counter() - started:.1f} s)", flush=True)
 
 
 def train(config: DapoMegatronConfig, run_dir: Path) -> dict[str, float]:

@@ -153,6 +153,10 @@ class PolicyGroup:
         """How errors name a rank ("policy rank 1 (dp_rank 1, ...)")."""
         return self._describe(rank)
 
+    def export_hf(self, out_dir: str) -> str:
+        """The current weights as a Hugging Face checkpoint in ``out_dir`` (rank 0 writes)."""
+        return self._gather([w.export_hf.remote(out_dir) for w in self.workers])[0]
+
     def device_ids(self) -> list[str]:
         """Each rank's accelerator ids as Ray assigned them (empty strings on CPU)."""
         return self._gather([w.device_ids.remote() for w in self.workers])

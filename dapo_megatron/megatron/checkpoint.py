@@ -24,7 +24,7 @@ and directories without the marker, and ``prune_checkpoints`` removes them.
 
 ``save_checkpoint`` and ``load_checkpoint`` are collective: every rank of the policy calls
 them together. ``latest_checkpoint`` and ``prune_checkpoints`` only read/change the file
-system; they live in ``checkpoint_dirs`` (no Megatron import, for the controller) and are
+system; they live in ``dapo_megatron.checkpoint_dirs`` (no Megatron import, for the controller) and are
 re-exported here. The checkpoint directory must be on a file system
 that all ranks see (as for any Megatron checkpoint).
 """
@@ -52,7 +52,7 @@ from megatron.core.optimizer import ChainedOptimizer, MegatronOptimizer
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from dapo_megatron.megatron.checkpoint_dirs import (
+from dapo_megatron.checkpoint_dirs import (
     MARKER,
     checkpoint_name,
     latest_checkpoint,

@@ -43,9 +43,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from dapo_megatron.checkpoint_dirs import MARKER, latest_checkpoint, read_marker
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
-from dapo_megatron.megatron.checkpoint_dirs import MARKER, latest_checkpoint, read_marker
 
 if TYPE_CHECKING:
     import transformers

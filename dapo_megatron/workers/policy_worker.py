@@ -207,6 +207,12 @@ class PolicyWorker:
         return {"bytes": float(stats.bytes), "buckets": float(stats.buckets),
                 "seconds": stats.seconds, "buffer_bytes": float(stats.buffer_bytes)}
 
+    def export_hf(self, out_dir: str) -> str:
+        """Write the current weights as an HF checkpoint (collective; rank 0 writes)."""
+        from dapo_megatron.megatron.export_hf import export_policy
+
+        return str(export_policy(self._require_policy(), out_dir))
+
     def device_ids(self) -> str:
         """Comma-separated accelerator ids Ray gave this worker ("" on CPU)."""
         import ray

@@ -31,16 +31,16 @@ import pytest
 import torch
 from launch import run_distributed
 
-from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
-from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.config.schema import OptimizerConfig, SchedulerConfig
-from dapo_megatron.megatron.checkpoint_dirs import (
+from dapo_megatron.checkpoint_dirs import (
     latest_checkpoint,
     prune_checkpoints,
     publish,
     read_marker,
     temporary_sibling,
 )
+from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
+from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.schema import OptimizerConfig, SchedulerConfig
 
 pytestmark = pytest.mark.distributed
 

@@ -53,6 +53,21 @@ def test_three_steps_of_the_tiny_recipe(tmp_path):
     checkpoints = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert checkpoints == ["step_000002", "step_000003"]
     assert list((tmp_path / "plots").glob("*.png"))
+    # The recipe exports its final model (checkpointing.export_hf): an HF checkpoint whose
+    # weights are those of the final distributed checkpoint.
+    import safetensors.torch
+    import transformers
+
+    export = tmp_path / "hf" / "step_000003"
+    model = transformers.AutoModelForCausalLM.from_pretrained(export)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(export)
+    assert tokenizer("3+5+1=")["input_ids"]
+    exported = safetensors.torch.load_file(export / "model.safetensors")
+    initial = safetensors.torch.load_file(tmp_path / "model" / "model.safetensors")
+    name = "model.layers.0.mlp.down_proj.weight"
+    assert not exported[name].equal(initial[name])  # trained, not the starting weights
+    assert model.state_dict()[name].equal(exported[name])
+    assert (tmp_path / "config.yaml").is_file()  # the resolved config, for dapo-export
 
 
 def test_exhausted_dynamic_sampling_is_a_one_line_error(tmp_path):

@@ -1,6 +1,6 @@
 """Names, completion markers, discovery and pruning of checkpoint directories.
 
-The file-system side of ``checkpoint.py``, kept free of torch and Megatron imports so that
+The file-system side of ``megatron/checkpoint.py``, kept free of torch and Megatron imports so that
 the controller (which never imports Megatron) can find the checkpoint to resume from and
 prune old ones. A run's checkpoint root holds:
 
