@@ -28,6 +28,7 @@ Usage: python bench/step_overhead.py [--steps 12] [--models tiny,1m] [--out PATH
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -48,14 +49,12 @@ THREADS = 2
 
 
 def _arch(name: str):
-    from dapo_megatron.config.model_arch import PRESETS, ModelArch
+    from dapo_megatron.config.model_arch import PRESETS
 
     if name == "tiny":
         return PRESETS["tiny-qwen2"]
-    base = PRESETS["tiny-qwen2"]
-    return ModelArch(**{**base.__dict__, "num_layers": 4, "hidden_size": 128,
-                        "ffn_hidden_size": 512, "num_attention_heads": 4,
-                        "num_query_groups": 2})
+    return dataclasses.replace(PRESETS["tiny-qwen2"], num_layers=4, hidden_size=128,
+                               ffn_hidden_size=512, num_attention_heads=4, num_query_groups=2)
 
 
 def _ours(model_dir: Path, run_dir: Path, steps: int, extra: list[str]) -> dict:

@@ -169,6 +169,23 @@ PRESETS: dict[str, ModelArch] = {
 }
 
 
+def hf_config_fields(arch: ModelArch) -> dict[str, object]:
+    """The HF config.json fields of ``arch`` that Qwen2 and Llama configs share (the inverse
+    of ``arch_from_hf_config`` for them); family-specific fields are the caller's."""
+    return {
+        "vocab_size": arch.vocab_size,
+        "hidden_size": arch.hidden_size,
+        "intermediate_size": arch.ffn_hidden_size,
+        "num_hidden_layers": arch.num_layers,
+        "num_attention_heads": arch.num_attention_heads,
+        "num_key_value_heads": arch.num_query_groups,
+        "max_position_embeddings": arch.max_position_embeddings,
+        "rope_theta": arch.rope_theta,
+        "rms_norm_eps": arch.norm_epsilon,
+        "tie_word_embeddings": arch.tie_word_embeddings,
+    }
+
+
 def arch_from_hf_config(hf: dict[str, Any], source: str) -> ModelArch:
     """Read a ModelArch from a parsed HF config.json; `source` names the file in errors."""
     family = hf.get("model_type")

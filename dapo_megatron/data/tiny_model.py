@@ -24,7 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from dapo_megatron.config.model_arch import PRESETS, ModelArch, arch_from_hf_config
+from dapo_megatron.config.model_arch import (
+    PRESETS,
+    ModelArch,
+    arch_from_hf_config,
+    hf_config_fields,
+)
 from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
 
 if TYPE_CHECKING:
@@ -89,19 +94,7 @@ def qwen2_hf_config(arch: ModelArch, **extra: object) -> transformers.Qwen2Confi
     # Keywords gathered in a dict[str, Any]: transformers 5's typed signature lacks
     # `rope_theta` (still accepted and turned into rope_parameters; 4.x needs it), and
     # `extra` may hold values for any field.
-    kwargs: dict[str, Any] = dict(
-        vocab_size=arch.vocab_size,
-        hidden_size=arch.hidden_size,
-        intermediate_size=arch.ffn_hidden_size,
-        num_hidden_layers=arch.num_layers,
-        num_attention_heads=arch.num_attention_heads,
-        num_key_value_heads=arch.num_query_groups,
-        max_position_embeddings=arch.max_position_embeddings,
-        rope_theta=arch.rope_theta,
-        rms_norm_eps=arch.norm_epsilon,
-        tie_word_embeddings=arch.tie_word_embeddings,
-        **extra,
-    )
+    kwargs: dict[str, Any] = {**hf_config_fields(arch), **extra}
     return transformers.Qwen2Config(**kwargs)
 
 

@@ -45,7 +45,7 @@ import torch
 
 from dapo_megatron.checkpoint_dirs import MARKER, latest_checkpoint, read_marker
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
+from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config, hf_config_fields
 
 if TYPE_CHECKING:
     import transformers
@@ -226,21 +226,8 @@ def hf_config(
                 "a Llama with q/k/v bias has no HF Llama equivalent (attention_bias also "
                 "biases o_proj, which this model does not have)"
             )
-        config = transformers.LlamaConfig(
-            vocab_size=arch.vocab_size,
-            hidden_size=arch.hidden_size,
-            intermediate_size=arch.ffn_hidden_size,
-            num_hidden_layers=arch.num_layers,
-            num_attention_heads=arch.num_attention_heads,
-            num_key_value_heads=arch.num_query_groups,
-            max_position_embeddings=arch.max_position_embeddings,
-            rope_theta=arch.rope_theta,
-            rms_norm_eps=arch.norm_epsilon,
-            tie_word_embeddings=arch.tie_word_embeddings,
-            attention_bias=False,
-            mlp_bias=False,
-            **extra,
-        )
+        fields: dict[str, Any] = {**hf_config_fields(arch), **extra}
+        config = transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **fields)
         config.architectures = ["LlamaForCausalLM"]
     else:
         raise ExportError(
