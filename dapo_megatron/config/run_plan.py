@@ -1,0 +1,164 @@
+"""The run plan: a validated config plus every value derived from it, computed once.
+
+``load_config`` returns it (``LoadedConfig.plan``); the controller, the policy ranks and the
+engines read the parallel layout, architecture, engine count, device, device shares and the
+loss's hyper-parameters from it instead of deriving them again from the config. It is
+frozen and picklable: Ray workers receive it as an argument.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from dapo_megatron.algorithms.loss_spec import LossSpec
+from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
+from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.schema import ClusterConfig, DapoMegatronConfig
+
+Device = Literal["cpu", "cuda"]
+RefitTransport = Literal["broadcast", "ipc", "object_store"]
+
+# GPU fraction Ray books for each of the two processes sharing a device when a vLLM engine
+# is colocated with the policy (a logical booking: both see the whole device).
+COLOCATED_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """Everything a run derives from its config, resolved once by ``load_config``."""
+
+    config: DapoMegatronConfig
+    """The validated config (treat as read-only)."""
+    dims: ParallelDims
+    """The policy's parallel layout (data_parallel_size resolved)."""
+    arch: ModelArch | None
+    """Policy architecture (config.json, else the preset); None only when neither exists
+    (a dry run of a recipe whose model is not there yet)."""
+    arch_source: str
+    """Where ``arch`` came from, or why it is unknown."""
+    device: Device
+    """Device kind of every rank and engine (cluster.device with auto resolved)."""
+    policy_world_size: int
+    """Devices (CPU processes) running policy ranks."""
+    generation_devices: int
+    """Devices available to the generation engines."""
+    num_engines: int
+    """Generation engines (colocated Megatron: the policy's DP replicas)."""
+    needs_engine_workers: bool
+    """False only when the policy ranks generate themselves (colocated megatron backend)."""
+    refit_transport: RefitTransport
+    """generation.refit_transport with auto resolved."""
+    policy_device_share: float
+    """Fraction of its device each policy rank books in Ray (0.5 beside a colocated engine)."""
+    padded_vocab_size: int | None
+    """Rows of the policy's embedding/output layer (vocab padded for TP), when arch is known."""
+    total_optimizer_steps: int
+    """Optimizer steps of the whole run (the lr schedule's horizon)."""
+    loss: LossSpec
+    """The policy loss's hyper-parameters, validated."""
+    warnings: tuple[str, ...]
+    """Suspicious but legal settings."""
+
+    def require_arch(self) -> ModelArch:
+        """The architecture; a clear error when the plan was made without one."""
+        if self.arch is None:
+            raise ValueError(f"the policy architecture is unknown: {self.arch_source}")
+        return self.arch
+
+
+def resolve_device(cluster: ClusterConfig) -> Device:
+    """cluster.device with auto = cuda when a CUDA device is visible (imports torch)."""
+    if cluster.device != "auto":
+        return cluster.device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def policy_world_size(config: DapoMegatronConfig) -> int:
+    """Devices (CPU processes) running policy ranks."""
+    total = config.cluster.num_nodes * config.cluster.gpus_per_node
+    if config.cluster.colocated:
+        return total
+    return total - config.cluster.generation_num_devices
+
+
+def generation_devices(config: DapoMegatronConfig) -> int:
+    """Devices available to generation engines."""
+    total = config.cluster.num_nodes * config.cluster.gpus_per_node
+    return total if config.cluster.colocated else config.cluster.generation_num_devices
+
+
+def num_engines(config: DapoMegatronConfig) -> int:
+    """generation.engine.num_engines, or as many engines of its TP as the devices hold."""
+    engine = config.generation.engine
+    return engine.num_engines or generation_devices(config) // engine.tensor_parallel_size
+
+
+def build_loss_spec(config: DapoMegatronConfig) -> LossSpec:
+    """``dapo.loss`` as a validated LossSpec (loss_scale_length null resolved to
+    generation.max_response_length). Raises ValueError on a bad value."""
+    loss = config.dapo.loss
+    return LossSpec(
+        clip_ratio_low=loss.clip_ratio_low,
+        clip_ratio_high=loss.clip_ratio_high,
+        clip_ratio_c=loss.clip_ratio_c,
+        loss_agg_mode=loss.loss_agg_mode,
+        loss_scale_length=loss.loss_scale_length or config.generation.max_response_length,
+        rollout_correction=loss.rollout_correction,
+        rollout_correction_level=loss.rollout_correction_level,
+        tis_cap=loss.tis_cap,
+        mis_low=loss.mis_low,
+        mis_high=loss.mis_high,
+        kl_coef=loss.kl_coef,
+        kl_estimator=loss.kl_estimator,
+        entropy_coef=loss.entropy_coef,
+    )
+
+
+def total_optimizer_steps(config: DapoMegatronConfig) -> int:
+    """Optimizer steps of the whole run (the lr schedule's horizon)."""
+    d = config.dapo
+    per_step = d.num_prompts_per_step * d.num_generations_per_prompt
+    return d.max_num_steps * max(1, per_step // config.policy.train_global_batch_size)
+
+
+def make_plan(
+    config: DapoMegatronConfig,
+    *,
+    dims: ParallelDims,
+    arch: ModelArch | None,
+    arch_source: str,
+    warnings: tuple[str, ...] = (),
+    device: Device | None = None,
+) -> RunPlan:
+    """Derive every value of the plan from a config whose constraints already hold
+    (``validate_config`` calls this last); ``device`` defaults to resolving cluster.device."""
+    device = device or resolve_device(config.cluster)
+    gen = config.generation
+    needs_workers = not (config.cluster.colocated and gen.backend == "megatron")
+    transport: RefitTransport
+    if gen.refit_transport == "auto":
+        transport = "ipc" if config.cluster.colocated and device == "cuda" else "broadcast"
+    else:
+        transport = gen.refit_transport
+    return RunPlan(
+        config=config,
+        dims=dims,
+        arch=arch,
+        arch_source=arch_source,
+        device=device,
+        policy_world_size=policy_world_size(config),
+        generation_devices=generation_devices(config),
+        num_engines=num_engines(config) if needs_workers else dims.dp,
+        needs_engine_workers=needs_workers,
+        refit_transport=transport,
+        policy_device_share=(
+            COLOCATED_SHARE if config.cluster.colocated and needs_workers else 1.0
+        ),
+        padded_vocab_size=padded_vocab_size(arch.vocab_size, dims.tp) if arch else None,
+        total_optimizer_steps=total_optimizer_steps(config),
+        loss=build_loss_spec(config),
+        warnings=warnings,
+    )
