@@ -274,7 +274,7 @@ def _config(args: argparse.Namespace, tp: int, transport: str = "broadcast"):
             f"cluster.gpus_per_node={2 + tp}",
             f"cluster.generation_num_devices={tp}",
         ],
-    ).config
+    ).require_plan()
 
 
 def _greedy(engines, vocab: int) -> list[tuple[list[int], list[float]]]:
@@ -302,7 +302,7 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
     from dapo_megatron.controller.generation_group import GenerationGroup
     from dapo_megatron.weight_sync.buckets import RefitPlan
 
-    config = _config(args, tp)
+    plan = _config(args, tp)
     generation_group.GenerationWorker = BenchGenerationWorker  # profile methods only
     pid = policy.worker_pids()[0]
     vocab = PRESETS["qwen2.5-0.5b"].vocab_size
@@ -316,7 +316,7 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
         warm-up is recorded and the engine rebuilt (see the timed loop below)."""
         while True:
             start = time.perf_counter()
-            engines = GenerationGroup(config, policy)
+            engines = GenerationGroup(plan, policy)
             setup_s = time.perf_counter() - start
             pids = [
                 p
@@ -692,7 +692,8 @@ def main() -> None:
         + ", ".join(f"{t:.2f} s to {tp} receiver(s)" for tp, t in gloo_s.items()),
         flush=True,
     )
-    start_ray(_config(args, max(tps)).cluster)
+    start_plan = _config(args, max(tps))
+    start_ray(start_plan.config.cluster, device=start_plan.device)
     policy_group.PolicyWorker = BenchPolicyWorker  # profile methods only
     cases = []
     try:

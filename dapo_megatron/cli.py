@@ -1,13 +1,15 @@
 """Command-line entry points: dapo-train, dapo-plan and dapo-export.
 
 User errors (bad keys, values, files) print one `error:` message and exit with status 2,
-without a traceback; anything else is a bug and keeps its traceback.
+without a traceback; runtime failures print one `error:` line and exit with 1; Ctrl-C
+stops the workers and exits with 130. Anything else is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -16,15 +18,50 @@ import yaml
 
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import LoadedConfig, load_config
+from dapo_megatron.config.run_plan import RunPlan, runtime_problems
 from dapo_megatron.plan import format_plan
 
 # The main job when no --config is given: the tiny CPU recipe shipped with the package.
 DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "dapo-tiny-cpu.yaml"
 USER_ERROR_EXIT = 2
+RUNTIME_ERROR_EXIT = 1
+INTERRUPTED_EXIT = 130  # the shell's code for a process ended by SIGINT (128 + 2)
+
+TRAIN_EPILOG = """\
+overrides:
+  KEY=VALUE pairs in YAML syntax (dapo.loss.clip_ratio_high=0.28, validation.val_at_start=
+  false, policy.megatron.tensor_model_parallel_size=2) may appear anywhere on the command
+  line, before or after the flags; later ones win.
+
+run directory (run.output_dir):
+  config.yaml         the resolved config of the run (what dapo-export reads)
+  metrics.jsonl       one JSON record per step (and per validation)
+  checkpoints/step_N  complete checkpoints (checkpointing.*), verified on resume
+  hf/step_N           the final model as a Hugging Face checkpoint (checkpointing.export_hf)
+  .lock               held while a run uses the directory: a second dapo-train on the
+                      same directory is refused
+
+resume:
+  checkpointing.resume=auto (default) continues from the newest checkpoint that verifies,
+  so re-running the same command after a crash, Ctrl-C or preemption resumes it;
+  checkpointing.resume=never refuses a directory that already holds a run (choose another
+  run.output_dir). A worker that dies is restarted from the last checkpoint up to
+  run.max_restarts times.
+
+exit status:
+  0 finished; 1 runtime failure (a worker failed, restarts exhausted, dynamic sampling
+  found too few groups); 2 invalid input (config, paths, data, model, devices) found
+  before any worker started; 130 interrupted (Ctrl-C).
+"""
 
 
-def _parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=description)
+def _parser(prog: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=description,
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument(
         "--config", type=Path, default=None, help=f"recipe YAML (default: {DEFAULT_RECIPE.name})"
     )
@@ -40,9 +77,20 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
 def resolved_config_yaml(loaded: LoadedConfig) -> str:
     """The merged config as YAML, with derived values (data_parallel_size) filled in."""
     tree = dataclasses.asdict(loaded.config)
-    if loaded.report is not None:
-        tree["policy"]["megatron"]["data_parallel_size"] = loaded.report.dims.dp
+    if loaded.plan is not None:
+        tree["policy"]["megatron"]["data_parallel_size"] = loaded.plan.dims.dp
     return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
+
+
+def check_runnable(plan: RunPlan) -> None:
+    """The checks a dry run and a real run share beyond the config itself: what this
+    machine must provide. Raises ConfigError listing every problem."""
+    problems = runtime_problems(plan)
+    if problems:
+        n = len(problems)
+        raise ConfigError(
+            f"{n} problem{'s' if n > 1 else ''} on this machine:\n  - " + "\n  - ".join(problems)
+        )
 
 
 def _run_guarded(main: Callable[[], int]) -> int:
@@ -62,36 +110,59 @@ def _write_resolved_config(loaded: LoadedConfig, run_dir: Path) -> None:
     tmp.replace(run_dir / RUN_CONFIG_FILE)
 
 
-def _train(loaded: LoadedConfig) -> int:
+def _resume_hint(plan: RunPlan, command: str) -> str:
+    """Where the run stands on disk and how to continue it."""
+    from dapo_megatron.checkpoint_dirs import latest_checkpoint
+
+    last = latest_checkpoint(plan.checkpoint_dir)
+    if last is None:
+        return f"no checkpoint was saved yet; `{command}` starts the run again"
+    return f"the last checkpoint is {last}; `{command}` resumes from it"
+
+
+def _train(loaded: LoadedConfig, command: str) -> int:
     """Run the job; runtime failures are one-line errors with exit status 1."""
     from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
     from dapo_megatron.controller.loop import train
-    from dapo_megatron.controller.policy_group import WorkerFailure
+    from dapo_megatron.controller.remote import RestartsExhausted, WorkerFailure
 
-    run_dir = Path(loaded.config.run.output_dir)
-    _write_resolved_config(loaded, run_dir)
+    plan = loaded.require_plan()
+    _write_resolved_config(loaded, plan.run_dir)
     try:
-        metrics = train(loaded.config, run_dir)
+        metrics = train(plan)
+    except KeyboardInterrupt:
+        print(
+            f"interrupted: the workers were stopped; {_resume_hint(plan, command)}",
+            file=sys.stderr,
+        )
+        return INTERRUPTED_EXIT
+    except RestartsExhausted as e:
+        print(f"error: {e}; {_resume_hint(plan, command)}", file=sys.stderr)
+        return RUNTIME_ERROR_EXIT
     except (DynamicSamplingExhausted, WorkerFailure) as e:
         print(f"error: {e}", file=sys.stderr)
-        return 1
+        return RUNTIME_ERROR_EXIT
     summary = {k: metrics[k] for k in ("reward/acc", "val/acc", "loss") if k in metrics}
-    print(f"dapo-train: finished; run directory {run_dir}; last step {summary}")
+    print(f"dapo-train: finished; run directory {plan.run_dir}; last step {summary}")
     return 0
 
 
 def train_main(argv: Sequence[str] | None = None) -> int:
     """dapo-train: validate a recipe, print it or its plan, then train."""
-    parser = _parser("dapo-train", "Train a policy with DAPO on Megatron-Core.")
+    parser = _parser("dapo-train", "Train a policy with DAPO on Megatron-Core.", TRAIN_EPILOG)
     parser.add_argument(
         "--print-config", action="store_true", help="print the resolved config and exit"
     )
     parser.add_argument(
         "--dry-run",
         action="store_true",
-        help="validate everything and print the plan without starting anything",
+        help="run every check of a real run (config, data files, model, tokenizer, devices) "
+        "and print the plan, without starting anything",
     )
-    args = parser.parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    # Overrides may sit between or after flags (`a=1 --dry-run b=2`).
+    args = parser.parse_intermixed_args(raw)
+    command = shlex.join(["dapo-train", *(a for a in raw if a != "--dry-run")])
 
     def main() -> int:
         loaded = load_config(args.config or DEFAULT_RECIPE, args.overrides)
@@ -99,10 +170,14 @@ def train_main(argv: Sequence[str] | None = None) -> int:
             print(resolved_config_yaml(loaded), end="")
             return 0
         print(format_plan(loaded))
+        check_runnable(loaded.require_plan())
         if args.dry_run:
-            print("dry run: configuration is valid; nothing was started")
+            print(
+                "dry run: configuration, data, model, tokenizer and devices are valid; "
+                "nothing was started"
+            )
             return 0
-        return _train(loaded)
+        return _train(loaded, command)
 
     return _run_guarded(main)
 
@@ -135,11 +210,11 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
             raise ConfigError(f"--gpu-mem = {args.gpu_mem}: must be > 0 GiB")
         loaded = load_config(args.config or DEFAULT_RECIPE, args.overrides)
         print(format_plan(loaded))
-        assert loaded.report is not None
-        if loaded.report.arch is None:
-            print(f"memory: not planned, architecture unknown ({loaded.report.arch_source})")
+        run = loaded.require_plan()
+        if run.arch is None:
+            print(f"memory: not planned, architecture unknown ({run.arch_source})")
             return 0
-        report = plan_memory(memory_inputs(loaded, args.gpu_mem))
+        report = plan_memory(memory_inputs(run, args.gpu_mem))
         print(format_memory(report))
         if report.fits or not report.inputs.on_gpu:
             return 0

@@ -54,7 +54,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.loader import LoadedConfig
+from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
 
@@ -591,14 +591,13 @@ def plan_memory(inputs: MemoryInputs) -> MemoryReport:
     )
 
 
-def memory_inputs(loaded: LoadedConfig, gpu_mem_gib: float) -> MemoryInputs:
-    """The memory model's inputs from a validated config with a known architecture."""
-    assert loaded.report is not None and loaded.report.arch is not None
-    cfg, dims = loaded.config, loaded.report.dims
+def memory_inputs(run: RunPlan, gpu_mem_gib: float) -> MemoryInputs:
+    """The memory model's inputs from a run plan with a known architecture."""
+    cfg, dims = run.config, run.dims
     p, engine = cfg.policy, cfg.generation.engine
     vllm = cfg.generation.backend == "vllm"
     return MemoryInputs(
-        arch=loaded.report.arch,
+        arch=run.require_arch(),
         dims=dims,
         precision=p.precision,
         optimizer=p.optimizer.name,

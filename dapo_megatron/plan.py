@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from dapo_megatron.config.loader import LoadedConfig
-from dapo_megatron.config.parallel import generation_devices
+from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.memory_plan import MemoryReport, sleeping_engine_gib
 
 
@@ -30,10 +30,9 @@ class StepPlan:
     """Generation engines."""
 
 
-def step_plan(loaded: LoadedConfig) -> StepPlan:
-    """Derive the step arithmetic of a validated config."""
-    assert loaded.report is not None, "step_plan needs a validated config"
-    cfg, dims = loaded.config, loaded.report.dims
+def step_plan(run: RunPlan) -> StepPlan:
+    """The step arithmetic of a run plan."""
+    cfg, dims = run.config, run.dims
     samples = cfg.dapo.num_prompts_per_step * cfg.dapo.num_generations_per_prompt
     ds = cfg.dapo.dynamic_sampling
     if not ds.enabled:
@@ -42,15 +41,13 @@ def step_plan(loaded: LoadedConfig) -> StepPlan:
         first = None
     else:
         first = math.ceil(ds.batch_multiplier * cfg.dapo.num_prompts_per_step)
-    engine = cfg.generation.engine
-    engines = engine.num_engines or generation_devices(cfg) // engine.tensor_parallel_size
     return StepPlan(
         samples_per_step=samples,
         optimizer_steps_per_step=samples // cfg.policy.train_global_batch_size,
         micro_batches_per_rank=cfg.policy.train_global_batch_size
         // (cfg.policy.train_micro_batch_size * dims.dp),
         first_round_prompts=first,
-        num_engines=engines,
+        num_engines=run.num_engines,
     )
 
 
@@ -63,9 +60,8 @@ def _human_count(n: int) -> str:
 
 def format_plan(loaded: LoadedConfig) -> str:
     """A short human-readable table of the run's layout."""
-    assert loaded.report is not None
-    cfg, report = loaded.config, loaded.report
-    dims, arch, plan = report.dims, report.arch, step_plan(loaded)
+    report = loaded.require_plan()
+    cfg, dims, arch, plan = report.config, report.dims, report.arch, step_plan(report)
     rows: list[tuple[str, str]] = [("recipe", " <- ".join(reversed(loaded.files)))]
     if arch is not None:
         rows.append(

@@ -21,7 +21,8 @@ import yaml
 
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.config.validate import ValidationReport, validate_config
+from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.config.validate import validate_config
 
 CLI_SOURCE = "command line"
 DEFAULTS_KEY = "defaults"
@@ -52,9 +53,28 @@ PEER_ALIASES: dict[str, str] = {
 }
 
 
+class _DuplicateKey(Exception):
+    """A mapping of a recipe names the same key twice (YAML would keep the last silently)."""
+
+    def __init__(self, key: str, first_line: int, line: int) -> None:
+        super().__init__(key)
+        self.key, self.first_line, self.line = key, first_line, line
+
+
 # yaml ships no type information (no types-PyYAML in the test extra), so SafeLoader is Any.
 class _Loader(yaml.SafeLoader):  # type: ignore[misc]
-    """SafeLoader that also reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`)."""
+    """SafeLoader that also reads `1e-6` as a float (YAML 1.1 wants `1.0e-6`) and rejects
+    duplicate keys: a recipe with `dapo:` twice would otherwise lose the first block."""
+
+    def construct_mapping(self, node: Any, deep: bool = False) -> Any:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = key_node.value
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise _DuplicateKey(str(key), seen[key], line)
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -79,8 +99,14 @@ class LoadedConfig:
     """Dotted key -> file (or "command line") that set its value last."""
     files: list[str]
     """Recipe files read, base first."""
-    report: ValidationReport | None = None
-    """Derived layout, architecture and warnings; None when loaded without validation."""
+    plan: RunPlan | None = None
+    """The run plan (every derived value); None when loaded without validation."""
+
+    def require_plan(self) -> RunPlan:
+        """The run plan of a validated config."""
+        if self.plan is None:
+            raise ValueError("the config was loaded with validate=False: it has no run plan")
+        return self.plan
 
 
 # ---------------------------------------------------------------------------------------
@@ -105,6 +131,14 @@ def _read_yaml(path: Path, referenced_from: str | None) -> dict[str, Any]:
             data = yaml.load(f, Loader=_Loader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{display_path(path)}: invalid YAML: {e}".replace("\n", " ")) from None
+    except _DuplicateKey as e:
+        raise ConfigError(
+            f"{display_path(path)} line {e.line}: key {e.key!r} appears twice in one mapping "
+            f"(first at line {e.first_line}); merge the two blocks (YAML would silently "
+            f"keep only the last)"
+        ) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{display_path(path)}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -371,5 +405,5 @@ def load_config(
     config = build(DapoMegatronConfig, tree, sources)
     loaded = LoadedConfig(config=config, sources=sources, files=files)
     if validate:
-        loaded.report = validate_config(loaded)
+        loaded.plan = validate_config(loaded)
     return loaded

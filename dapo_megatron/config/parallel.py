@@ -38,6 +38,12 @@ class ParallelDims:
     ) -> ParallelDims:
         """Derive dp when None and check every constraint, naming the key that breaks it."""
         prefix = "policy.megatron."
+        if world_size < 1:
+            raise ConfigError(
+                f"the policy has {world_size} devices (cluster.num_nodes * "
+                f"cluster.gpus_per_node, minus cluster.generation_num_devices in split mode): "
+                f"it needs at least 1"
+            )
         for key, size in (
             ("tensor_model_parallel_size", tp),
             ("pipeline_model_parallel_size", pp),

@@ -9,11 +9,12 @@ frozen and picklable: Ray workers receive it as an argument.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from dapo_megatron.algorithms.loss_spec import LossSpec
-from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
-from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size, resolve_arch
+from dapo_megatron.config.parallel import ParallelDims, generation_devices, policy_world_size
 from dapo_megatron.config.schema import ClusterConfig, DapoMegatronConfig
 
 Device = Literal["cpu", "cuda"]
@@ -22,6 +23,22 @@ RefitTransport = Literal["broadcast", "ipc", "object_store"]
 # GPU fraction Ray books for each of the two processes sharing a device when a vLLM engine
 # is colocated with the policy (a logical booking: both see the whole device).
 COLOCATED_SHARE = 0.5
+
+
+@dataclass(frozen=True)
+class PolicyPlan:
+    """What a policy rank needs: its slice of the run plan."""
+
+    config: DapoMegatronConfig
+    """The run config (policy, optimizer, precision; treat as read-only)."""
+    dims: ParallelDims
+    """The policy's parallel layout."""
+    arch: ModelArch
+    """The policy architecture."""
+    loss: LossSpec
+    """The policy loss's hyper-parameters."""
+    total_optimizer_steps: int
+    """Optimizer steps of the whole run (the lr schedule's horizon)."""
 
 
 @dataclass(frozen=True)
@@ -37,6 +54,10 @@ class RunPlan:
     (a dry run of a recipe whose model is not there yet)."""
     arch_source: str
     """Where ``arch`` came from, or why it is unknown."""
+    run_dir: Path
+    """The run directory (run.output_dir)."""
+    checkpoint_dir: Path
+    """Where checkpoints go: checkpointing.checkpoint_dir, else RUN_DIR/checkpoints."""
     device: Device
     """Device kind of every rank and engine (cluster.device with auto resolved)."""
     policy_world_size: int
@@ -49,6 +70,8 @@ class RunPlan:
     """False only when the policy ranks generate themselves (colocated megatron backend)."""
     refit_transport: RefitTransport
     """generation.refit_transport with auto resolved."""
+    sampling_seeds: Literal["per_request", "engine"]
+    """generation.sampling_seeds with auto resolved (engine on GPU, per_request on CPU)."""
     policy_device_share: float
     """Fraction of its device each policy rank books in Ray (0.5 beside a colocated engine)."""
     padded_vocab_size: int | None
@@ -66,6 +89,52 @@ class RunPlan:
             raise ValueError(f"the policy architecture is unknown: {self.arch_source}")
         return self.arch
 
+    def policy(self) -> PolicyPlan:
+        """The policy ranks' slice of the plan."""
+        return PolicyPlan(
+            config=self.config,
+            dims=self.dims,
+            arch=self.require_arch(),
+            loss=self.loss,
+            total_optimizer_steps=self.total_optimizer_steps,
+        )
+
+
+def policy_plan(
+    config: DapoMegatronConfig, dims: ParallelDims, arch: ModelArch | None = None
+) -> PolicyPlan:
+    """A PolicyPlan for a policy built outside a run (dapo-export, tests), whose layout is
+    given rather than the config's cluster; ``arch`` defaults to the checkpoint's config.json
+    (or the preset)."""
+    if arch is None:
+        arch, source = resolve_arch(config.policy.model_name_or_path, config.policy.model_arch)
+        if arch is None:
+            raise ValueError(f"policy.model_name_or_path: the architecture is unknown: {source}")
+    return PolicyPlan(
+        config=config,
+        dims=dims,
+        arch=arch,
+        loss=build_loss_spec(config),
+        total_optimizer_steps=total_optimizer_steps(config),
+    )
+
+
+def runtime_problems(plan: RunPlan) -> list[str]:
+    """What makes a valid plan impossible on THIS machine (the resolved device), checked
+    before any worker starts. Validation checks only what the config says, so that a GPU
+    recipe with cluster.device=auto still validates on a CPU login node."""
+    config = plan.config
+    problems = []
+    if config.cluster.colocated and config.generation.backend == "vllm" and plan.device == "cpu":
+        problems.append(
+            f"generation.backend = vllm with cluster.colocated = true needs GPUs, and "
+            f"cluster.device = {config.cluster.device} resolves to cpu here (no CUDA device "
+            f"visible): a colocated engine cannot share a CPU rank's device; use "
+            f"generation.backend=megatron, or cluster.colocated=false with "
+            f"cluster.generation_num_devices"
+        )
+    return problems
+
 
 def resolve_device(cluster: ClusterConfig) -> Device:
     """cluster.device with auto = cuda when a CUDA device is visible (imports torch)."""
@@ -74,20 +143,6 @@ def resolve_device(cluster: ClusterConfig) -> Device:
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def policy_world_size(config: DapoMegatronConfig) -> int:
-    """Devices (CPU processes) running policy ranks."""
-    total = config.cluster.num_nodes * config.cluster.gpus_per_node
-    if config.cluster.colocated:
-        return total
-    return total - config.cluster.generation_num_devices
-
-
-def generation_devices(config: DapoMegatronConfig) -> int:
-    """Devices available to generation engines."""
-    total = config.cluster.num_nodes * config.cluster.gpus_per_node
-    return total if config.cluster.colocated else config.cluster.generation_num_devices
 
 
 def num_engines(config: DapoMegatronConfig) -> int:
@@ -148,12 +203,21 @@ def make_plan(
         dims=dims,
         arch=arch,
         arch_source=arch_source,
+        run_dir=Path(config.run.output_dir),
+        checkpoint_dir=Path(
+            config.checkpointing.checkpoint_dir or Path(config.run.output_dir) / "checkpoints"
+        ),
         device=device,
         policy_world_size=policy_world_size(config),
         generation_devices=generation_devices(config),
         num_engines=num_engines(config) if needs_workers else dims.dp,
         needs_engine_workers=needs_workers,
         refit_transport=transport,
+        sampling_seeds=(
+            gen.sampling_seeds
+            if gen.sampling_seeds != "auto"
+            else ("engine" if device == "cuda" else "per_request")
+        ),
         policy_device_share=(
             COLOCATED_SHARE if config.cluster.colocated and needs_workers else 1.0
         ),

@@ -6,34 +6,15 @@ file that set it and the constraint, so one edit-run cycle fixes a whole recipe.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import ModelArch, resolve_arch
-from dapo_megatron.config.parallel import (
-    ParallelDims,
-    generation_devices,
-    parallel_dims,
-    policy_world_size,
-)
+from dapo_megatron.config.parallel import ParallelDims, generation_devices, parallel_dims
+from dapo_megatron.config.run_plan import RunPlan, make_plan, resolve_device
 
 if TYPE_CHECKING:  # the loader imports this module: no runtime import back
     from dapo_megatron.config.loader import LoadedConfig
-
-
-@dataclass
-class ValidationReport:
-    """What validation derived and what it could not check."""
-
-    dims: ParallelDims
-    """The policy's parallel layout."""
-    arch: ModelArch | None
-    """Policy architecture, when known."""
-    arch_source: str
-    """Where the architecture came from (config.json, preset) or why it is unknown."""
-    warnings: list[str] = field(default_factory=list)
-    """Suspicious but legal settings."""
 
 
 class _Checker:
@@ -63,8 +44,9 @@ class _Checker:
         self.require(0 < v <= 1, key, "must be in (0, 1]")
 
 
-def validate_config(loaded: LoadedConfig) -> ValidationReport:
-    """Check every constraint; raise ConfigError listing all violations."""
+def validate_config(loaded: LoadedConfig) -> RunPlan:
+    """Check every constraint; raise ConfigError listing all violations. Returns the run
+    plan: the config with every value derived from it (config/run_plan.py)."""
     c = _Checker(loaded)
     _check_run_and_cluster(c)
     _check_policy(c)
@@ -94,7 +76,14 @@ def validate_config(loaded: LoadedConfig) -> ValidationReport:
             f"{n} invalid setting{'s' if n > 1 else ''}:\n  - " + "\n  - ".join(c.errors)
         )
     assert dims is not None
-    return ValidationReport(dims=dims, arch=arch, arch_source=arch_source, warnings=warnings)
+    return make_plan(
+        loaded.config,
+        dims=dims,
+        arch=arch,
+        arch_source=arch_source,
+        warnings=tuple(warnings),
+        device=resolve_device(loaded.config.cluster),
+    )
 
 
 def _check_run_and_cluster(c: _Checker) -> None:
@@ -386,4 +375,4 @@ def _check_arch(
         )
 
 
-__all__ = ["ValidationReport", "validate_config", "policy_world_size"]
+__all__ = ["validate_config"]

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 
+from dapo_megatron.config.run_plan import Device
 from dapo_megatron.config.schema import ClusterConfig
 
 
@@ -27,17 +28,9 @@ class RankResources:
     """GPUs per rank (1 on GPU clusters, 0 on CPU)."""
 
 
-def resolve_device(cluster: ClusterConfig) -> str:
-    """The device kind of the run: cluster.device, with auto = cuda when available."""
-    if cluster.device != "auto":
-        return cluster.device
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
-
-
-def start_ray(cluster: ClusterConfig, *, num_cpus: int | None = None) -> None:
-    """Join RAY_ADDRESS / cluster.ray_address, or start a small local cluster on loopback."""
+def start_ray(cluster: ClusterConfig, *, device: Device, num_cpus: int | None = None) -> None:
+    """Join RAY_ADDRESS / cluster.ray_address, or start a small local cluster on loopback
+    (``device``: the run plan's resolved device kind)."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -49,7 +42,7 @@ def start_ray(cluster: ClusterConfig, *, num_cpus: int | None = None) -> None:
         address="local",  # never a stale cluster file from an earlier session
         num_cpus=num_cpus,
         include_dashboard=False,
-        object_store_memory=256 * 1024 * 1024 if resolve_device(cluster) == "cpu" else None,
+        object_store_memory=256 * 1024 * 1024 if device == "cpu" else None,
         _node_ip_address="127.0.0.1",
         # Ray starts workers at nice 15 by default, below the driver: on a machine with
         # few cores every moment the controller computes (batching, scoring, logging) then
@@ -59,13 +52,15 @@ def start_ray(cluster: ClusterConfig, *, num_cpus: int | None = None) -> None:
     )
 
 
-def rank_resources(cluster: ClusterConfig, *, device_share: float = 1.0) -> RankResources:
+def rank_resources(
+    cluster: ClusterConfig, *, device: Device, device_share: float = 1.0
+) -> RankResources:
     """One device per rank on GPU; on CPU, a share of the machine's cores.
 
     ``device_share`` < 1 leaves the rest of each GPU bundle to a colocated engine actor
     (Ray counts GPUs logically: both processes then see the same device).
     """
-    if resolve_device(cluster) == "cuda":
+    if device == "cuda":
         return RankResources(num_cpus=1, num_gpus=device_share)
     available = ray.cluster_resources().get("CPU", 1)
     ranks = cluster.num_nodes * cluster.gpus_per_node

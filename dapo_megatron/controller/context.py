@@ -12,6 +12,7 @@ from pathlib import Path
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSampler
 from dapo_megatron.config.errors import ConfigError
+from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.generation_group import Engines
 from dapo_megatron.controller.policy_group import PolicyGroup
@@ -117,8 +118,9 @@ def _encode(records, tokenizer, config: DapoMegatronConfig, what: str) -> Encode
     return encoded
 
 
-def build_context(config: DapoMegatronConfig, run_dir: Path) -> RunContext:
+def build_context(plan: RunPlan) -> RunContext:
     """Model, tokenizer, data, verifier and samplers (the policy workers come later)."""
+    config = plan.config
     ensure_model(config)
     tokenizer = _load_tokenizer(config)
     try:
@@ -130,11 +132,10 @@ def build_context(config: DapoMegatronConfig, run_dir: Path) -> RunContext:
     if splits.val is not None:
         records = splits.val.records[: config.validation.max_prompts or None]
         val = _encode(records, tokenizer, config, "validation")
-    checkpoint_dir = Path(config.checkpointing.checkpoint_dir or run_dir / "checkpoints")
     return RunContext(
         config=config,
-        run_dir=run_dir,
-        checkpoint_dir=checkpoint_dir,
+        run_dir=plan.run_dir,
+        checkpoint_dir=plan.checkpoint_dir,
         tokenizer=tokenizer,
         train=train,
         val=val,

@@ -1,6 +1,6 @@
 """The controller's view of the rollout engines: generate, refit, sleep and wake.
 
-Three placements, chosen from the config by ``build_engines``:
+Three placements, chosen from the run plan by ``build_engines``:
 
 * colocated, megatron backend (``PolicyEngines``): the policy ranks generate on their own
   model, so there is no separate engine and a refit copies nothing;
@@ -36,11 +36,8 @@ from typing import Any, Protocol
 import ray
 from ray.util.placement_group import remove_placement_group
 
-from dapo_megatron.config.parallel import generation_devices
-from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.controller.cluster import resolve_device
+from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.controller.placement import (
-    COLOCATED_SHARE,
     colocated_engine_placements,
     split_engine_placements,
 )
@@ -89,26 +86,6 @@ def engine_seed(seed: int | None, engine: int) -> int | None:
     return (seed * 1_000_033 + engine * 15_485_863) % (2**31 - 1)
 
 
-def num_engines(config: DapoMegatronConfig) -> int:
-    engine = config.generation.engine
-    return engine.num_engines or generation_devices(config) // engine.tensor_parallel_size
-
-
-def refit_transport(config: DapoMegatronConfig) -> str:
-    """generation.refit_transport with auto resolved: ipc for colocated engines on GPU
-    (same devices: no bytes need to move), broadcast otherwise."""
-    setting = config.generation.refit_transport
-    if setting != "auto":
-        return setting
-    colocated_gpu = config.cluster.colocated and resolve_device(config.cluster) == "cuda"
-    return "ipc" if colocated_gpu else "broadcast"
-
-
-def needs_engine_workers(config: DapoMegatronConfig) -> bool:
-    """False only when the policy ranks generate themselves (colocated megatron)."""
-    return not (config.cluster.colocated and config.generation.backend == "megatron")
-
-
 class PolicyEngines:
     """Colocated Megatron generation: the policy's DP replicas are the engines."""
 
@@ -136,32 +113,29 @@ class PolicyEngines:
 class GenerationGroup:
     """Engine actors: in a placement group of their own (split), or on the policy's."""
 
-    def __init__(self, config: DapoMegatronConfig, policy: PolicyGroup) -> None:
-        self.config = config
-        count = num_engines(config)
+    def __init__(self, plan: RunPlan, policy: PolicyGroup) -> None:
+        self.plan = plan
+        self.config = config = plan.config
+        count = plan.num_engines
         tp = config.generation.engine.tensor_parallel_size
-        cuda = resolve_device(config.cluster) == "cuda"
         self.placement = None
         if config.cluster.colocated:
-            if not cuda:
-                raise RuntimeError(
-                    "a colocated vllm engine needs GPUs (on CPU the engine process cannot "
-                    "share a device with a policy rank); set generation.backend=megatron or "
-                    "cluster.colocated=false"
-                )
+            # Validation rejects a colocated engine on CPU (config/validate.py).
             places = colocated_engine_placements(policy.placement, policy.device_ids(), count, tp)
         else:
-            self.placement, places = split_engine_placements(config, count, tp, cuda=cuda)
+            self.placement, places = split_engine_placements(
+                config.cluster, count, tp, device=plan.device
+            )
         actor = ray.remote(GenerationWorker)
         self.workers = [
             actor.options(**p.options).remote(
-                config, engine_index=e, num_threads=p.num_threads, visible_devices=p.visible_devices
+                plan, engine_index=e, num_threads=p.num_threads, visible_devices=p.visible_devices
             )
             for e, p in enumerate(places)
         ]
         self.info = self._gather([w.setup.remote() for w in self.workers])
         self._asleep = False
-        self.transport = refit_transport(config)
+        self.transport = plan.refit_transport
         self._plan: list | None = None
         self._group_policy: PolicyGroup | None = None
         self._refit_metrics: dict[str, float] = {}
@@ -220,7 +194,7 @@ class GenerationGroup:
             return self._plan
         ranks = self._gather([w.weight_ranks.remote() for w in self.workers])
         host, port = self._gather_with(policy, [policy.workers[0].address.remote()])[0]
-        device = "cuda" if resolve_device(self.config.cluster) == "cuda" else "cpu"
+        device = self.plan.device
         shared = self.transport == "ipc"
         # Broadcast: policy rank 0 sends over NCCL/gloo. Handles: every policy rank joins the
         # (gloo) group for the per-bucket barriers; the bytes go through shared memory.
@@ -307,13 +281,8 @@ class GenerationGroup:
             remove_placement_group(self.placement)
 
 
-def build_engines(config: DapoMegatronConfig, policy: PolicyGroup) -> Engines:
-    """The rollout engines of a run, placed as the config says (module docstring)."""
-    if not needs_engine_workers(config):
+def build_engines(plan: RunPlan, policy: PolicyGroup) -> Engines:
+    """The rollout engines of a run, placed as the plan says (module docstring)."""
+    if not plan.needs_engine_workers:
         return PolicyEngines(policy)
-    return GenerationGroup(config, policy)
-
-
-def policy_device_share(config: DapoMegatronConfig) -> float:
-    """GPU fraction of a policy rank: less than 1 when a vLLM engine shares its device."""
-    return COLOCATED_SHARE if config.cluster.colocated and needs_engine_workers(config) else 1.0
+    return GenerationGroup(plan, policy)

@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from dapo_megatron.checkpoint_dirs import latest_checkpoint, prune_checkpoints
-from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.cluster import start_ray
 from dapo_megatron.controller.context import RunContext, build_context
-from dapo_megatron.controller.generation_group import build_engines, policy_device_share
+from dapo_megatron.controller.generation_group import build_engines
 from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.remote import WorkerDied
+from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied
 from dapo_megatron.controller.rollout import rollout_metrics
 from dapo_megatron.logging import MetricsLogger, StepProgress
 
@@ -124,13 +124,15 @@ def _export_final(ctx: RunContext, step: int) -> None:
           f"({time.perf_counter() - started:.1f} s)", flush=True)
 
 
-def train(config: DapoMegatronConfig, run_dir: Path) -> dict[str, float]:
-    """Run (or resume) a DAPO job; restarts from the last checkpoint when a worker dies."""
+def train(plan: RunPlan) -> dict[str, float]:
+    """Run (or resume) a DAPO job in ``plan.run_dir``; restarts from the last checkpoint
+    when a worker dies."""
+    config, run_dir = plan.config, plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    ctx = build_context(config, run_dir)
+    ctx = build_context(plan)
     restarts = 0
     try:
-        start_ray(config.cluster)
+        start_ray(config.cluster, device=plan.device)
         while True:
             ctx.reset_state()
             resume = (
@@ -142,15 +144,15 @@ def train(config: DapoMegatronConfig, run_dir: Path) -> dict[str, float]:
             )
             failed = True  # until _run_steps returns: W&B / MLflow must see a crash as one
             try:
-                ctx.policy = PolicyGroup(config, device_share=policy_device_share(config))
-                ctx.engines = build_engines(config, ctx.policy)
+                ctx.policy = PolicyGroup(plan)
+                ctx.engines = build_engines(plan, ctx.policy)
                 metrics = _run_steps(ctx, logger)
                 failed = False
                 return metrics
             except WorkerDied as failure:
                 restarts += 1
                 if restarts > config.run.max_restarts:
-                    raise
+                    raise RestartsExhausted(failure, config.run.max_restarts) from failure
                 print(
                     f"[restart {restarts}/{config.run.max_restarts}] {failure}; restarting "
                     f"from the last checkpoint",

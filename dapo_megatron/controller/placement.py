@@ -25,13 +25,9 @@ import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.config.run_plan import COLOCATED_SHARE, Device
+from dapo_megatron.config.schema import ClusterConfig
 from dapo_megatron.controller.cluster import RankResources, rank_resources, reserve_ranks
-
-# GPU fraction Ray books for each of the two processes sharing a device when a vLLM engine
-# is colocated with the policy (a logical booking: both see the whole device).
-COLOCATED_SHARE = 0.5
-
 
 @dataclass(frozen=True)
 class ActorPlacement:
@@ -92,10 +88,11 @@ def colocated_engine_placements(
 
 
 def split_engine_placements(
-    config: DapoMegatronConfig, count: int, tp: int, *, cuda: bool
+    cluster: ClusterConfig, count: int, tp: int, *, device: Device
 ) -> tuple[PlacementGroup, list[ActorPlacement]]:
     """Reserve a placement group for ``count`` engines of TP ``tp``; their placements."""
-    resources = rank_resources(config.cluster)
+    cuda = device == "cuda"
+    resources = rank_resources(cluster, device=device)
     group = reserve_ranks(count, resources, what="generation engines", devices_per_bundle=tp)
     num_gpus = tp if resources.num_gpus else 0
     threads = max(1, int(resources.num_cpus)) if cuda else 1

@@ -19,8 +19,7 @@ from typing import Any
 import ray
 import torch
 
-from dapo_megatron.config.parallel import policy_world_size
-from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
 from dapo_megatron.controller.placement import policy_placements
 from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather
@@ -45,20 +44,23 @@ def shard_bounds(total: int, parts: int) -> list[tuple[int, int]]:
 class PolicyGroup:
     """All policy ranks of the run (one Ray actor each, in one placement group)."""
 
-    def __init__(self, config: DapoMegatronConfig, *, device_share: float = 1.0) -> None:
+    def __init__(self, plan: RunPlan) -> None:
         """Start one actor per policy rank and set up torch.distributed + Megatron.
 
-        ``device_share``: the GPU fraction each rank asks of Ray (< 1 when a generation
-        engine actor shares the rank's device, see cluster.rank_resources).
+        Each rank asks Ray for ``plan.policy_device_share`` of its GPU (< 1 when a
+        generation engine actor shares the rank's device, see cluster.rank_resources).
         """
-        self.config = config
-        world = policy_world_size(config)
-        resources = rank_resources(config.cluster, device_share=device_share)
+        self.plan = plan
+        self.config = plan.config
+        world = plan.policy_world_size
+        resources = rank_resources(
+            plan.config.cluster, device=plan.device, device_share=plan.policy_device_share
+        )
         self.placement = reserve_ranks(world, resources)
         actor = ray.remote(PolicyWorker)
         self.workers = [
             actor.options(**p.options).remote(
-                config, rank=rank, world_size=world, num_threads=p.num_threads
+                plan, rank=rank, world_size=world, num_threads=p.num_threads
             )
             for rank, p in enumerate(policy_placements(self.placement, world, resources))
         ]

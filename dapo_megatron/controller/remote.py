@@ -22,6 +22,17 @@ class WorkerDied(WorkerFailure):
     A worker that merely raised is a bug or bad input, not restarted."""
 
 
+class RestartsExhausted(WorkerFailure):
+    """A worker died once more after ``run.max_restarts`` restarts: the run gives up."""
+
+    def __init__(self, failure: WorkerFailure, max_restarts: int) -> None:
+        super().__init__(
+            f"{failure}; restarts exhausted (run.max_restarts = {max_restarts} restart(s) "
+            f"already used)"
+        )
+        self.max_restarts = max_restarts
+
+
 def gather(refs: list[ray.ObjectRef], describe: Callable[[int], str]) -> list[Any]:
     """ray.get of one ref per worker, raising on the first worker that fails.
 

@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
     from dapo_megatron.config.parallel import ParallelDims
     from dapo_megatron.config.schema import DapoMegatronConfig
+    from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
 
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
@@ -515,7 +516,7 @@ def export_checkpoint(
     from dapo_megatron.megatron.checkpoint import load_checkpoint
     from dapo_megatron.megatron.policy import MegatronPolicy
 
-    policy = MegatronPolicy(config, dims=dims, arch=arch)
+    policy = MegatronPolicy(policy_plan(config, dims, arch))
     try:
         load_checkpoint(
             checkpoint_dir, model=policy.model, optimizer=None, scheduler=None, restore_rng=False

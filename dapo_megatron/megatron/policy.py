@@ -1,6 +1,6 @@
 """One Megatron rank of the policy: the API the Ray PolicyWorker wraps (usable under torchrun).
 
-    policy = MegatronPolicy(config)            # parallel init, model from HF, DDP, optimizer
+    policy = MegatronPolicy(plan)              # parallel init, model from HF, DDP, optimizer
     lp, ent = policy.logprobs(batch)            # forward only, token-aligned [B, S]
     ref_lp = policy.ref_logprobs(batch)         # the same under the frozen KL reference
     metrics = policy.train_step(mini_batch)     # DAPO loss, one optimizer step
@@ -28,9 +28,7 @@ from typing import Any
 
 import torch
 
-from dapo_megatron.config.model_arch import ModelArch, resolve_arch
-from dapo_megatron.config.parallel import ParallelDims, parallel_dims
-from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.config.run_plan import PolicyPlan
 from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.megatron import checkpoint as ckpt
 from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
@@ -51,40 +49,21 @@ from dapo_megatron.megatron.policy_step import (
 logger = logging.getLogger(__name__)
 
 
-def total_optimizer_steps(config: DapoMegatronConfig) -> int:
-    """Optimizer steps of the whole run (the lr schedule's horizon)."""
-    d = config.dapo
-    per_step = d.num_prompts_per_step * d.num_generations_per_prompt
-    return d.max_num_steps * max(1, per_step // config.policy.train_global_batch_size)
-
-
 class MegatronPolicy:
     """The policy model of one rank with its optimizer and schedule."""
 
-    def __init__(
-        self,
-        config: DapoMegatronConfig,
-        *,
-        dims: ParallelDims | None = None,
-        arch: ModelArch | None = None,
-    ) -> None:
+    def __init__(self, plan: PolicyPlan) -> None:
         """Initialise torch.distributed + Megatron and load the HF checkpoint.
 
         Args:
-            config: the run config (policy, generation temperature, loss).
-            dims: parallel layout; default: derived from the config's cluster.
-            arch: model architecture; default: read from the checkpoint's config.json.
+            plan: this rank's slice of the run plan (config, layout, architecture, loss);
+                ``RunPlan.policy()`` in a run, ``run_plan.policy_plan`` elsewhere.
         """
-        self.config = config
-        self.dims = dims or parallel_dims(config)
+        self.config = config = plan.config
+        self.dims = plan.dims
+        self.arch = arch = plan.arch
+        self.loss_spec = plan.loss
         policy = config.policy
-        if arch is None:
-            arch, _ = resolve_arch(policy.model_name_or_path, None)
-            if arch is None:
-                raise FileNotFoundError(
-                    f"policy.model_name_or_path: no config.json in {policy.model_name_or_path}"
-                )
-        self.arch = arch
         initialize_parallel(self.dims, seed=config.run.seed)
         model = build_model(
             arch, self.dims, policy.precision, recompute=policy.megatron.recompute_granularity
@@ -108,7 +87,7 @@ class MegatronPolicy:
             self.optimizer,
             policy.optimizer,
             policy.scheduler,
-            total_optimizer_steps=total_optimizer_steps(config),
+            total_optimizer_steps=plan.total_optimizer_steps,
         )
         self.ctx = StepContext(
             dims=self.dims, vocab_size=arch.vocab_size, temperature=config.generation.temperature
@@ -175,7 +154,7 @@ class MegatronPolicy:
 
     def train_step(self, batch: PolicyBatch) -> dict[str, float]:
         """One optimizer step of the DAPO loss on this rank's share of a mini-batch."""
-        if self.config.dapo.loss.kl_coef > 0:
+        if self.loss_spec.kl_coef > 0:
             self.snapshot_reference()  # before the first update: the reference's definition
         return train_step(
             self.model,
@@ -183,9 +162,8 @@ class MegatronPolicy:
             self.scheduler,
             batch,
             self.ctx,
-            self.config.dapo.loss,
+            self.loss_spec,
             micro_batch_size=self.config.policy.train_micro_batch_size,
-            max_response_length=self.config.generation.max_response_length,
         )
 
     def sft_step(self, batch: PolicyBatch, *, lr: float | None = None) -> dict[str, float]:
@@ -224,7 +202,7 @@ class MegatronPolicy:
         """
         marker = ckpt.read_marker(Path(path)) or {}
         reference = None
-        if self.config.dapo.loss.kl_coef > 0:
+        if self.loss_spec.kl_coef > 0:
             if marker.get("reference"):
                 reference = self._reference or self._build_reference()
             else:

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.generation.base import GenerationBackend, Sample, SamplingParams
 from dapo_megatron.weight_sync.group import GroupAddress
 from dapo_megatron.workers import ignore_expected_megatron_warnings
@@ -61,33 +61,27 @@ def _exit_worker(error: BaseException, what: str) -> None:
     os._exit(1)
 
 
-def resolve_sampling_seeds(setting: str) -> str:
-    """generation.sampling_seeds with auto resolved: per_request on CPU, engine on GPU."""
-    if setting != "auto":
-        return setting
-    return "engine" if torch.cuda.is_available() else "per_request"
-
-
 class GenerationWorker:
     """One generation engine (all of its ranks when the backend spawns them itself)."""
 
     def __init__(
         self,
-        config: DapoMegatronConfig,
+        plan: RunPlan,
         *,
         engine_index: int,
         num_threads: int = 1,
         visible_devices: str | None = None,
     ) -> None:
         """Args:
-        config: the run config (generation.*, policy model path and precision).
+        plan: the run plan (generation.*, policy model path, precision, architecture).
         engine_index: this engine's index (its seed offset, and its name in errors).
         num_threads: torch intra-op threads (CPU).
         visible_devices: CUDA_VISIBLE_DEVICES for the engine, set before any CUDA call:
             a colocated engine with TP > 1 must see the devices of several policy ranks,
             while Ray shows an actor only the device of its own bundle.
         """
-        self.config = config
+        self.plan = plan
+        self.config = plan.config
         self.engine_index = engine_index
         torch.set_num_threads(max(1, num_threads))
         apply_visible_devices(visible_devices)
@@ -114,7 +108,7 @@ class GenerationWorker:
                 max_model_len=policy.max_total_sequence_length,
                 seed=config.run.seed + self.engine_index,
                 dtype=VLLM_DTYPES[policy.precision],
-                sampling_seeds=resolve_sampling_seeds(config.generation.sampling_seeds),
+                sampling_seeds=self.plan.sampling_seeds,
             )
         else:
             self.backend = self._megatron_engine()
@@ -125,17 +119,12 @@ class GenerationWorker:
         }
 
     def _megatron_engine(self) -> GenerationBackend:
-        from dapo_megatron.config.model_arch import resolve_arch
         from dapo_megatron.config.parallel import ParallelDims
         from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
         from dapo_megatron.megatron.distributed import initialize_parallel
 
         policy = self.config.policy
-        arch, _ = resolve_arch(policy.model_name_or_path, None)
-        if arch is None:
-            raise FileNotFoundError(
-                f"policy.model_name_or_path: no config.json in {policy.model_name_or_path}"
-            )
+        arch = self.plan.require_arch()
         # A world of its own: the engine never joins the policy's collectives.
         for name in ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE"):
             os.environ.pop(name, None)

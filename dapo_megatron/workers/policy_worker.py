@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.generation.base import Sample, SamplingParams
 from dapo_megatron.workers import ignore_expected_megatron_warnings
@@ -34,9 +34,10 @@ class PolicyWorker:
     """One policy rank: Megatron model + optimizer, and (colocated) a generation engine."""
 
     def __init__(
-        self, config: DapoMegatronConfig, *, rank: int, world_size: int, num_threads: int = 1
+        self, plan: RunPlan, *, rank: int, world_size: int, num_threads: int = 1
     ) -> None:
-        self.config = config
+        self.plan = plan
+        self.config = plan.config
         self.rank = rank
         self.world_size = world_size
         # Several ranks share a few cores on CPU: one intra-op thread each avoids
@@ -67,7 +68,7 @@ class PolicyWorker:
 
         from dapo_megatron.megatron.policy import MegatronPolicy
 
-        self.policy = MegatronPolicy(self.config)
+        self.policy = MegatronPolicy(self.plan.policy())
         return {
             "rank": self.rank,
             "dp_rank": parallel_state.get_data_parallel_rank(),

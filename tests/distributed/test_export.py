@@ -106,10 +106,11 @@ def _train_save(
     import torch.distributed as dist
 
     from dapo_megatron.megatron.export_hf import ExportError, export_policy
+    from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
 
     config = _config(model_dir, distributed_optimizer=distributed_optimizer)
-    policy = MegatronPolicy(config, dims=dims)
+    policy = MegatronPolicy(policy_plan(config, dims))
     loaded = dict(policy.export_weights())
     policy.sft_step(batch, lr=0.01)
     lp, _ = policy.logprobs(batch)

@@ -311,10 +311,11 @@ def _error_messages(engine, model, copy, arch: ModelArch, dims: ParallelDims) ->
 
 
 def _worker(dims: ParallelDims, models: dict) -> dict:
+    from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
 
     # The policy initialises torch.distributed and Megatron's groups for everything here.
-    policy = MegatronPolicy(_policy_config(models["qwen2"][0]), dims=dims)
+    policy = MegatronPolicy(policy_plan(_policy_config(models["qwen2"][0]), dims))
     result = {"refit": _refit(policy, dims), **_checkpoint_engines(dims, models)}
     policy.shutdown()
     return result

@@ -99,10 +99,11 @@ def _measure(policy) -> dict[str, int]:
 
 
 def _worker(model_dir: Path, dims: ParallelDims, precision: str, distributed: bool) -> dict:
+    from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
 
     loaded = _config(model_dir, precision, distributed)
-    policy = MegatronPolicy(loaded.config, dims=dims)
+    policy = MegatronPolicy(policy_plan(loaded.config, dims))
     policy.train_step(_batch().select(slice(0, B // dims.dp)) if dims.dp > 1 else _batch())
     measured = _measure(policy)
     policy.shutdown()

@@ -82,9 +82,10 @@ def _train_worker(hf_dir: Path, ckpt_dir: Path, dims: ParallelDims, batch: Polic
     """SFT step, then two DAPO steps with the KL penalty; saves a checkpoint."""
     from megatron.core import parallel_state
 
+    from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
 
-    policy = MegatronPolicy(_config(hf_dir), dims=dims)
+    policy = MegatronPolicy(policy_plan(_config(hf_dir), dims))
     dp_rank = parallel_state.get_data_parallel_rank()
     rows = slice(dp_rank * B // dims.dp, (dp_rank + 1) * B // dims.dp)
     shard = batch.select(rows)
@@ -106,9 +107,10 @@ def _train_worker(hf_dir: Path, ckpt_dir: Path, dims: ParallelDims, batch: Polic
 
 def _resume_worker(hf_dir: Path, ckpt_dir: Path, dims: ParallelDims, batch: PolicyBatch) -> dict:
     """A fresh policy (from the HF checkpoint) resumed from the saved checkpoint."""
+    from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
 
-    policy = MegatronPolicy(_config(hf_dir), dims=dims)
+    policy = MegatronPolicy(policy_plan(_config(hf_dir), dims))
     policy.load(ckpt_dir / "step_000002")
     lp, _ = policy.logprobs(batch)
     ref = policy.ref_logprobs(batch)

@@ -18,7 +18,7 @@ from tiny_job import REPO
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
-from dapo_megatron.controller.generation_group import num_engines, policy_device_share
+from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.controller.placement import (
     colocated_engine_placements,
     policy_placements,
@@ -58,7 +58,7 @@ def gpu_cluster():
     ray.shutdown()
 
 
-def _config(*overrides: str):
+def _plan(*overrides: str) -> RunPlan:
     return load_config(
         REPO / "recipes" / "dapo-tiny-cpu.yaml",
         [
@@ -66,18 +66,18 @@ def _config(*overrides: str):
             "policy.train_micro_batch_size=8", "policy.megatron.data_parallel_size=null",
             *overrides,
         ],
-    ).config
+    ).require_plan()
 
 
 def _reports(actors: list) -> list[dict]:
     return ray.get([a.report.remote() for a in actors], timeout=SCHEDULE_TIMEOUT_S)
 
 
-def _policy(config) -> tuple[object, list, list[dict]]:
-    world = config.cluster.num_nodes * config.cluster.gpus_per_node
-    if not config.cluster.colocated:
-        world -= config.cluster.generation_num_devices
-    resources = rank_resources(config.cluster, device_share=policy_device_share(config))
+def _policy(plan: RunPlan) -> tuple[object, list, list[dict]]:
+    world = plan.policy_world_size
+    resources = rank_resources(
+        plan.config.cluster, device=plan.device, device_share=plan.policy_device_share
+    )
     group = reserve_ranks(world, resources, timeout_s=SCHEDULE_TIMEOUT_S)
     actors = [Probe.options(**p.options).remote() for p in policy_placements(group, world, resources)]
     return group, actors, _reports(actors)
@@ -85,12 +85,12 @@ def _policy(config) -> tuple[object, list, list[dict]]:
 
 @pytest.mark.parametrize("tp", [1, 2, 8])
 def test_colocated_engines_schedule_and_see_their_policy_ranks_devices(gpu_cluster, tp):
-    config = _config("cluster.colocated=true", f"generation.engine.tensor_parallel_size={tp}")
-    group, policy, policy_seen = _policy(config)
-    assert policy_device_share(config) == 0.5
+    plan = _plan("cluster.colocated=true", f"generation.engine.tensor_parallel_size={tp}")
+    group, policy, policy_seen = _policy(plan)
+    assert plan.policy_device_share == 0.5 and plan.device == "cuda"
     devices = [r["assigned"][0] for r in policy_seen]
     assert sorted(devices, key=int) == [str(i) for i in range(8)]  # one GPU per rank
-    count = num_engines(config)
+    count = plan.num_engines
     assert count == 8 // tp
     places = colocated_engine_placements(group, devices, count, tp)
     engines = [
@@ -108,13 +108,14 @@ def test_colocated_engines_schedule_and_see_their_policy_ranks_devices(gpu_clust
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_split_engines_hold_all_their_gpus_in_one_bundle(gpu_cluster, tp):
-    config = _config(
+    plan = _plan(
         "cluster.colocated=false", "cluster.generation_num_devices=4",
         f"generation.engine.tensor_parallel_size={tp}",
     )
-    group, policy, policy_seen = _policy(config)
-    count = num_engines(config)
-    engine_group, places = split_engine_placements(config, count, tp, cuda=True)
+    group, policy, policy_seen = _policy(plan)
+    count = plan.num_engines
+    assert count == 4 // tp and plan.policy_device_share == 1.0
+    engine_group, places = split_engine_placements(plan.config.cluster, count, tp, device="cuda")
     engines = [Probe.options(**p.options).remote(p.visible_devices, tp) for p in places]
     seen = _reports(engines)
     engine_devices = [d for r in seen for d in r["assigned"]]

@@ -47,8 +47,8 @@ def test_shipped_files_exist():
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
 def test_every_shipped_yaml_loads_and_validates(path):
     loaded = load_config(path)
-    assert loaded.report is not None
-    assert loaded.report.dims.world_size > 0
+    assert loaded.plan is not None
+    assert loaded.plan.dims.world_size > 0
 
 
 def test_base_yaml_comments_every_key():
@@ -289,8 +289,8 @@ def test_checkpoint_config_json_wins_over_preset(tmp_path):
 
     (model / "config.json").write_text(json.dumps(hf))
     loaded = load_config(TINY, [f"policy.model_name_or_path={model}"])
-    assert loaded.report.arch.num_layers == 6
-    assert "config.json" in loaded.report.arch_source
+    assert loaded.plan.arch.num_layers == 6
+    assert "config.json" in loaded.plan.arch_source
     # 3 query groups cannot be split over TP=2.
     msg = error_of(
         TINY,
@@ -342,7 +342,7 @@ def test_split_mode_world_size():
         TINY,
         ["cluster.gpus_per_node=4", "cluster.colocated=false", "cluster.generation_num_devices=2"],
     )
-    assert loaded.report.dims.dp == 2
+    assert loaded.plan.dims.dp == 2
     msg = error_of(TINY, "cluster.colocated=false", "cluster.generation_num_devices=0")
     assert "cluster.generation_num_devices" in msg
 

@@ -50,46 +50,48 @@ def fake_run(monkeypatch, tmp_path):
         close=lambda: None,
         checkpoint_dir=tmp_path / "checkpoints",
     )
-    monkeypatch.setattr(loop, "build_context", lambda config, run_dir: ctx)
-    monkeypatch.setattr(loop, "start_ray", lambda cluster: None)
-    monkeypatch.setattr(loop, "PolicyGroup", lambda config, device_share: object())
+    monkeypatch.setattr(loop, "build_context", lambda plan: ctx)
+    monkeypatch.setattr(loop, "start_ray", lambda cluster, device: None)
+    monkeypatch.setattr(loop, "PolicyGroup", lambda plan: object())
     monkeypatch.setattr(
-        loop, "build_engines", lambda config, policy: SimpleNamespace(refit=lambda p: 0.0)
+        loop, "build_engines", lambda plan, policy: SimpleNamespace(refit=lambda p: 0.0)
     )
     monkeypatch.setattr(loop, "MetricsLogger", RecordingLogger)
     monkeypatch.setattr(loop, "StepProgress", RecordingProgress)
-    config = load_config(REPO / "recipes" / "dapo-tiny-cpu.yaml").config
-    return config, ctx, tmp_path
+    plan = load_config(
+        REPO / "recipes" / "dapo-tiny-cpu.yaml", [f"run.output_dir={tmp_path}"]
+    ).require_plan()
+    return plan, ctx, tmp_path
 
 
 def test_a_crash_closes_the_loggers_as_failed(fake_run, monkeypatch):
-    config, _, run_dir = fake_run
+    plan, _, run_dir = fake_run
 
     def crash(ctx, logger):
         raise RuntimeError("boom in step 3")
 
     monkeypatch.setattr(loop, "_run_steps", crash)
     with pytest.raises(RuntimeError, match="boom"):
-        loop.train(config, run_dir)
+        loop.train(plan)
     assert RecordingLogger.closed == [True]
 
 
 def test_a_finished_run_closes_the_loggers_as_successful(fake_run, monkeypatch):
-    config, _, run_dir = fake_run
+    plan, _, run_dir = fake_run
     monkeypatch.setattr(loop, "_run_steps", lambda ctx, logger: {"loss": 0.0})
-    assert loop.train(config, run_dir) == {"loss": 0.0}
+    assert loop.train(plan) == {"loss": 0.0}
     assert RecordingLogger.closed == [False]
 
 
 def test_the_progress_bar_closes_when_a_step_raises(fake_run, monkeypatch):
-    config, ctx, run_dir = fake_run
+    plan, ctx, run_dir = fake_run
     monkeypatch.setattr(loop, "_resume", lambda ctx: {"step": 5})
-    ctx.config = config
+    ctx.config = plan.config
 
     def failing_rollouts(ctx, step):
         raise RuntimeError("generation failed")
 
     monkeypatch.setattr(loop.steps, "collect_rollouts", failing_rollouts)
     with pytest.raises(RuntimeError, match="generation failed"):
-        loop.train(config, run_dir)
+        loop.train(plan)
     assert RecordingProgress.closed == 1 and RecordingLogger.closed == [True]

@@ -50,18 +50,19 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def test_vllm_worker_generates_and_refits(models):
-    config = load_config(
+    plan = load_config(
         REPO / "recipes" / "dapo-tiny-cpu.yaml",
         [
             f"policy.model_name_or_path={models['a']}",
+            "policy.model_arch=null",
             "generation.backend=vllm",
             # The placement of a split-mode engine (colocated vLLM needs GPUs).
             "cluster.gpus_per_node=3",
             "cluster.colocated=false",
             "cluster.generation_num_devices=1",
         ],
-    ).config
-    worker = GenerationWorker(config, engine_index=0)
+    ).require_plan()
+    worker = GenerationWorker(plan, engine_index=0)
     info = worker.setup()
     assert info["backend"] == "vllm"
     prompts = [[5, 9, 13, 7], [11, 4]]
