@@ -20,8 +20,8 @@ from typing import Any, Literal, Union
 import yaml
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.config.validate import validate_config
 
 CLI_SOURCE = "command line"
@@ -138,7 +138,9 @@ def _read_yaml(path: Path, referenced_from: str | None) -> dict[str, Any]:
             f"keep only the last)"
         ) from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"{display_path(path)}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise ConfigError(
+            f"{display_path(path)}: not UTF-8 text ({e.reason} at byte {e.start})"
+        ) from None
     if data is None:
         return {}
     if not isinstance(data, dict):
