@@ -14,13 +14,14 @@ caller's job (see ``dapo_megatron.algorithms.loss``).
 
 from __future__ import annotations
 
-import math
-from typing import Literal
-
 import torch
 
-KLEstimator = Literal["k1", "k2", "k3"]
-KL_ESTIMATORS: tuple[str, ...] = ("k1", "k2", "k3")
+from dapo_megatron.algorithms.loss_spec import (
+    KL_ESTIMATORS,
+    KLEstimator,
+    validate_choice,
+    validate_coef,
+)
 
 # Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exponentiation:
 # exp(20) ~ 4.9e8 is still finite in float32 (and bf16), whereas a -inf reference logprob or a
@@ -51,7 +52,7 @@ def check_same_shape(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor)
 def kl_penalty(
     logprobs_BT: torch.Tensor,
     ref_logprobs_BT: torch.Tensor,
-    estimator: KLEstimator = "k3",
+    estimator: KLEstimator,
 ) -> torch.Tensor:
     """Per-token KL estimate of ``KL(pi || pi_ref)`` from tokens sampled from ``pi``.
 
@@ -69,8 +70,7 @@ def kl_penalty(
         gradient is zero.
     """
     check_same_shape("logprobs_BT", logprobs_BT, "ref_logprobs_BT", ref_logprobs_BT)
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"estimator={estimator!r} is not one of {KL_ESTIMATORS}")
+    validate_choice("estimator", estimator, KL_ESTIMATORS)
     dtype = compute_dtype(logprobs_BT, ref_logprobs_BT)
     diff_BT = logprobs_BT.to(dtype) - ref_logprobs_BT.to(dtype)  # = -log r
     if estimator == "k1":
@@ -81,13 +81,6 @@ def kl_penalty(
     # expm1(x) - x instead of exp(x) - 1 - x: for small |x| the latter cancels to an absolute
     # error of ~eps, which is larger than the x^2/2 value itself once |x| < sqrt(eps).
     return torch.expm1(log_r_BT) - log_r_BT
-
-
-def validate_coef(name: str, value: float) -> None:
-    """Raise ValueError unless ``value`` is a finite, non-negative loss coefficient."""
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (is_number and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name}={value!r} must be a finite number >= 0")
 
 
 def entropy_bonus_per_token(entropy_BT: torch.Tensor, entropy_coef: float) -> torch.Tensor:

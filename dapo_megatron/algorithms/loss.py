@@ -35,36 +35,22 @@ from typing import Literal
 import torch
 
 from dapo_megatron.algorithms.kl import (
-    KL_ESTIMATORS,
     LOG_RATIO_CLAMP,
-    KLEstimator,
     check_same_shape,
     compute_dtype,
     entropy_bonus_per_token,
     kl_penalty,
-    validate_coef,
-)
-from dapo_megatron.algorithms.rollout_correction import (
-    RolloutCorrectionLevel,
-    RolloutCorrectionMode,
-    rollout_correction_weights,
-    validate_rollout_correction_args,
 )
 
-LossAggMode = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-]
-LOSS_AGG_MODES: tuple[str, ...] = (
-    "token-mean",
-    "seq-mean-token-sum",
-    "seq-mean-token-mean",
-    "seq-mean-token-sum-norm",
+# LossAggMode and LOSS_AGG_MODES are re-exported: callers import them from here.
+from dapo_megatron.algorithms.loss_spec import LOSS_AGG_MODES as LOSS_AGG_MODES
+from dapo_megatron.algorithms.loss_spec import LossAggMode as LossAggMode
+from dapo_megatron.algorithms.loss_spec import (
+    LossSpec,
+    validate_agg_mode,
+    validate_clip_ratios,
 )
-
-
-def _validate_agg_mode(loss_agg_mode: str) -> None:
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not one of {LOSS_AGG_MODES}")
+from dapo_megatron.algorithms.rollout_correction import rollout_correction_weights
 
 
 def _check_2d(name: str, t: torch.Tensor) -> None:
@@ -118,7 +104,7 @@ def loss_denominator(
         summing them over many micro-batches and ranks loses nothing (float32 stops at 2^24).
     """
     _check_2d("mask_BT", mask_BT)
-    _validate_agg_mode(loss_agg_mode)
+    validate_agg_mode(loss_agg_mode)
     valid_BT = mask_BT != 0
     if loss_agg_mode == "token-mean":
         return valid_BT.sum().to(torch.float64)
@@ -169,7 +155,7 @@ def aggregate_loss(
     """
     _check_2d("values_BT", values_BT)
     check_same_shape("values_BT", values_BT, "mask_BT", mask_BT)
-    _validate_agg_mode(loss_agg_mode)
+    validate_agg_mode(loss_agg_mode)
     if isinstance(normalizer, torch.Tensor):
         if normalizer.numel() != 1:
             raise ValueError(
@@ -215,19 +201,6 @@ class ClippedPGOutput:
     """bool: ``A < 0`` and ``ratio < 1 - clip_ratio_low`` (zero gradient)."""
     dual_clipped_BT: torch.Tensor
     """bool: ``A < 0`` and ``ratio > clip_ratio_c`` (zero gradient); all False without dual clip."""
-
-
-def validate_clip_ratios(
-    clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None
-) -> None:
-    """Raise ValueError unless ``0 <= low < 1``, ``high >= 0`` and (if set) ``c > 1``."""
-    # `not (constraint)` also rejects NaN, which fails every comparison.
-    if not (0 <= clip_ratio_low < 1):
-        raise ValueError(f"clip_ratio_low={clip_ratio_low!r} must satisfy 0 <= clip_ratio_low < 1")
-    if not (clip_ratio_high >= 0 and math.isfinite(clip_ratio_high)):
-        raise ValueError(f"clip_ratio_high={clip_ratio_high!r} must be finite and >= 0")
-    if clip_ratio_c is not None and not (clip_ratio_c > 1 and math.isfinite(clip_ratio_c)):
-        raise ValueError(f"clip_ratio_c={clip_ratio_c!r} must be finite and > 1 (or None)")
 
 
 def clipped_pg_loss_per_token(
@@ -397,25 +370,15 @@ def validate_policy_loss_args(
     logprobs_BT: torch.Tensor,
     old_logprobs_BT: torch.Tensor,
     mask_BT: torch.Tensor,
-    *,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_ratio_c: float | None,
-    loss_agg_mode: str,
+    spec: LossSpec,
     rollout_logprobs_BT: torch.Tensor | None,
-    rollout_correction: str,
-    rollout_correction_level: str,
-    tis_cap: float,
-    mis_low: float,
-    mis_high: float,
     ref_logprobs_BT: torch.Tensor | None,
-    kl_coef: float,
-    kl_estimator: str,
     entropy_BT: torch.Tensor | None,
-    entropy_coef: float,
 ) -> None:
-    """The argument checks of ``policy_loss`` (shared with the fused kernel's dispatch, so
-    both implementations reject the same calls). Raises ValueError naming the argument."""
+    """The tensor checks of ``policy_loss`` (shared with the fused kernel's dispatch, so both
+    implementations reject the same calls): shapes, and the optional inputs that ``spec``
+    makes required. The scalars need no check here: ``LossSpec`` validated them when it was
+    built. Raises ValueError naming the argument."""
     _check_2d("logprobs_BT", logprobs_BT)
     for name, t in (("old_logprobs_BT", old_logprobs_BT), ("mask_BT", mask_BT)):
         check_same_shape("logprobs_BT", logprobs_BT, name, t)
@@ -427,23 +390,15 @@ def validate_policy_loss_args(
     for name, opt in optional:
         if opt is not None:
             check_same_shape("logprobs_BT", logprobs_BT, name, opt)
-    validate_clip_ratios(clip_ratio_low, clip_ratio_high, clip_ratio_c)
-    validate_rollout_correction_args(
-        rollout_correction, rollout_correction_level, tis_cap, mis_low, mis_high
-    )
-    validate_coef("kl_coef", kl_coef)
-    validate_coef("entropy_coef", entropy_coef)
-    if kl_estimator not in KL_ESTIMATORS:
-        raise ValueError(f"kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}")
-    if rollout_correction != "none" and rollout_logprobs_BT is None:
+    if spec.rollout_correction != "none" and rollout_logprobs_BT is None:
         raise ValueError(
-            f"rollout_correction={rollout_correction!r} requires rollout_logprobs_BT (got None)"
+            f"rollout_correction={spec.rollout_correction!r} requires rollout_logprobs_BT "
+            "(got None)"
         )
-    if kl_coef > 0 and ref_logprobs_BT is None:
-        raise ValueError(f"kl_coef={kl_coef!r} > 0 requires ref_logprobs_BT (got None)")
-    if entropy_coef > 0 and entropy_BT is None:
-        raise ValueError(f"entropy_coef={entropy_coef!r} > 0 requires entropy_BT (got None)")
-    _validate_agg_mode(loss_agg_mode)
+    if spec.kl_coef > 0 and ref_logprobs_BT is None:
+        raise ValueError(f"kl_coef={spec.kl_coef!r} > 0 requires ref_logprobs_BT (got None)")
+    if spec.entropy_coef > 0 and entropy_BT is None:
+        raise ValueError(f"entropy_coef={spec.entropy_coef!r} > 0 requires entropy_BT (got None)")
 
 
 def policy_loss(
@@ -453,29 +408,19 @@ def policy_loss(
     mask_BT: torch.Tensor,
     *,
     normalizer: torch.Tensor | float,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_ratio_c: float | None = None,
-    loss_agg_mode: LossAggMode = "token-mean",
+    spec: LossSpec,
     rollout_logprobs_BT: torch.Tensor | None = None,
-    rollout_correction: RolloutCorrectionMode = "none",
-    rollout_correction_level: RolloutCorrectionLevel = "token",
-    tis_cap: float = 2.0,
-    mis_low: float = 0.5,
-    mis_high: float = 2.0,
     ref_logprobs_BT: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = "k3",
     entropy_BT: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
 ) -> PolicyLossOutput:
     """DAPO policy loss of one micro-batch.
 
     Per token: ``w * pg + kl_coef * kl - entropy_coef * entropy`` where ``pg`` is
     ``clipped_pg_loss_per_token``, ``w`` the rollout-correction weight (TIS; 1 otherwise), ``kl``
     the ``kl_estimator`` estimate against ``ref_logprobs_BT`` (added only if ``kl_coef > 0``) and
-    the entropy term added only if ``entropy_coef > 0``. Tokens outside ``mask_BT`` or rejected
-    by MIS are dropped; the rest is reduced with ``aggregate_loss(..., normalizer)``.
+    the entropy term added only if ``entropy_coef > 0`` (all settings from ``spec``). Tokens
+    outside ``mask_BT`` or rejected by MIS are dropped; the rest is reduced with
+    ``aggregate_loss(..., spec.loss_agg_mode, normalizer)``.
 
     ``normalizer`` must be the global sum of ``loss_denominator`` over the mini-batch. With MIS,
     compute it from the mask returned by ``rollout_correction_weights`` (MIS depends only on
@@ -488,18 +433,14 @@ def policy_loss(
         advantages_BT: ``[B, T]`` or ``[B]`` (broadcast over tokens).
         mask_BT: ``[B, T]`` loss mask, non-zero = valid.
         normalizer: global denominator (see above).
-        clip_ratio_low, clip_ratio_high, clip_ratio_c: see ``clipped_pg_loss_per_token``.
-        loss_agg_mode: one of ``LOSS_AGG_MODES``.
+        spec: the loss's hyper-parameters (clip ratios: see ``clipped_pg_loss_per_token``;
+            rollout correction: see ``rollout_correction_weights``).
         rollout_logprobs_BT: ``[B, T]`` engine log-probabilities; required unless
-            ``rollout_correction == "none"``.
-        rollout_correction, rollout_correction_level, tis_cap, mis_low, mis_high: see
-            ``rollout_correction_weights``.
+            ``spec.rollout_correction == "none"``.
         ref_logprobs_BT: ``[B, T]`` reference-policy log-probabilities; required if
-            ``kl_coef > 0``. If given with ``kl_coef == 0`` the KL is only reported.
-        kl_coef: >= 0. kl_estimator: ``"k1"``, ``"k2"`` or ``"k3"``.
+            ``spec.kl_coef > 0``. If given with ``kl_coef == 0`` the KL is only reported.
         entropy_BT: ``[B, T]`` per-token entropy (with grad if trained); required if
-            ``entropy_coef > 0``. If given with ``entropy_coef == 0`` it is only reported.
-        entropy_coef: >= 0.
+            ``spec.entropy_coef > 0``. If given with ``entropy_coef == 0`` it is only reported.
 
     Returns:
         ``PolicyLossOutput`` (loss and detached metric sums).
@@ -508,21 +449,10 @@ def policy_loss(
         logprobs_BT,
         old_logprobs_BT,
         mask_BT,
-        clip_ratio_low=clip_ratio_low,
-        clip_ratio_high=clip_ratio_high,
-        clip_ratio_c=clip_ratio_c,
-        loss_agg_mode=loss_agg_mode,
-        rollout_logprobs_BT=rollout_logprobs_BT,
-        rollout_correction=rollout_correction,
-        rollout_correction_level=rollout_correction_level,
-        tis_cap=tis_cap,
-        mis_low=mis_low,
-        mis_high=mis_high,
-        ref_logprobs_BT=ref_logprobs_BT,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy_BT=entropy_BT,
-        entropy_coef=entropy_coef,
+        spec,
+        rollout_logprobs_BT,
+        ref_logprobs_BT,
+        entropy_BT,
     )
 
     valid_BT = mask_BT != 0
@@ -540,9 +470,9 @@ def policy_loss(
         lp_BT,
         old_BT,
         adv_BT,
-        clip_ratio_low=clip_ratio_low,
-        clip_ratio_high=clip_ratio_high,
-        clip_ratio_c=clip_ratio_c,
+        clip_ratio_low=spec.clip_ratio_low,
+        clip_ratio_high=spec.clip_ratio_high,
+        clip_ratio_c=spec.clip_ratio_c,
     )
     dtype = pg.loss_BT.dtype
     if rollout_logprobs_BT is not None:
@@ -550,11 +480,11 @@ def policy_loss(
             old_BT,
             clean(rollout_logprobs_BT),
             mask_BT,
-            mode=rollout_correction,
-            level=rollout_correction_level,
-            tis_cap=tis_cap,
-            mis_low=mis_low,
-            mis_high=mis_high,
+            mode=spec.rollout_correction,
+            level=spec.rollout_correction_level,
+            tis_cap=spec.tis_cap,
+            mis_low=spec.mis_low,
+            mis_high=spec.mis_high,
         )
         effective_BT = valid_BT & (corrected_mask_BT != 0)
     else:
@@ -565,16 +495,17 @@ def policy_loss(
     per_token_BT = weighted_pg_BT
     kl_BT = None
     if ref_logprobs_BT is not None:
-        kl_BT = kl_penalty(lp_BT, clean(ref_logprobs_BT), kl_estimator)
-        if kl_coef > 0:
-            per_token_BT = per_token_BT + kl_coef * kl_BT
+        kl_BT = kl_penalty(lp_BT, clean(ref_logprobs_BT), spec.kl_estimator)
+        if spec.kl_coef > 0:
+            per_token_BT = per_token_BT + spec.kl_coef * kl_BT
     clean_entropy_BT = None
     if entropy_BT is not None:
         clean_entropy_BT = clean(entropy_BT)
-        if entropy_coef > 0:
-            per_token_BT = per_token_BT + entropy_bonus_per_token(clean_entropy_BT, entropy_coef)
+        if spec.entropy_coef > 0:
+            bonus_BT = entropy_bonus_per_token(clean_entropy_BT, spec.entropy_coef)
+            per_token_BT = per_token_BT + bonus_BT
 
-    loss = aggregate_loss(per_token_BT, effective_BT, loss_agg_mode, normalizer)
+    loss = aggregate_loss(per_token_BT, effective_BT, spec.loss_agg_mode, normalizer)
     metrics = _loss_metrics(
         pg,
         weighted_pg_BT,

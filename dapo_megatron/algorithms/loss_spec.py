@@ -28,10 +28,15 @@ ROLLOUT_CORRECTION_MODES: tuple[str, ...] = get_args(RolloutCorrectionMode)
 ROLLOUT_CORRECTION_LEVELS: tuple[str, ...] = get_args(RolloutCorrectionLevel)
 
 
+def validate_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
+    """Raise ValueError (naming ``name``) unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name}={value!r} is not one of {choices}")
+
+
 def validate_agg_mode(loss_agg_mode: str) -> None:
     """Raise ValueError unless ``loss_agg_mode`` is one of ``LOSS_AGG_MODES``."""
-    if loss_agg_mode not in LOSS_AGG_MODES:
-        raise ValueError(f"loss_agg_mode={loss_agg_mode!r} is not one of {LOSS_AGG_MODES}")
+    validate_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
 
 
 def validate_clip_ratios(
@@ -55,10 +60,9 @@ def validate_rollout_correction_args(
     The caps are validated whatever the mode, so a misconfiguration surfaces at start-up and
     not only once someone switches the mode on.
     """
-    if mode not in ROLLOUT_CORRECTION_MODES:
-        raise ValueError(f"mode={mode!r} is not one of {ROLLOUT_CORRECTION_MODES}")
-    if level not in ROLLOUT_CORRECTION_LEVELS:
-        raise ValueError(f"level={level!r} is not one of {ROLLOUT_CORRECTION_LEVELS}")
+    validate_choice("mode", mode, ROLLOUT_CORRECTION_MODES)
+    validate_choice("level", level, ROLLOUT_CORRECTION_LEVELS)
+    # Written as `not (constraint)` so that NaN, which fails every comparison, is rejected too.
     if not (tis_cap > 0 and math.isfinite(tis_cap)):
         raise ValueError(f"tis_cap={tis_cap!r} must be finite and > 0")
     if not (0 <= mis_low < 1):
@@ -108,8 +112,15 @@ class LossSpec:
     def __post_init__(self) -> None:
         validate_clip_ratios(self.clip_ratio_low, self.clip_ratio_high, self.clip_ratio_c)
         validate_agg_mode(self.loss_agg_mode)
-        if not (isinstance(self.loss_scale_length, int) and self.loss_scale_length >= 1):
-            raise ValueError(f"loss_scale_length={self.loss_scale_length!r} must be an int >= 1")
+        length = self.loss_scale_length
+        # bool is an int subclass: True would silently mean a length of 1.
+        if not (isinstance(length, int) and not isinstance(length, bool) and length >= 1):
+            raise ValueError(f"loss_scale_length={length!r} must be an int >= 1")
+        # The field names first: validate_rollout_correction_args says "mode"/"level".
+        validate_choice("rollout_correction", self.rollout_correction, ROLLOUT_CORRECTION_MODES)
+        validate_choice(
+            "rollout_correction_level", self.rollout_correction_level, ROLLOUT_CORRECTION_LEVELS
+        )
         validate_rollout_correction_args(
             self.rollout_correction,
             self.rollout_correction_level,
@@ -119,5 +130,4 @@ class LossSpec:
         )
         validate_coef("kl_coef", self.kl_coef)
         validate_coef("entropy_coef", self.entropy_coef)
-        if self.kl_estimator not in KL_ESTIMATORS:
-            raise ValueError(f"kl_estimator={self.kl_estimator!r} is not one of {KL_ESTIMATORS}")
+        validate_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)

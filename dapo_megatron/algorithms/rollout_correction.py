@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Literal
 
 import torch
 
@@ -31,11 +30,13 @@ from dapo_megatron.algorithms.kl import (
     compute_dtype,
     kl_penalty,
 )
-
-RolloutCorrectionMode = Literal["none", "tis", "mis"]
-RolloutCorrectionLevel = Literal["token", "sequence"]
-ROLLOUT_CORRECTION_MODES: tuple[str, ...] = ("none", "tis", "mis")
-ROLLOUT_CORRECTION_LEVELS: tuple[str, ...] = ("token", "sequence")
+from dapo_megatron.algorithms.loss_spec import (
+    ROLLOUT_CORRECTION_LEVELS,
+    RolloutCorrectionLevel,
+    RolloutCorrectionMode,
+    validate_choice,
+    validate_rollout_correction_args,
+)
 
 MISMATCH_METRIC_KEYS: tuple[str, ...] = (
     "mismatch/token_mult_prob_error",
@@ -43,31 +44,6 @@ MISMATCH_METRIC_KEYS: tuple[str, ...] = (
     "mismatch/abs_logprob_diff_max",
     "mismatch/k3_kl",
 )
-
-
-def validate_rollout_correction_args(
-    mode: str,
-    level: str,
-    tis_cap: float,
-    mis_low: float,
-    mis_high: float,
-) -> None:
-    """Raise ValueError (naming the argument, its value and the constraint) on a bad setting.
-
-    The caps are validated whatever the mode, so a misconfiguration surfaces at start-up and
-    not only once someone switches the mode on.
-    """
-    if mode not in ROLLOUT_CORRECTION_MODES:
-        raise ValueError(f"mode={mode!r} is not one of {ROLLOUT_CORRECTION_MODES}")
-    if level not in ROLLOUT_CORRECTION_LEVELS:
-        raise ValueError(f"level={level!r} is not one of {ROLLOUT_CORRECTION_LEVELS}")
-    # Written as `not (constraint)` so that NaN, which fails every comparison, is rejected too.
-    if not (tis_cap > 0 and math.isfinite(tis_cap)):
-        raise ValueError(f"tis_cap={tis_cap!r} must be finite and > 0")
-    if not (0 <= mis_low < 1):
-        raise ValueError(f"mis_low={mis_low!r} must satisfy 0 <= mis_low < 1")
-    if not (mis_high > 1 and math.isfinite(mis_high)):
-        raise ValueError(f"mis_high={mis_high!r} must be finite and > 1")
 
 
 def _check_inputs(
@@ -95,8 +71,7 @@ def rollout_log_weights(
     ``-inf`` logprobs) never produces NaN; they are masked out downstream anyway.
     """
     _check_inputs(old_logprobs_BT, rollout_logprobs_BT, mask_BT)
-    if level not in ROLLOUT_CORRECTION_LEVELS:
-        raise ValueError(f"level={level!r} is not one of {ROLLOUT_CORRECTION_LEVELS}")
+    validate_choice("level", level, ROLLOUT_CORRECTION_LEVELS)
     dtype = compute_dtype(old_logprobs_BT, rollout_logprobs_BT)
     valid_BT = mask_BT != 0
     diff_BT = old_logprobs_BT.detach().to(dtype) - rollout_logprobs_BT.detach().to(dtype)

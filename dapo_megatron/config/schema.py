@@ -11,9 +11,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-LossAggMode = Literal[
-    "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
-]
+# The loss's value sets are defined once, beside LossSpec (torch-free), so that a YAML value
+# and a loss argument cannot disagree. LossAggMode is re-exported (tests read it from here).
+from dapo_megatron.algorithms.loss_spec import (
+    KLEstimator,
+    RolloutCorrectionLevel,
+    RolloutCorrectionMode,
+)
+from dapo_megatron.algorithms.loss_spec import LossAggMode as LossAggMode
 
 
 @dataclass
@@ -192,13 +197,13 @@ class LossConfig:
     > 0: the reference is the policy at the start of DAPO training (after the SFT warm-up),
     kept frozen on every policy rank (one extra copy of the rank's weights) and saved in
     the checkpoints, so a resumed run keeps it."""
-    kl_estimator: Literal["k1", "k2", "k3"]
+    kl_estimator: KLEstimator
     """KL estimator used when kl_coef > 0."""
     entropy_coef: float
     """Entropy bonus coefficient (0 = off)."""
-    rollout_correction: Literal["none", "tis", "mis"]
+    rollout_correction: RolloutCorrectionMode
     """Rollout/train mismatch correction: truncated (tis) or masked (mis) importance weights."""
-    rollout_correction_level: Literal["token", "sequence"]
+    rollout_correction_level: RolloutCorrectionLevel
     """Whether the correction weight is per token or per sequence."""
     tis_cap: float
     """Upper truncation of the TIS weight exp(old_logprob - rollout_logprob)."""

@@ -1,8 +1,9 @@
 """The DAPO policy loss with an implementation choice: torch (``algorithms.loss``) or fused Triton.
 
 :func:`pg_loss` takes exactly the arguments of
-:func:`dapo_megatron.algorithms.loss.policy_loss` plus ``impl``, and returns the same
-``PolicyLossOutput`` (loss and metric sums, same keys):
+:func:`dapo_megatron.algorithms.loss.policy_loss` (the tensors and one ``LossSpec``) plus
+``impl`` and ``block``, and returns the same ``PolicyLossOutput`` (loss and metric sums, same
+keys):
 
   ``"torch"``   calls ``policy_loss`` itself (the reference semantics);
   ``"triton"``  the clipped PG term, rollout correction and metrics in one fused kernel
@@ -31,24 +32,16 @@ from typing import Literal
 
 import torch
 
-from dapo_megatron.algorithms.kl import (
-    KLEstimator,
-    entropy_bonus_per_token,
-    kl_penalty,
-)
+from dapo_megatron.algorithms.kl import entropy_bonus_per_token, kl_penalty
 from dapo_megatron.algorithms.loss import (
-    LossAggMode,
     PolicyLossOutput,
     aggregate_loss,
     expand_advantages,
     policy_loss,
     validate_policy_loss_args,
 )
-from dapo_megatron.algorithms.rollout_correction import (
-    RolloutCorrectionLevel,
-    RolloutCorrectionMode,
-    rollout_log_weights,
-)
+from dapo_megatron.algorithms.loss_spec import LossSpec
+from dapo_megatron.algorithms.rollout_correction import rollout_log_weights
 from dapo_megatron.kernels.dispatch import _triton_interpreted, triton_available
 
 PGLossImpl = Literal["auto", "torch", "triton"]
@@ -111,21 +104,10 @@ def pg_loss(
     mask_BT: torch.Tensor,
     *,
     normalizer: torch.Tensor | float,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_ratio_c: float | None = None,
-    loss_agg_mode: LossAggMode = "token-mean",
+    spec: LossSpec,
     rollout_logprobs_BT: torch.Tensor | None = None,
-    rollout_correction: RolloutCorrectionMode = "none",
-    rollout_correction_level: RolloutCorrectionLevel = "token",
-    tis_cap: float = 2.0,
-    mis_low: float = 0.5,
-    mis_high: float = 2.0,
     ref_logprobs_BT: torch.Tensor | None = None,
-    kl_coef: float = 0.0,
-    kl_estimator: KLEstimator = "k3",
     entropy_BT: torch.Tensor | None = None,
-    entropy_coef: float = 0.0,
     impl: PGLossImpl = "auto",
     block: int | None = None,
 ) -> PolicyLossOutput:
@@ -148,42 +130,20 @@ def pg_loss(
             advantages_BT,
             mask_BT,
             normalizer=normalizer,
-            clip_ratio_low=clip_ratio_low,
-            clip_ratio_high=clip_ratio_high,
-            clip_ratio_c=clip_ratio_c,
-            loss_agg_mode=loss_agg_mode,
+            spec=spec,
             rollout_logprobs_BT=rollout_logprobs_BT,
-            rollout_correction=rollout_correction,
-            rollout_correction_level=rollout_correction_level,
-            tis_cap=tis_cap,
-            mis_low=mis_low,
-            mis_high=mis_high,
             ref_logprobs_BT=ref_logprobs_BT,
-            kl_coef=kl_coef,
-            kl_estimator=kl_estimator,
             entropy_BT=entropy_BT,
-            entropy_coef=entropy_coef,
         )
 
     validate_policy_loss_args(
         logprobs_BT,
         old_logprobs_BT,
         mask_BT,
-        clip_ratio_low=clip_ratio_low,
-        clip_ratio_high=clip_ratio_high,
-        clip_ratio_c=clip_ratio_c,
-        loss_agg_mode=loss_agg_mode,
-        rollout_logprobs_BT=rollout_logprobs_BT,
-        rollout_correction=rollout_correction,
-        rollout_correction_level=rollout_correction_level,
-        tis_cap=tis_cap,
-        mis_low=mis_low,
-        mis_high=mis_high,
-        ref_logprobs_BT=ref_logprobs_BT,
-        kl_coef=kl_coef,
-        kl_estimator=kl_estimator,
-        entropy_BT=entropy_BT,
-        entropy_coef=entropy_coef,
+        spec,
+        rollout_logprobs_BT,
+        ref_logprobs_BT,
+        entropy_BT,
     )
     optional = {
         "old_logprobs_BT": old_logprobs_BT,
@@ -194,24 +154,17 @@ def pg_loss(
         "entropy_BT": entropy_BT,
     }
     _validate_triton_inputs(logprobs_BT, {k: v for k, v in optional.items() if v is not None})
-    from dapo_megatron.kernels.triton_pg_loss import (
-        CORR_MIS,
-        CORR_NONE,
-        CORR_TIS,
-        PGKernelConfig,
-        triton_pg_loss,
-    )
+    from dapo_megatron.kernels.triton_pg_loss import CORR_NONE, PGKernelConfig, triton_pg_loss
 
     shape = logprobs_BT.shape
     device = logprobs_BT.device
     advantages_BT = expand_advantages(advantages_BT, shape)
     valid_BT = mask_BT != 0
-    correction = {"none": CORR_NONE, "tis": CORR_TIS, "mis": CORR_MIS}[rollout_correction]
-    token_level = rollout_correction_level == "token"
+    cfg = PGKernelConfig.from_spec(spec, block=block)
     log_w_BT = None
-    if correction != CORR_NONE:
+    if cfg.correction != CORR_NONE:
         assert rollout_logprobs_BT is not None  # validated above
-        if token_level:
+        if cfg.log_w_is_rollout:
             log_w_BT = rollout_logprobs_BT  # the kernel forms old - rollout itself
         else:
             # Row sums: torch. A stride-0 [B, T] view of one log weight per sequence.
@@ -226,39 +179,19 @@ def pg_loss(
     # the KL/entropy terms; otherwise it never leaves the kernel.
     extras = ref_logprobs_BT is not None or entropy_BT is not None
     effective_BT = valid_BT
-    if correction == CORR_MIS and (extras or loss_agg_mode == "seq-mean-token-mean"):
-        if token_level:
-            assert rollout_logprobs_BT is not None
-            log_w_full_BT = rollout_log_weights(
-                old_logprobs_BT, rollout_logprobs_BT, mask_BT, "token"
-            )
-        else:
-            assert log_w_BT is not None  # set above (correction is MIS)
-            log_w_full_BT = log_w_BT
-        log_low = math.log(mis_low) if mis_low > 0 else -math.inf
-        # Compared in fp32, like the kernel, so both agree on tokens at the interval's edge.
-        log_w32_BT = log_w_full_BT.float()
-        effective_BT = valid_BT & (log_w32_BT >= log_low) & (log_w32_BT <= math.log(mis_high))
+    if spec.rollout_correction == "mis" and (extras or spec.loss_agg_mode == "seq-mean-token-mean"):
+        effective_BT = _mis_effective_mask(
+            old_logprobs_BT, rollout_logprobs_BT, mask_BT, log_w_BT, spec
+        )
 
     inv_norm = _inverse_normalizer(normalizer, device)
-    if loss_agg_mode == "seq-mean-token-mean":
+    if spec.loss_agg_mode == "seq-mean-token-mean":
         lengths_B = effective_BT.sum(dim=-1).clamp(min=1).to(torch.float32)
         scale_B = inv_norm / lengths_B
     else:
         scale_B = inv_norm.expand(shape[0])
     scale_BT = scale_B.unsqueeze(-1).expand(shape)
 
-    cfg = PGKernelConfig(
-        clip_ratio_low=clip_ratio_low,
-        clip_ratio_high=clip_ratio_high,
-        clip_ratio_c=clip_ratio_c,
-        correction=correction,
-        log_w_is_rollout=token_level,
-        tis_cap=tis_cap,
-        mis_low=mis_low,
-        mis_high=mis_high,
-        block=block,
-    )
     out = triton_pg_loss(
         logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, scale_BT, cfg, log_w_BT
     )
@@ -271,15 +204,33 @@ def pg_loss(
             valid_BT,
             effective_BT,
             normalizer,
-            loss_agg_mode,
+            spec,
             ref_logprobs_BT=ref_logprobs_BT,
-            kl_coef=kl_coef,
-            kl_estimator=kl_estimator,
             entropy_BT=entropy_BT,
-            entropy_coef=entropy_coef,
         )
         metrics.update(extra_metrics)
     return PolicyLossOutput(loss=loss, metrics=metrics)
+
+
+def _mis_effective_mask(
+    old_logprobs_BT: torch.Tensor,
+    rollout_logprobs_BT: torch.Tensor | None,
+    mask_BT: torch.Tensor,
+    log_w_BT: torch.Tensor | None,
+    spec: LossSpec,
+) -> torch.Tensor:
+    """The loss mask AND the MIS acceptance, computed in torch as the kernel does it."""
+    if spec.rollout_correction_level == "token":
+        assert rollout_logprobs_BT is not None  # validated by the caller
+        log_w_full_BT = rollout_log_weights(old_logprobs_BT, rollout_logprobs_BT, mask_BT, "token")
+    else:
+        assert log_w_BT is not None  # the sequence-level log weight the kernel receives
+        log_w_full_BT = log_w_BT
+    log_low = math.log(spec.mis_low) if spec.mis_low > 0 else -math.inf
+    # Compared in fp32, like the kernel, so both agree on tokens at the interval's edge.
+    log_w32_BT = log_w_full_BT.float()
+    accepted_BT = (log_w32_BT >= log_low) & (log_w32_BT <= math.log(spec.mis_high))
+    return (mask_BT != 0) & accepted_BT
 
 
 def _add_kl_and_entropy(
@@ -288,13 +239,10 @@ def _add_kl_and_entropy(
     valid_BT: torch.Tensor,
     effective_BT: torch.Tensor,
     normalizer: torch.Tensor | float,
-    loss_agg_mode: LossAggMode,
+    spec: LossSpec,
     *,
     ref_logprobs_BT: torch.Tensor | None,
-    kl_coef: float,
-    kl_estimator: KLEstimator,
     entropy_BT: torch.Tensor | None,
-    entropy_coef: float,
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """``policy_loss``'s KL and entropy terms in torch, on the fused path's effective mask."""
 
@@ -307,17 +255,17 @@ def _add_kl_and_entropy(
     metrics: dict[str, torch.Tensor] = {}
     extra_BT = None
     if ref_logprobs_BT is not None:
-        kl_BT = kl_penalty(clean(logprobs_BT), clean(ref_logprobs_BT), kl_estimator)
+        kl_BT = kl_penalty(clean(logprobs_BT), clean(ref_logprobs_BT), spec.kl_estimator)
         metrics["kl_sum"] = masked_sum(kl_BT)
-        if kl_coef > 0:
-            extra_BT = kl_coef * kl_BT
+        if spec.kl_coef > 0:
+            extra_BT = spec.kl_coef * kl_BT
     if entropy_BT is not None:
         entropy_clean_BT = clean(entropy_BT)
         metrics["entropy_sum"] = masked_sum(entropy_clean_BT)
-        if entropy_coef > 0:
-            bonus_BT = entropy_bonus_per_token(entropy_clean_BT, entropy_coef)
+        if spec.entropy_coef > 0:
+            bonus_BT = entropy_bonus_per_token(entropy_clean_BT, spec.entropy_coef)
             extra_BT = bonus_BT if extra_BT is None else extra_BT + bonus_BT
     if extra_BT is not None:
-        extra = aggregate_loss(extra_BT, effective_BT, loss_agg_mode, normalizer)
+        extra = aggregate_loss(extra_BT, effective_BT, spec.loss_agg_mode, normalizer)
         loss = loss + extra.to(loss.dtype)
     return loss, metrics

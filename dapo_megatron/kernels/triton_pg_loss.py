@@ -49,6 +49,7 @@ import triton
 import triton.language as tl
 
 from dapo_megatron.algorithms.kl import LOG_RATIO_CLAMP
+from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.kernels.chunked import _TensorOptions
 
 # Column order of the per-program sums buffer.
@@ -220,9 +221,13 @@ def _pg_loss_kernel(
     tl.store(ext + 1, tl.min(tl.where(effective, ratio, float("inf")), axis=0))
 
 
+_CORRECTIONS = {"none": CORR_NONE, "tis": CORR_TIS, "mis": CORR_MIS}
+
+
 @dataclass(frozen=True)
 class PGKernelConfig:
-    """Scalar settings of one fused PG-loss call (validated by the caller)."""
+    """Scalar settings of one fused PG-loss call (validated by the caller: ``from_spec``
+    takes them from a ``LossSpec``, which validated them on construction)."""
 
     clip_ratio_low: float
     """eps_low: the ratio is clipped below at ``1 - clip_ratio_low``."""
@@ -243,6 +248,22 @@ class PGKernelConfig:
     """MIS acceptance interval, high end (> 1)."""
     block: int | None = None
     """Tokens per program (power of two); None picks one per device."""
+
+    @classmethod
+    def from_spec(cls, spec: LossSpec, *, block: int | None = None) -> PGKernelConfig:
+        """The kernel's settings for ``spec``. Token-level correction hands the kernel the
+        rollout logprobs; sequence level, the per-sequence log weight computed in torch."""
+        return cls(
+            clip_ratio_low=spec.clip_ratio_low,
+            clip_ratio_high=spec.clip_ratio_high,
+            clip_ratio_c=spec.clip_ratio_c,
+            correction=_CORRECTIONS[spec.rollout_correction],
+            log_w_is_rollout=spec.rollout_correction_level == "token",
+            tis_cap=spec.tis_cap,
+            mis_low=spec.mis_low,
+            mis_high=spec.mis_high,
+            block=block,
+        )
 
 
 @dataclass(frozen=True)

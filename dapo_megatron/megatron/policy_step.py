@@ -37,9 +37,9 @@ from dapo_megatron.algorithms.loss import (
     metric_reduction,
     reduce_loss_metrics,
 )
+from dapo_megatron.algorithms.loss_spec import LossAggMode, LossSpec
 from dapo_megatron.algorithms.rollout_correction import mismatch_from_sums, mismatch_sums
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.config.schema import LossConfig
 from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.kernels import linear_logprob
 from dapo_megatron.kernels.pg_loss import pg_loss
@@ -321,7 +321,9 @@ def compute_logprobs(
 # Training
 
 
-def _global_denominator(batch: PolicyBatch, mode: str, scale_length: int | None) -> torch.Tensor:
+def _global_denominator(
+    batch: PolicyBatch, mode: LossAggMode, scale_length: int | None
+) -> torch.Tensor:
     """The mini-batch normaliser: local denominators summed over data-parallel ranks."""
     local = loss_denominator(_shifted(batch.loss_mask), mode, loss_scale_length=scale_length)
     total = local.to(torch.float64).reshape(1)
@@ -404,24 +406,29 @@ def train_step(
     scheduler,
     batch: PolicyBatch,
     ctx: StepContext,
-    loss_cfg: LossConfig,
+    loss: LossSpec,
     *,
     micro_batch_size: int,
-    max_response_length: int,
 ) -> dict[str, float]:
     """One optimizer step of the DAPO loss on this DP rank's share of a mini-batch.
 
-    `batch` needs advantages; old_logprobs default to the current policy's (detached)
-    logprobs, i.e. a ratio of 1. Returns the step's metrics (identical on every rank).
+    `batch` needs advantages, and rollout logprobs when `loss` asks for a rollout
+    correction; old_logprobs default to the current policy's (detached) logprobs, i.e. a
+    ratio of 1. Returns the step's metrics (identical on every rank).
     """
     if batch.advantages is None:
         raise ValueError("train_step needs batch.advantages")
+    # Checked here, before any collective: inside the schedule only the last pipeline stage
+    # runs the loss, and its error would leave the other stages waiting.
+    if loss.rollout_correction != "none" and batch.rollout_logprobs is None:
+        raise ValueError(
+            f"rollout_correction={loss.rollout_correction!r} needs batch.rollout_logprobs"
+        )
     for m in model_chunks:
         m.train()
-    scale_length = loss_cfg.loss_scale_length or max_response_length
-    normalizer = _global_denominator(batch, loss_cfg.loss_agg_mode, scale_length)
+    normalizer = _global_denominator(batch, loss.loss_agg_mode, loss.loss_scale_length)
     micro, seq_len, _ = _micro_batches(batch, micro_batch_size, ctx.dims)
-    want_entropy_grad = loss_cfg.entropy_coef > 0
+    want_entropy_grad = loss.entropy_coef > 0
 
     def loss_fn(model, mb, hidden):
         lp, ent = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=True)
@@ -438,23 +445,10 @@ def train_step(
             mb["advantages"],
             mb["mask"],
             normalizer=normalizer,
-            clip_ratio_low=loss_cfg.clip_ratio_low,
-            clip_ratio_high=loss_cfg.clip_ratio_high,
-            clip_ratio_c=loss_cfg.clip_ratio_c,
-            loss_agg_mode=loss_cfg.loss_agg_mode,
+            spec=loss,
             rollout_logprobs_BT=mb["rollout_logprobs"],
-            rollout_correction=loss_cfg.rollout_correction
-            if mb["rollout_logprobs"] is not None
-            else "none",
-            rollout_correction_level=loss_cfg.rollout_correction_level,
-            tis_cap=loss_cfg.tis_cap,
-            mis_low=loss_cfg.mis_low,
-            mis_high=loss_cfg.mis_high,
             ref_logprobs_BT=mb["ref_logprobs"],
-            kl_coef=loss_cfg.kl_coef,
-            kl_estimator=loss_cfg.kl_estimator,
             entropy_BT=ent if want_entropy_grad else ent.detach(),
-            entropy_coef=loss_cfg.entropy_coef,
         )
         metrics = dict(out.metrics, loss_sum=out.loss.detach().double())
         if reuse and mb["rollout_logprobs"] is not None:

@@ -18,8 +18,10 @@ import transformers
 from launch import run_distributed
 
 from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
+from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.run_plan import build_loss_spec
 from dapo_megatron.data.batch import PolicyBatch
 
 pytestmark = pytest.mark.distributed
@@ -87,21 +89,21 @@ def _hf_logprobs(model, input_ids):
     return torch.cat([zero, lp], 1), torch.cat([zero, ent], 1)
 
 
-def _reference(hf_dir: Path, batch: PolicyBatch, loss_cfg) -> dict:
+def _reference(hf_dir: Path, batch: PolicyBatch, spec: LossSpec) -> dict:
     """Float64 DAPO loss and gradients on the HF model, whole batch at once."""
     model = transformers.Qwen2ForCausalLM.from_pretrained(hf_dir, attn_implementation="eager")
     model = model.double()
     lp, ent = _hf_logprobs(model, batch.input_ids)
-    normalizer = loss_denominator(batch.loss_mask, loss_cfg.loss_agg_mode)
+    normalizer = loss_denominator(
+        batch.loss_mask, spec.loss_agg_mode, loss_scale_length=spec.loss_scale_length
+    )
     out = policy_loss(
         lp,
         batch.old_logprobs.double(),
         batch.advantages.double(),
         batch.loss_mask,
         normalizer=normalizer,
-        clip_ratio_low=loss_cfg.clip_ratio_low,
-        clip_ratio_high=loss_cfg.clip_ratio_high,
-        loss_agg_mode=loss_cfg.loss_agg_mode,
+        spec=spec,
     )
     out.loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
@@ -141,9 +143,10 @@ def _worker(
 ) -> dict:
     from megatron.core import parallel_state
 
+    from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
 
-    policy = MegatronPolicy(_config(hf_dir, dims, micro, recompute), dims=dims)
+    policy = MegatronPolicy(policy_plan(_config(hf_dir, dims, micro, recompute), dims))
     dp_rank, dp = parallel_state.get_data_parallel_rank(), dims.dp
     shard = batch.select(slice(dp_rank * B // dp, (dp_rank + 1) * B // dp))
     lp, ent = policy.logprobs(shard, compute_entropy=True)
@@ -177,8 +180,8 @@ def setup(tmp_path_factory):
     hf_dir = tmp_path_factory.mktemp("policy") / "qwen2"
     model = _hf_model(hf_dir)
     batch = _batch(model)
-    loss_cfg = _config(hf_dir, ParallelDims(1, 1, 1, 1, False), 8).dapo.loss
-    return hf_dir, batch, _reference(hf_dir, batch, loss_cfg)
+    spec = build_loss_spec(_config(hf_dir, ParallelDims(1, 1, 1, 1, False), 8))
+    return hf_dir, batch, _reference(hf_dir, batch, spec)
 
 
 LAYOUTS = {
@@ -247,9 +250,10 @@ def _reuse_worker(
     with them from the separate forward-only pass (what the controller did before)."""
     from megatron.core import parallel_state
 
+    from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
 
-    policy = MegatronPolicy(_config(hf_dir, dims, micro), dims=dims)
+    policy = MegatronPolicy(policy_plan(_config(hf_dir, dims, micro), dims))
     dp_rank, dp = parallel_state.get_data_parallel_rank(), dims.dp
     shard = batch.select(slice(dp_rank * B // dp, (dp_rank + 1) * B // dp))
     lp = None
@@ -280,10 +284,8 @@ def test_skipped_old_logprob_pass_is_exact(layout, setup):
     separate = run_distributed(_reuse_worker, dims.world_size, hf_dir, dims, micro, batch, True,
                                timeout=300)
     # The independent reference: float64 HF loss with old = its own (detached) logprobs.
-    loss_cfg = _config(hf_dir, ParallelDims(1, 1, 1, 1, False), 8).dapo.loss
-    ratio_one = _reference(
-        hf_dir, dataclasses.replace(batch, old_logprobs=ref["lp"].float()), loss_cfg
-    )
+    spec = build_loss_spec(_config(hf_dir, ParallelDims(1, 1, 1, 1, False), 8))
+    ratio_one = _reference(hf_dir, dataclasses.replace(batch, old_logprobs=ref["lp"].float()), spec)
     a, b = skipped[0], separate[0]
     assert abs(a["metrics"]["loss"] - b["metrics"]["loss"]) <= 1e-6
     assert abs(a["metrics"]["loss"] - ratio_one["loss"]) <= ATOL

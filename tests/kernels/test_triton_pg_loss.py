@@ -8,18 +8,41 @@ tokens against blocks of 64 and 4096 tokens), masks have holes and an all-paddin
 
 from __future__ import annotations
 
+import dataclasses
 import math
+from typing import Any
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
-from dapo_megatron.algorithms.loss import LOSS_AGG_MODES, loss_denominator, policy_loss  # noqa: E402
+from dapo_megatron.algorithms.loss import loss_denominator, policy_loss  # noqa: E402
+from dapo_megatron.algorithms.loss_spec import LOSS_AGG_MODES, LossSpec  # noqa: E402
 from dapo_megatron.kernels.pg_loss import pg_loss, resolve_pg_loss_impl  # noqa: E402
 
 B, T = 3, 67
-CLIP = dict(clip_ratio_low=0.2, clip_ratio_high=0.28)
+# The settings every case starts from; each test states what it changes.
+BASE_SPEC = LossSpec(
+    clip_ratio_low=0.2,
+    clip_ratio_high=0.28,
+    clip_ratio_c=None,
+    loss_agg_mode="token-mean",
+    loss_scale_length=T,
+    rollout_correction="none",
+    rollout_correction_level="token",
+    tis_cap=2.0,
+    mis_low=0.5,
+    mis_high=2.0,
+    kl_coef=0.0,
+    kl_estimator="k3",
+    entropy_coef=0.0,
+)
+
+
+def spec(**changes: Any) -> LossSpec:
+    """BASE_SPEC with ``changes`` (validated again by LossSpec)."""
+    return dataclasses.replace(BASE_SPEC, **changes)
 
 
 def _case(seed: int = 0, *, log_ratio_scale: float = 0.3, per_sample_adv: bool = False) -> dict:
@@ -38,24 +61,31 @@ def _case(seed: int = 0, *, log_ratio_scale: float = 0.3, per_sample_adv: bool =
     return dict(lp=lp, old=old, adv=adv, mask=mask, rollout=rollout)
 
 
-def _run(fn, case: dict, dtype: torch.dtype, **kw) -> tuple[torch.Tensor, torch.Tensor, dict]:
+def _run(
+    fn, case: dict, dtype: torch.dtype, loss_spec: LossSpec, **kw
+) -> tuple[torch.Tensor, torch.Tensor, dict]:
     lp = case["lp"].detach().to(dtype).clone().requires_grad_()
-    kw = dict(kw)
-    if kw.get("rollout_correction", "none") != "none":
+    if loss_spec.rollout_correction != "none":
         kw["rollout_logprobs_BT"] = case["rollout"].to(dtype)
-    if "normalizer" not in kw:
-        kw["normalizer"] = loss_denominator(
-            case["mask"], kw.get("loss_agg_mode", "token-mean"), loss_scale_length=T
-        )
-    out = fn(lp, case["old"].to(dtype), case["adv"].to(dtype), case["mask"], **kw)
+    normalizer = loss_denominator(
+        case["mask"], loss_spec.loss_agg_mode, loss_scale_length=loss_spec.loss_scale_length
+    )
+    out = fn(
+        lp, case["old"].to(dtype), case["adv"].to(dtype), case["mask"],
+        normalizer=normalizer, spec=loss_spec, **kw,
+    )  # fmt: skip
     out.loss.backward()
     return out.loss.detach(), lp.grad, out.metrics
 
 
-def _check(case: dict, *, block: int | None = 64, atol: float = 2e-6, **kw) -> dict:
-    """Triton (fp32) vs policy_loss (float64); returns the Triton metrics."""
-    want_loss, want_grad, want_m = _run(policy_loss, case, torch.float64, **kw)
-    got_loss, got_grad, got_m = _run(pg_loss, case, torch.float32, impl="triton", block=block, **kw)
+def _check(case: dict, *, block: int | None = 64, atol: float = 2e-6, **changes: Any) -> dict:
+    """Triton (fp32) vs policy_loss (float64) with ``spec(**changes)``; returns the Triton
+    metrics."""
+    loss_spec = spec(**changes)
+    want_loss, want_grad, want_m = _run(policy_loss, case, torch.float64, loss_spec)
+    got_loss, got_grad, got_m = _run(
+        pg_loss, case, torch.float32, loss_spec, impl="triton", block=block
+    )
     assert torch.isfinite(got_loss) and torch.isfinite(got_grad).all()
     torch.testing.assert_close(got_loss.double(), want_loss, rtol=1e-5, atol=atol)
     torch.testing.assert_close(got_grad.double(), want_grad, rtol=1e-5, atol=atol)
@@ -72,7 +102,7 @@ def _check(case: dict, *, block: int | None = 64, atol: float = 2e-6, **kw) -> d
 def test_matches_policy_loss_per_mode(mode: str, clip_ratio_c: float | None) -> None:
     # A wide log-ratio spread so that every clip branch (upper, lower, dual) is exercised.
     case = _case(1, log_ratio_scale=1.5)
-    metrics = _check(case, loss_agg_mode=mode, clip_ratio_c=clip_ratio_c, **CLIP)
+    metrics = _check(case, loss_agg_mode=mode, clip_ratio_c=clip_ratio_c)
     assert metrics["clipfrac_upper_sum"] > 0 and metrics["clipfrac_lower_sum"] > 0
     if clip_ratio_c is not None:
         assert metrics["clipfrac_dual_sum"] > 0
@@ -80,7 +110,7 @@ def test_matches_policy_loss_per_mode(mode: str, clip_ratio_c: float | None) -> 
 
 @pytest.mark.parametrize("block", [64, None])
 def test_per_sample_advantages_and_block_sizes(block: int | None) -> None:
-    _check(_case(2, per_sample_adv=True), block=block, **CLIP)
+    _check(_case(2, per_sample_adv=True), block=block)
 
 
 @pytest.mark.parametrize("level", ["token", "sequence"])
@@ -92,7 +122,6 @@ def test_tis(level: str, mode: str) -> None:
         rollout_correction_level=level,
         tis_cap=1.5,
         loss_agg_mode=mode,
-        **CLIP,
     )
     assert metrics["rollout_weight_sum"] != metrics["num_valid_tokens"]
 
@@ -114,7 +143,6 @@ def test_mis(level: str, mode: str) -> None:
         clip_ratio_c=3.0,
         mis_low=0.7,
         mis_high=1.4,
-        **CLIP,
     )
     assert metrics["num_masked_by_mis"] > 0 and metrics["num_valid_tokens"] > 0
 
@@ -125,7 +153,7 @@ def test_kl_and_entropy_terms_are_added() -> None:
     ref = case["old"] + 0.2 * torch.randn(B, T, generator=gen, dtype=torch.float64)
     entropy = torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
     for mode in ("token-mean", "seq-mean-token-mean"):
-        kw = dict(loss_agg_mode=mode, kl_coef=0.1, entropy_coef=0.01, **CLIP)
+        kw = dict(spec=spec(loss_agg_mode=mode, kl_coef=0.1, entropy_coef=0.01))
         want = policy_loss(
             case["lp"],
             case["old"],
@@ -158,7 +186,7 @@ def test_no_valid_token_gives_zero_loss_and_grad(mode: str) -> None:
     case = _case(6)
     case["mask"] = torch.zeros(B, T)
     case["lp"] = torch.full((B, T), -math.inf, dtype=torch.float64)  # all padding garbage
-    metrics = _check(case, loss_agg_mode=mode, rollout_correction="tis", **CLIP)
+    metrics = _check(case, loss_agg_mode=mode, rollout_correction="tis")
     lp = case["lp"].float().requires_grad_()
     out = pg_loss(
         lp,
@@ -166,9 +194,8 @@ def test_no_valid_token_gives_zero_loss_and_grad(mode: str) -> None:
         case["adv"].float(),
         case["mask"],
         normalizer=0.0,
-        loss_agg_mode=mode,
+        spec=spec(loss_agg_mode=mode),
         impl="triton",
-        **CLIP,
     )
     out.loss.backward()
     assert out.loss.item() == 0.0 and (lp.grad == 0).all()
@@ -179,8 +206,9 @@ def test_no_valid_token_gives_zero_loss_and_grad(mode: str) -> None:
 def test_empty_batch() -> None:
     lp = torch.zeros(0, 5, requires_grad=True)
     out = pg_loss(
-        lp, lp.detach(), torch.zeros(0), torch.zeros(0, 5), normalizer=0, impl="triton", **CLIP
-    )
+        lp, lp.detach(), torch.zeros(0), torch.zeros(0, 5), normalizer=0, spec=spec(),
+        impl="triton",
+    )  # fmt: skip
     out.loss.backward()
     assert out.loss.item() == 0.0 and lp.grad.shape == (0, 5)
 
@@ -196,7 +224,6 @@ def test_extreme_log_ratios_stay_finite(clip_ratio_c: float | None) -> None:
         clip_ratio_c=clip_ratio_c,
         rollout_correction="tis",
         atol=1e-3,
-        **CLIP,
     )
     assert math.isfinite(metrics["ratio_max"]) and math.isfinite(metrics["approx_kl_sum"])
 
@@ -207,10 +234,10 @@ def test_bf16_logprobs_and_bool_mask() -> None:
     old = case["old"].bfloat16()
     mask = case["mask"] != 0
     norm = loss_denominator(mask, "token-mean")
-    got = pg_loss(lp, old, case["adv"].float(), mask, normalizer=norm, impl="triton", **CLIP)
+    got = pg_loss(lp, old, case["adv"].float(), mask, normalizer=norm, spec=spec(), impl="triton")
     got.loss.backward()
     lp64 = lp.detach().double().requires_grad_()
-    want = policy_loss(lp64, old.double(), case["adv"], mask, normalizer=norm, **CLIP)
+    want = policy_loss(lp64, old.double(), case["adv"], mask, normalizer=norm, spec=spec())
     want.loss.backward()
     assert lp.grad.dtype == torch.bfloat16
     torch.testing.assert_close(got.loss.double(), want.loss, rtol=1e-5, atol=1e-6)
@@ -225,7 +252,7 @@ def test_upstream_gradient_scales_saved_gradient() -> None:
         lp = case["lp"].float().requires_grad_()
         out = pg_loss(
             lp, case["old"].float(), case["adv"].float(), case["mask"], normalizer=norm,
-            impl="triton", **CLIP,
+            spec=spec(), impl="triton",
         )  # fmt: skip
         (factor * out.loss).backward()
         grads.append(lp.grad)
@@ -238,8 +265,12 @@ def test_auto_is_torch_on_cpu_and_bad_impl_rejected() -> None:
     with pytest.raises(ValueError, match="impl must be one of"):
         resolve_pg_loss_impl("cuda", lp)
     with pytest.raises(ValueError, match="float64"):
-        pg_loss(lp.double(), lp.double(), lp.double(), lp, normalizer=1.0, impl="triton", **CLIP)
-    with pytest.raises(ValueError, match="clip_ratio_low"):
         pg_loss(
-            lp, lp, lp, lp, normalizer=1.0, impl="triton", clip_ratio_low=1.5, clip_ratio_high=0.2
+            lp.double(), lp.double(), lp.double(), lp, normalizer=1.0, spec=spec(), impl="triton"
         )
+    # Both implementations share the tensor checks of policy_loss.
+    for impl in ("torch", "triton"):
+        with pytest.raises(ValueError, match=r"rollout_correction='mis' requires rollout_logprobs"):
+            pg_loss(lp, lp, lp, lp, normalizer=1.0, spec=spec(rollout_correction="mis"), impl=impl)
+        with pytest.raises(ValueError, match=r"mask_BT has shape \(2, 2\)"):
+            pg_loss(lp, lp, lp, lp[:, :2], normalizer=1.0, spec=spec(), impl=impl)
