@@ -52,7 +52,6 @@ if TYPE_CHECKING:
 
     from dapo_megatron.config.parallel import ParallelDims
     from dapo_megatron.config.schema import DapoMegatronConfig
-    from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
 
 DEFAULT_MAX_SHARD_SIZE = 5 * 10**9
@@ -514,6 +513,7 @@ def export_checkpoint(
     check_layout(arch, dims.tp, dims.pp)
 
     from dapo_megatron.megatron.checkpoint import load_checkpoint
+    from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
 
     policy = MegatronPolicy(policy_plan(config, dims, arch))
