@@ -17,8 +17,15 @@ Layouts (`data.format`):
 Policy on bad rows: a row whose prompt is empty or whose answer is missing is skipped and
 COUNTED (`PromptDataset.skipped`), because public datasets contain a few of those and a run
 should not die on them. Anything that suggests the wrong file or the wrong layout (a missing
-file, an unknown extension, a field that no row has, a value of the wrong type, invalid JSON)
-is an error that names the file, the row, the field and the fix.
+file, an unknown extension, a field that no row has, a value of the wrong type, invalid JSON
+or UTF-8, a row far longer than any prompt of data.max_prompt_length tokens) is a
+ConfigError that names the key, the file, the line (or row) and the fix.
+
+Cost per row is bounded: with a max_prompt_length, a jsonl line longer than
+`max_row_bytes(max_prompt_length)` is rejected by its byte length before it is decoded,
+parsed or tokenised (a 50 MB single-line prompt used to take minutes in the tokenizer, or
+crash it). `check_prompt_file` runs the same reading and reports every bad line (up to a
+cap) instead of the first: the pre-flight check of dapo_megatron/preflight.py uses it.
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
+from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.schema import DataConfig
 from dapo_megatron.data.arithmetic import make_train_val_split
 from dapo_megatron.data.records import Message, PromptRecord
@@ -41,6 +49,18 @@ FILE_FORMATS = ("dapo_math", "aime", "gsm8k")
 """Formats read from a file (arithmetic is generated)."""
 
 SUPPORTED_EXTENSIONS = (".jsonl", ".parquet")
+
+# The byte budget of one row. A token stands for a few bytes of text (about 4 for English
+# text; a UTF-8 character is at most 4 bytes), and JSON escaping at most sextuples that
+# (\uXXXX per non-ASCII character, 12 bytes for a surrogate pair). 64 bytes per token is
+# therefore far above any real prompt of max_prompt_length tokens: a longer row is a prompt
+# the run would skip as too long anyway, or a corrupt file, and measuring its bytes costs
+# nothing while tokenising it can take minutes or crash the tokenizer.
+MAX_BYTES_PER_TOKEN = 64
+ROW_SLACK_BYTES = 64 * 1024
+"""Room for the row's other fields: the answer, a worked solution (gsm8k), metadata."""
+MAX_CHECK_ERRORS = 10
+"""check_prompt_file stops after this many bad rows of one file (the rest are alike)."""
 
 # Reasons under which skipped rows are counted (keys of PromptDataset.skipped).
 SKIP_EMPTY_PROMPT = "empty prompt"
@@ -100,6 +120,23 @@ _LAYOUTS = {
 _MISSING = object()
 
 
+def max_row_bytes(max_prompt_length: int) -> int:
+    """The longest row (jsonl line, or parquet prompt) accepted for data.max_prompt_length."""
+    return max_prompt_length * MAX_BYTES_PER_TOKEN + ROW_SLACK_BYTES
+
+
+def _too_long(where: str, size: str, max_prompt_length: int) -> ConfigError:
+    """The error of a row over max_row_bytes; `size` ("" or "prompt of N bytes, ") says
+    what was measured when it is not the whole line."""
+    limit = max_row_bytes(max_prompt_length)
+    return ConfigError(
+        f"{where}: {size}longer than {limit} bytes, far more than a prompt of "
+        f"data.max_prompt_length = {max_prompt_length} tokens can take ({MAX_BYTES_PER_TOKEN} "
+        f"bytes per token + {ROW_SLACK_BYTES // 1024} KiB for the other fields), rejected "
+        "before tokenising; remove the row (or raise data.max_prompt_length)"
+    )
+
+
 def gsm8k_final_answer(solution: str) -> str | None:
     """The final answer of a GSM8K solution: the text after the last ``####``, without
     thousands separators (``"... #### 1,200"`` -> ``"1200"``); None when there is none."""
@@ -124,7 +161,7 @@ def _lookup(row: dict[str, Any], key: str, where: str) -> Any:
             return None
         if not isinstance(value, dict):
             parent = ".".join(parts[:depth])
-            raise ValueError(
+            raise ConfigError(
                 f"{where}: field {parent!r} is a {type(value).__name__}, not a mapping, so "
                 f"{key!r} cannot be read; set data.prompt_key/data.answer_key to the right field"
             )
@@ -151,14 +188,14 @@ def _prompt_value(value: Any, where: str, key: str) -> str | list[Message] | Non
                 and isinstance(message.get("role"), str)
                 and isinstance(message.get("content"), str)
             ):
-                raise ValueError(
+                raise ConfigError(
                     f"{where}: field {key!r} message {i} is {message!r}; expected "
                     '{"role": str, "content": str}. Point data.prompt_key at a text field or a '
                     "list of chat messages"
                 )
             messages.append({"role": message["role"], "content": message["content"]})
         return messages if any(m["content"].strip() for m in messages) else None
-    raise ValueError(
+    raise ConfigError(
         f"{where}: field {key!r} is a {type(value).__name__}; expected text or a list of chat "
         "messages. Set data.prompt_key to the field holding the prompt"
     )
@@ -169,7 +206,7 @@ def _answer_value(value: Any, where: str, key: str) -> str | None:
     if value is None:
         return None
     if isinstance(value, bool):  # bool is an int subclass; never a valid math answer
-        raise ValueError(f"{where}: field {key!r} is a bool; expected text or a number")
+        raise ConfigError(f"{where}: field {key!r} is a bool; expected text or a number")
     if isinstance(value, int):
         return str(value)
     if isinstance(value, float):
@@ -177,55 +214,257 @@ def _answer_value(value: Any, where: str, key: str) -> str | None:
         return str(int(value)) if value.is_integer() else repr(value)
     if isinstance(value, str):
         return value.strip() or None
-    raise ValueError(
+    raise ConfigError(
         f"{where}: field {key!r} is a {type(value).__name__}; expected text or a number. "
         "Set data.answer_key to the field holding the ground truth"
     )
 
 
-def _read_jsonl(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(location, row) per non-blank line; the location names the file and the line."""
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, start=1):
-            if not line.strip():
-                continue  # a trailing newline or a blank line is not a row
-            where = f"{path}: line {number}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{where}: invalid JSON ({e.msg}); a .jsonl file holds one JSON object per line"
-                ) from None
-            if not isinstance(row, dict):
-                raise ValueError(
-                    f"{where}: a {type(row).__name__}, not a JSON object; each line must be one "
-                    "object with the prompt and answer fields"
-                )
-            yield where, row
+_Raw = bytes | dict[str, Any] | None
+"""A row as a reader yields it: the bytes of a jsonl line (still to decode and parse), a
+parquet row, or None for a jsonl line over the byte limit (never read into memory)."""
 
 
-def _read_parquet(path: Path) -> Iterator[tuple[str, dict[str, Any]]]:
+def _open_rb(path: Path, what: str) -> IO[bytes]:
+    try:
+        return open(path, "rb")
+    except OSError as e:
+        raise ConfigError(
+            f"{what}: {path} cannot be read ({e.strerror}); check its permissions"
+        ) from None
+
+
+def _jsonl_lines(f: IO[bytes], max_bytes: int | None) -> Iterator[tuple[int, bytes | None]]:
+    """(line number, bytes) per line, None instead of the bytes of a line over max_bytes.
+
+    readline(max_bytes + 1) never holds more than the limit in memory. The rest of a long
+    line is skipped only when the next line is asked for, so a loader that stops at the
+    error never reads it.
+    """
+    limit = -1 if max_bytes is None else max_bytes + 1
+    number = 0
+    while raw := f.readline(limit):
+        number += 1
+        if max_bytes is None or raw.endswith(b"\n") or len(raw) <= max_bytes:
+            yield number, raw
+            continue
+        yield number, None
+        while (rest := f.readline(1 << 20)) and not rest.endswith(b"\n"):
+            pass
+
+
+def _jsonl_rows(path: Path, what: str, max_prompt_length: int | None) -> Iterator[tuple[str, _Raw]]:
+    """(location, line bytes) per line; the location names the key, the file and the line."""
+    max_bytes = None if max_prompt_length is None else max_row_bytes(max_prompt_length)
+    with _open_rb(path, what) as f:
+        for number, raw in _jsonl_lines(f, max_bytes):
+            yield f"{what}: {path} line {number}", raw
+
+
+def _parse_jsonl_line(raw: bytes, where: str) -> dict[str, Any] | None:
+    """The JSON object of one line; None for a blank line (a trailing newline is not a row)."""
+    if not raw.strip():
+        return None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{where}: invalid UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1}); a "
+            ".jsonl file must be UTF-8: re-encode it (e.g. iconv -t UTF-8) or fix the line"
+        ) from None
+    try:
+        # A byte-order mark (some Windows editors write one) is not part of the JSON.
+        row = json.loads(text.removeprefix("\ufeff").rstrip("\r\n"))
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{where}: invalid JSON ({e.msg} at column {e.colno}); a .jsonl file holds one "
+            "JSON object per line"
+        ) from None
+    if not isinstance(row, dict):
+        raise ConfigError(
+            f"{where}: a {type(row).__name__}, not a JSON object; each line must be one "
+            "object with the prompt and answer fields"
+        )
+    return row
+
+
+def _parquet_rows(path: Path, what: str) -> Iterator[tuple[str, _Raw]]:
     """(location, row) per row; rows are numbered from 1 like jsonl lines."""
     import pyarrow.parquet as pq  # imported here: only parquet users pay for it
 
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (OSError, ValueError) as e:  # ArrowInvalid is a ValueError, ArrowIOError an OSError
+        text = str(e).strip()
+        first_line = text.splitlines()[0].rstrip(".") if text else type(e).__name__
+        raise ConfigError(
+            f"{what}: {path} is not a readable parquet file ({first_line}); write it again "
+            "(e.g. pandas.DataFrame.to_parquet) or convert it to .jsonl"
+        ) from None
     for number, row in enumerate(table.to_pylist(), start=1):
-        yield f"{path}: row {number}", row
+        yield f"{what}: {path} row {number}", row
 
 
 def _check_path(path: Path, what: str) -> None:
     if not path.exists():
-        raise FileNotFoundError(
-            f"{what} {path} does not exist; point it at a local .jsonl or .parquet file "
+        raise ConfigError(
+            f"{what}: {path} does not exist; point it at a local .jsonl or .parquet file "
             "(this package never downloads datasets)"
         )
     if path.is_dir():
-        raise ValueError(f"{what} {path} is a directory; point it at a .jsonl or .parquet file")
+        raise ConfigError(f"{what}: {path} is a directory; point it at a .jsonl or .parquet file")
     if path.suffix.lower() not in SUPPORTED_EXTENSIONS:
-        raise ValueError(
-            f"{what} {path} has the unknown extension {path.suffix!r}; supported: "
+        raise ConfigError(
+            f"{what}: {path} has the unknown extension {path.suffix!r}; supported: "
             f"{', '.join(SUPPORTED_EXTENSIONS)}. Convert the file (e.g. with pandas) or rename it"
         )
+
+
+def _prompt_bytes(prompt: str | list[Message], limit: int) -> int:
+    """UTF-8 size of a prompt's text; 0 when it is certainly within `limit` (the common case:
+    a character is at most 4 bytes, so short prompts are never encoded just to measure)."""
+    texts = [prompt] if isinstance(prompt, str) else [m["content"] for m in prompt]
+    if sum(len(t) for t in texts) * 4 <= limit:
+        return 0
+    return sum(len(t.encode("utf-8", errors="surrogatepass")) for t in texts)
+
+
+class _FileReader:
+    """Turns the rows of one file into records, keeping what the whole-file checks need."""
+
+    def __init__(
+        self,
+        path: Path,
+        format: str,
+        *,
+        prompt_key: str | None,
+        answer_key: str | None,
+        what: str,
+        max_prompt_length: int | None,
+    ) -> None:
+        layout = _LAYOUTS[format]
+        self.path, self.format, self.what, self.layout = path, format, what, layout
+        self.max_prompt_length = max_prompt_length
+        self.prompt_keys = (prompt_key,) if prompt_key else layout.prompt_keys
+        self.answer_keys = (answer_key,) if answer_key else layout.answer_keys
+        keys = self.prompt_keys + self.answer_keys
+        # Top-level fields that feed the record itself; the rest of the row is metadata.
+        self.used_roots = {k.split(".")[0] for k in keys} | set(keys)
+        self.records: list[PromptRecord] = []
+        self.skipped: Counter[str] = Counter()
+        self.seen_prompt_field = self.seen_answer_field = False
+        self.first: tuple[str, dict[str, Any]] | None = None
+        self.num_rows = 0
+
+    def rows(self) -> Iterator[tuple[str, _Raw]]:
+        """The file's rows, as its reader yields them."""
+        if self.path.suffix.lower() == ".parquet":
+            return _parquet_rows(self.path, self.what)
+        return _jsonl_rows(self.path, self.what, self.max_prompt_length)
+
+    def add(self, raw: _Raw, where: str) -> None:
+        """Parse one row and keep its record, or count why it is skipped."""
+        if raw is None:
+            assert self.max_prompt_length is not None  # only a limit makes lines unread
+            raise _too_long(where, "", self.max_prompt_length)
+        row = raw if isinstance(raw, dict) else _parse_jsonl_line(raw, where)
+        if row is None:
+            return
+        self.num_rows += 1
+        self.first = self.first or (where, row)
+        p_key, p_raw = _first_present(row, self.prompt_keys, where)
+        a_key, a_raw = _first_present(row, self.answer_keys, where)
+        self.seen_prompt_field |= p_raw is not _MISSING
+        self.seen_answer_field |= a_raw is not _MISSING
+        prompt = None if p_raw is _MISSING else _prompt_value(p_raw, where, p_key)
+        answer = None if a_raw is _MISSING else _answer_value(a_raw, where, a_key)
+        if prompt is None:
+            self.skipped[SKIP_EMPTY_PROMPT] += 1
+            return
+        if self.max_prompt_length is not None:
+            # Parquet rows are not bounded on the way in: bound the prompt before tokenising.
+            limit = max_row_bytes(self.max_prompt_length)
+            if (size := _prompt_bytes(prompt, limit)) > limit:
+                raise _too_long(where, f"prompt of {size} bytes, ", self.max_prompt_length)
+        if answer is None:
+            self.skipped[SKIP_MISSING_ANSWER] += 1
+            return
+        metadata = {k: v for k, v in row.items() if k not in self.used_roots}
+        if self.layout.gsm8k_answer:
+            final = gsm8k_final_answer(answer)
+            if final is None:
+                self.skipped[SKIP_UNPARSEABLE_ANSWER] += 1
+                return
+            metadata["solution"] = answer
+            answer = final
+        metadata["row"] = self.num_rows
+        self.records.append(PromptRecord(prompt, answer, metadata))
+
+    def finish(self) -> PromptDataset:
+        """The dataset, after the checks only the whole file can answer."""
+        if self.first is None:
+            raise ConfigError(f"{self.what}: {self.path} has no rows")
+        for seen, keys, config_key in (
+            (self.seen_prompt_field, self.prompt_keys, "data.prompt_key"),
+            (self.seen_answer_field, self.answer_keys, "data.answer_key"),
+        ):
+            if not seen:
+                where, row = self.first
+                raise ConfigError(
+                    f"{where}: no field {' or '.join(map(repr, keys))} in any of the "
+                    f"{self.num_rows} rows (this row has {sorted(row)}); set {config_key} to "
+                    "the field to read (dotted paths like reward_model.ground_truth work) or "
+                    f"check data.format ({self.format!r})"
+                )
+        if not self.records:
+            raise ConfigError(
+                f"{self.what}: {self.path}: every one of its {self.num_rows} rows was skipped "
+                f"({dict(self.skipped)}); check data.prompt_key, data.answer_key and data.format"
+            )
+        return PromptDataset(self.records, str(self.path), self.num_rows, dict(self.skipped))
+
+
+def _scan(
+    path: Path,
+    format: str,
+    *,
+    prompt_key: str | None,
+    answer_key: str | None,
+    what: str,
+    max_prompt_length: int | None,
+    errors: list[str] | None,
+) -> PromptDataset | None:
+    """Read a file. errors None: raise the first problem. A list: append each bad row's
+    message and go on (a checker reports every bad line in one go), stopping after
+    MAX_CHECK_ERRORS; returns None when a row was bad."""
+    if format not in _LAYOUTS:
+        raise ConfigError(
+            f"data.format {format!r} is not read from a file; choose one of {', '.join(FILE_FORMATS)}"
+        )
+    _check_path(path, what)
+    reader = _FileReader(
+        path,
+        format,
+        prompt_key=prompt_key,
+        answer_key=answer_key,
+        what=what,
+        max_prompt_length=max_prompt_length,
+    )
+    bad = 0
+    for where, raw in reader.rows():
+        try:
+            reader.add(raw, where)
+        except ConfigError as e:
+            if errors is None:
+                raise
+            errors.append(str(e))
+            bad += 1
+            if bad == MAX_CHECK_ERRORS:
+                errors.append(f"{what}: {path}: stopped checking after {bad} bad rows")
+                return None
+    if bad:
+        return None  # the whole-file checks would only repeat what the bad rows say
+    return reader.finish()
 
 
 def load_prompt_file(
@@ -235,6 +474,7 @@ def load_prompt_file(
     prompt_key: str | None = None,
     answer_key: str | None = None,
     what: str = "dataset file",
+    max_prompt_length: int | None = None,
 ) -> PromptDataset:
     """Read a jsonl or parquet file of prompts in one of the FILE_FORMATS layouts.
 
@@ -244,78 +484,56 @@ def load_prompt_file(
         prompt_key: field (dotted path allowed) holding the prompt; None uses the layout's.
         answer_key: field (dotted path allowed) holding the ground truth; None uses the layout's.
         what: how errors name the path (e.g. "data.train_path").
+        max_prompt_length: data.max_prompt_length; a row over max_row_bytes of it is an
+            error, found before the row is parsed. None: rows are not bounded.
 
     Returns:
         The usable records and the count of skipped rows by reason.
 
     Raises:
-        FileNotFoundError: the file does not exist.
-        ValueError: unknown extension or format, invalid rows, a field no row has, every row
-            skipped.
+        ConfigError: a missing or unreadable file, unknown extension or format, an invalid
+            row (UTF-8, JSON, field type, length; the message names the file and the line),
+            a field no row has, every row skipped.
     """
-    if format not in _LAYOUTS:
-        raise ValueError(
-            f"data.format {format!r} is not read from a file; choose one of {', '.join(FILE_FORMATS)}"
-        )
-    path = Path(path)
-    _check_path(path, what)
-    layout = _LAYOUTS[format]
-    prompt_keys = (prompt_key,) if prompt_key else layout.prompt_keys
-    answer_keys = (answer_key,) if answer_key else layout.answer_keys
-    # Top-level fields that feed the record itself; the rest of the row is metadata.
-    used_roots = {k.split(".")[0] for k in prompt_keys + answer_keys} | {*prompt_keys, *answer_keys}
+    dataset = _scan(
+        Path(path),
+        format,
+        prompt_key=prompt_key,
+        answer_key=answer_key,
+        what=what,
+        max_prompt_length=max_prompt_length,
+        errors=None,
+    )
+    assert dataset is not None  # without an error list, _scan raises instead
+    return dataset
 
-    rows = _read_parquet(path) if path.suffix.lower() == ".parquet" else _read_jsonl(path)
-    records: list[PromptRecord] = []
-    skipped: Counter[str] = Counter()
-    seen_prompt_field = seen_answer_field = False
-    first: tuple[str, dict[str, Any]] | None = None
-    num_rows = 0
-    for where, row in rows:
-        num_rows += 1
-        first = first or (where, row)
-        p_key, p_raw = _first_present(row, prompt_keys, where)
-        a_key, a_raw = _first_present(row, answer_keys, where)
-        seen_prompt_field |= p_raw is not _MISSING
-        seen_answer_field |= a_raw is not _MISSING
-        prompt = None if p_raw is _MISSING else _prompt_value(p_raw, where, p_key)
-        answer = None if a_raw is _MISSING else _answer_value(a_raw, where, a_key)
-        if prompt is None:
-            skipped[SKIP_EMPTY_PROMPT] += 1
-            continue
-        if answer is None:
-            skipped[SKIP_MISSING_ANSWER] += 1
-            continue
-        metadata = {k: v for k, v in row.items() if k not in used_roots}
-        if layout.gsm8k_answer:
-            final = gsm8k_final_answer(answer)
-            if final is None:
-                skipped[SKIP_UNPARSEABLE_ANSWER] += 1
-                continue
-            metadata["solution"] = answer
-            answer = final
-        metadata["row"] = num_rows
-        records.append(PromptRecord(prompt, answer, metadata))
 
-    if first is None:
-        raise ValueError(f"{what} {path} has no rows")
-    for seen, keys, config_key in (
-        (seen_prompt_field, prompt_keys, "data.prompt_key"),
-        (seen_answer_field, answer_keys, "data.answer_key"),
-    ):
-        if not seen:
-            where, row = first
-            raise ValueError(
-                f"{where}: no field {' or '.join(map(repr, keys))} in any of the {num_rows} rows "
-                f"(this row has {sorted(row)}); set {config_key} to the field to read (dotted "
-                f"paths like reward_model.ground_truth work) or check data.format ({format!r})"
-            )
-    if not records:
-        raise ValueError(
-            f"{what} {path}: every one of its {num_rows} rows was skipped ({dict(skipped)}); "
-            "check data.prompt_key, data.answer_key and data.format"
+def check_prompt_file(
+    path: str | Path,
+    format: str,
+    *,
+    prompt_key: str | None = None,
+    answer_key: str | None = None,
+    what: str = "dataset file",
+    max_prompt_length: int | None = None,
+) -> list[str]:
+    """The problems load_prompt_file would raise for this file, every bad row's (up to
+    MAX_CHECK_ERRORS) rather than the first, as one-line messages; [] when it loads.
+    Arguments as for load_prompt_file."""
+    errors: list[str] = []
+    try:
+        _scan(
+            Path(path),
+            format,
+            prompt_key=prompt_key,
+            answer_key=answer_key,
+            what=what,
+            max_prompt_length=max_prompt_length,
+            errors=errors,
         )
-    return PromptDataset(records, str(path), num_rows, dict(skipped))
+    except ConfigError as e:
+        errors.append(str(e))
+    return errors
 
 
 def _first_present(row: dict[str, Any], keys: Sequence[str], where: str) -> tuple[str, Any]:
@@ -355,13 +573,39 @@ def build_datasets(data: DataConfig, *, seed: int) -> DatasetSplits:
             PromptDataset(val, f"{name} validation", len(val)) if val else None,
         )
     if data.train_path is None:
-        raise ValueError(f"data.train_path: data.format {data.format} reads prompts from a file")
-    keys = {"prompt_key": data.prompt_key, "answer_key": data.answer_key}
-    train_set = load_prompt_file(data.train_path, data.format, what="data.train_path", **keys)
+        raise ConfigError(
+            f"data.train_path: data.format {data.format} reads prompts from a file; set it"
+        )
+    train_set = load_prompt_file(
+        data.train_path, data.format, **_file_args(data, "data.train_path")
+    )
     val_set = None
     if data.val_path is not None:
-        val_set = load_prompt_file(data.val_path, data.format, what="data.val_path", **keys)
+        val_set = load_prompt_file(data.val_path, data.format, **_file_args(data, "data.val_path"))
     return DatasetSplits(train_set, val_set)
+
+
+def _file_args(data: DataConfig, what: str) -> dict[str, Any]:
+    """load_prompt_file's (and check_prompt_file's) keyword arguments for a data file."""
+    return {
+        "prompt_key": data.prompt_key,
+        "answer_key": data.answer_key,
+        "what": what,
+        "max_prompt_length": data.max_prompt_length,
+    }
+
+
+def check_data_files(data: DataConfig) -> list[str]:
+    """The problems build_datasets would raise for the data files of `data` (each bad row
+    of each file, up to a cap), without stopping at the first; [] for the arithmetic task."""
+    if data.format == "arithmetic":
+        return []  # generated in memory: nothing to read
+    if data.train_path is None:
+        return [f"data.train_path: data.format {data.format} reads prompts from a file; set it"]
+    errors = check_prompt_file(data.train_path, data.format, **_file_args(data, "data.train_path"))
+    if data.val_path is not None:
+        errors += check_prompt_file(data.val_path, data.format, **_file_args(data, "data.val_path"))
+    return errors
 
 
 @dataclass

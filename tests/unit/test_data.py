@@ -16,6 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import PRESETS, arch_from_hf_config
 from dapo_megatron.config.schema import ArithmeticTaskConfig, DataConfig
 from dapo_megatron.data import tiny_model as tiny_model_module
@@ -183,7 +184,7 @@ def test_blank_lines_are_not_rows(tmp_path: Path) -> None:
 
 def test_missing_file_names_the_path_and_the_key(tmp_path: Path) -> None:
     path = tmp_path / "nope.parquet"
-    with pytest.raises(FileNotFoundError, match=r"data\.train_path .*nope\.parquet does not exist"):
+    with pytest.raises(ConfigError, match=r"data\.train_path: .*nope\.parquet does not exist"):
         load_prompt_file(path, "dapo_math", what="data.train_path")
 
 
@@ -207,7 +208,7 @@ def test_field_absent_from_every_row_is_an_error(tmp_path: Path, ext: str) -> No
     path = write_rows(tmp_path / f"d.{ext}", [{"problem": "p", "answer": "1"}] * 2)
     where = "line 1" if ext == "jsonl" else "row 1"
     with pytest.raises(
-        ValueError, match=rf"d\.{ext}: {where}: no field 'question'.*data\.prompt_key"
+        ConfigError, match=rf"d\.{ext} {where}: no field 'question'.*data\.prompt_key"
     ):
         load_prompt_file(path, "gsm8k")
     with pytest.raises(
@@ -220,7 +221,7 @@ def test_wrong_types_name_file_row_and_field(tmp_path: Path) -> None:
     rows = [{"question": "ok", "answer": "#### 1"}, {"question": 12, "answer": "#### 2"}]
     path = write_rows(tmp_path / "t.jsonl", rows)
     with pytest.raises(
-        ValueError, match=r"t\.jsonl: line 2: field 'question' is a int.*prompt_key"
+        ConfigError, match=r"t\.jsonl line 2: field 'question' is a int.*prompt_key"
     ):
         load_prompt_file(path, "gsm8k")
 
@@ -240,7 +241,7 @@ def test_wrong_types_name_file_row_and_field(tmp_path: Path) -> None:
 def test_invalid_json_and_non_object_lines(tmp_path: Path) -> None:
     path = tmp_path / "bad.jsonl"
     path.write_text('{"question": "q", "answer": "#### 1"}\n{not json\n', encoding="utf-8")
-    with pytest.raises(ValueError, match=r"bad\.jsonl: line 2: invalid JSON"):
+    with pytest.raises(ConfigError, match=r"bad\.jsonl line 2: invalid JSON"):
         load_prompt_file(path, "gsm8k")
     path.write_text("[1, 2]\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"line 1: a list, not a JSON object"):
@@ -254,7 +255,7 @@ def test_empty_file_and_all_rows_skipped_are_errors(tmp_path: Path) -> None:
         load_prompt_file(empty, "gsm8k")
     path = write_rows(tmp_path / "s.jsonl", [{"question": "", "answer": "#### 1"}])
     with pytest.raises(
-        ValueError, match=r"s\.jsonl: every one of its 1 rows was skipped.*'empty prompt': 1"
+        ConfigError, match=r"s\.jsonl: every one of its 1 rows was skipped.*'empty prompt': 1"
     ):
         load_prompt_file(path, "gsm8k")
 
@@ -293,7 +294,7 @@ def test_build_datasets_arithmetic_and_files(tmp_path: Path) -> None:
     assert splits.train.records[0].text == "a" and splits.val.records[0].ground_truth == "2"
 
     missing = data_config(format="gsm8k", train_path=str(tmp_path / "x.jsonl"))
-    with pytest.raises(FileNotFoundError, match=r"data\.train_path"):
+    with pytest.raises(ConfigError, match=r"data\.train_path: .*x\.jsonl does not exist"):
         build_datasets(missing, seed=0)
 
 

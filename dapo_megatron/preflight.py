@@ -1,0 +1,261 @@
+"""Pre-flight checks: every input a run's workers will read, checked before any of them starts.
+
+`dapo-train --dry-run` and the real run call the same `preflight`, so a recipe that passes
+the dry run does not die later on a bad input. Config values are validated earlier
+(config/validate.py); here the files and devices they name are looked at:
+
+1. data files (data.train_path, data.val_path): exist, readable, UTF-8, one JSON object per
+   line with the layout's fields (or a readable parquet file), no row far longer than
+   data.max_prompt_length allows; each message names the key, the file and the line.
+2. the model directory (policy.model_name_or_path): config.json parses, every safetensors
+   file's header parses and accounts for the file's exact size, a shard index names files
+   that exist. A model the run will create (policy.init_model_if_missing) is not checked.
+3. the tokenizer (policy.tokenizer_name_or_path, else the model directory): exists, holds a
+   vocabulary, loads, and round-trips a test string.
+4. devices: cuda asked for is visible on this node, with cluster.gpus_per_node devices.
+
+Each check is cheap (headers, not tensors; one tokenizer load; no tokenising of the data),
+so the whole pre-flight of the tiny recipe takes a few seconds. Every problem is collected,
+as in validate.py, so one edit fixes them all. Importing this module imports no torch,
+transformers, megatron or ray: the checks import what they need when they run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from dapo_megatron.config.errors import ConfigError
+from dapo_megatron.config.schema import ClusterConfig, DapoMegatronConfig, PolicyConfig
+from dapo_megatron.data.datasets import check_data_files
+from dapo_megatron.data.tokenizer import load_tokenizer, policy_tokenizer_source
+
+MODEL_KEY = "policy.model_name_or_path"
+INDEX_FILE = "model.safetensors.index.json"
+"""The shard index of a sharded Hugging Face checkpoint (tensor name -> file)."""
+MAX_HEADER_BYTES = 100_000_000
+"""safetensors refuses headers larger than this; a longer declared header is a corrupt file
+(and reading it could cost gigabytes)."""
+
+
+def preflight(config: DapoMegatronConfig, device: str) -> list[str]:
+    """Every problem of the run's inputs, one line each (key, path, fix); [] when none.
+
+    Args:
+        config: the loaded, validated config.
+        device: cluster.device with auto resolved ("cpu" or "cuda").
+    """
+    problems = check_data_files(config.data)
+    problems += check_model(config.policy)
+    problems += check_tokenizer(config.policy)
+    problems += check_devices(config.cluster, device)
+    return problems
+
+
+def require_preflight(config: DapoMegatronConfig, device: str) -> None:
+    """`preflight`, raising one ConfigError that lists every problem (validate.py's format)."""
+    problems = preflight(config, device)
+    if problems:
+        n = len(problems)
+        raise ConfigError(
+            f"{n} pre-flight problem{'s' if n > 1 else ''}:\n  - " + "\n  - ".join(problems)
+        )
+
+
+# ----------------------------------------------------------------------------- model
+
+
+def model_will_be_created(policy: PolicyConfig) -> bool:
+    """Whether the run creates the model (controller/context.py ensure_model): asked for,
+    with a preset, and no config.json there yet."""
+    return (
+        policy.init_model_if_missing
+        and policy.model_arch is not None
+        and not (Path(policy.model_name_or_path) / "config.json").is_file()
+    )
+
+
+def check_model(policy: PolicyConfig) -> list[str]:
+    """Problems of the model directory: config.json, weights, shard index."""
+    path = Path(policy.model_name_or_path)
+    if model_will_be_created(policy):
+        return _check_creatable(path)
+    if not path.is_dir():
+        what = "does not exist" if not path.exists() else "is not a directory"
+        return [
+            f"{MODEL_KEY}: {path} {what}; point it at a local Hugging Face checkpoint "
+            "directory (config.json and *.safetensors; the hub is not used)"
+        ]
+    problems = _check_config_json(path)
+    files, index_problems = _weight_files(path)
+    problems += index_problems
+    for file in files:
+        problem = safetensors_problem(file)
+        if problem is not None:
+            problems.append(
+                f"{MODEL_KEY}: {file}: {problem}; the file is damaged (an interrupted download "
+                "or copy?): copy it again"
+            )
+    return problems
+
+
+def _check_creatable(path: Path) -> list[str]:
+    """The tiny-model writer (data/tiny_model.py) creates the model only where nothing is:
+    an incomplete directory would make it fail after the workers are planned."""
+    if path.exists() and (not path.is_dir() or any(path.iterdir())):
+        return [
+            f"{MODEL_KEY}: {path} exists but has no config.json, so policy.init_model_if_missing "
+            "cannot create the model there; delete it or point the key elsewhere"
+        ]
+    return []
+
+
+def _check_config_json(path: Path) -> list[str]:
+    config_json = path / "config.json"
+    if not config_json.is_file():
+        return [
+            f"{MODEL_KEY}: {path} has no config.json (a local Hugging Face checkpoint directory "
+            "is expected; the hub is not used)"
+        ]
+    problem = _json_problem(config_json)
+    return [f"{MODEL_KEY}: {problem}; copy the file again"] if problem else []
+
+
+def _json_problem(path: Path) -> str | None:
+    """Why `path` is not a JSON object, naming it; None when it is one."""
+    try:
+        value = json.loads(path.read_bytes())
+    except json.JSONDecodeError as e:
+        return f"{path} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})"
+    except ValueError as e:  # UnicodeDecodeError: not text at all
+        return f"{path} is not valid JSON ({e})"
+    except OSError as e:
+        return f"{path} cannot be read ({e.strerror})"
+    if not isinstance(value, dict):
+        return f"{path} holds a JSON {type(value).__name__}, not an object"
+    return None
+
+
+def _weight_files(path: Path) -> tuple[list[Path], list[str]]:
+    """The safetensors files a run loads (megatron/hf_weights.py: the index's shards, else
+    every *.safetensors) and the problems of finding them."""
+    index = path / INDEX_FILE
+    if not index.is_file():
+        files = sorted(path.glob("*.safetensors"))
+        if not files:
+            return [], [
+                f"{MODEL_KEY}: {path} has no *.safetensors weights (only safetensors "
+                "checkpoints are read); download or convert the model's weights"
+            ]
+        return files, []
+    problem = _json_problem(index)
+    if problem is not None:
+        return [], [f"{MODEL_KEY}: {problem}; copy the file again"]
+    weight_map: Any = json.loads(index.read_bytes()).get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        return [], [f"{MODEL_KEY}: {index} has no weight_map; copy the file again"]
+    names = sorted({str(name) for name in weight_map.values()})
+    missing = [name for name in names if not (path / name).is_file()]
+    if missing:
+        return [], [
+            f"{MODEL_KEY}: {index} names {len(missing)} missing shard(s) "
+            f"({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}) in {path}; "
+            "download the missing files"
+        ]
+    return [path / name for name in names], []
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file's framing, or None.
+
+    The format is an 8-byte little-endian header length, a JSON header giving each tensor's
+    [begin, end) byte range in the data that follows, then the data. Reading the header
+    alone shows a truncated file (the ranges reach past its end) or one that is not
+    safetensors at all (a header length beyond the file), without reading any tensor.
+    """
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if size < 8 or n > min(size - 8, MAX_HEADER_BYTES):
+                return (
+                    f"not a safetensors file: its first 8 bytes declare a {n}-byte header, "
+                    f"but the file has {size} bytes"
+                )
+            raw = f.read(n)
+    except OSError as e:
+        return f"cannot be read ({e.strerror})"
+    try:
+        header = json.loads(raw)
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return "not a safetensors file: its header is not JSON"
+    if not isinstance(header, dict):
+        return "not a safetensors file: its header is not a JSON object"
+    end = 0
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = info.get("data_offsets") if isinstance(info, dict) else None
+        if not (
+            isinstance(offsets, list)
+            and len(offsets) == 2
+            and all(isinstance(o, int) for o in offsets)
+            and 0 <= offsets[0] <= offsets[1]
+        ):
+            return f"tensor {name!r} has no valid data_offsets in the header"
+        end = max(end, offsets[1])
+    expected = 8 + n + end
+    if expected != size:
+        return (
+            f"truncated or padded: its header describes {end} bytes of tensor data, so the "
+            f"file should be {expected} bytes, but it is {size}"
+        )
+    return None
+
+
+# ----------------------------------------------------------------------------- tokenizer
+
+
+def check_tokenizer(policy: PolicyConfig) -> list[str]:
+    """Problems of the tokenizer the run loads (data/tokenizer.py load_tokenizer)."""
+    path, key = policy_tokenizer_source(policy)
+    if key == MODEL_KEY and (model_will_be_created(policy) or not Path(path).is_dir()):
+        # Created with the model (the char tokenizer), or the model check already said why
+        # the directory is missing.
+        return []
+    try:
+        load_tokenizer(path, key=key)
+    except ConfigError as e:
+        return [str(e)]
+    return []
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+def check_devices(cluster: ClusterConfig, device: str) -> list[str]:
+    """cuda asked for (or resolved from auto) must be there, with enough devices on this
+    node (the controller's node is one of the cluster's; slurm/ray.sub checks the others)."""
+    if device != "cuda":
+        return []
+    import torch  # only when CUDA is asked for: a CPU recipe's pre-flight stays light
+
+    if not torch.cuda.is_available():
+        build = torch.version.cuda or "none: a CPU-only build"
+        return [
+            f"cluster.device = {cluster.device!r}: CUDA was asked for but "
+            f"torch.cuda.is_available() is False on this node (torch {torch.__version__}, "
+            f"CUDA {build}); set cluster.device=cpu, or auto to use what the node has"
+        ]
+    visible = torch.cuda.device_count()
+    if visible < cluster.gpus_per_node:
+        env = os.environ.get("CUDA_VISIBLE_DEVICES", "unset")
+        return [
+            f"cluster.gpus_per_node = {cluster.gpus_per_node}: only {visible} CUDA device(s) "
+            f"are visible on this node (cluster.device = {cluster.device!r}, "
+            f"CUDA_VISIBLE_DEVICES={env}); set cluster.gpus_per_node={visible}, make more "
+            "devices visible, or set cluster.device=cpu"
+        ]
+    return []
