@@ -83,13 +83,18 @@ def resolved_config_yaml(loaded: LoadedConfig) -> str:
 
 
 def check_runnable(plan: RunPlan) -> None:
-    """The checks a dry run and a real run share beyond the config itself: what this
-    machine must provide. Raises ConfigError listing every problem."""
-    problems = runtime_problems(plan)
+    """The checks a dry run and a real run share beyond the config itself, before any
+    worker starts: what this machine must provide (devices) and the inputs the run reads
+    (data files, model weights, tokenizer; dapo_megatron/preflight.py). Raises ConfigError
+    listing every problem."""
+    from dapo_megatron.preflight import preflight
+
+    problems = runtime_problems(plan) + preflight(plan.config, plan.device)
     if problems:
         n = len(problems)
         raise ConfigError(
-            f"{n} problem{'s' if n > 1 else ''} on this machine:\n  - " + "\n  - ".join(problems)
+            f"{n} problem{'s' if n > 1 else ''} found before starting:\n  - "
+            + "\n  - ".join(problems)
         )
 
 
