@@ -14,13 +14,17 @@ One checkpoint is a directory ``<root>/step_<step:06d>`` holding:
   model-parallel RNG tracker), which make a resume at the same layout bit-exact;
 * ``extra_state.pt``: a picklable dict owned by rank 0 (dataloader position, the dynamic
   sampling carry-over, the controller's RNG...), returned by ``load_checkpoint``;
-* ``complete.json``: the marker, written last (step, layout, optimizer format, time).
+* ``complete.json``: the marker, written last (step, layout, optimizer format, time, and the
+  size and SHA-256 of every other file, which a resume verifies: ``find_resumable``).
 
 Crash safety: everything is written into a sibling ``step_<step>.tmp-<random>`` directory,
 and rank 0 renames it to its final name only after every rank has finished writing (a
 barrier) and the marker is on disk. A kill at any moment therefore leaves either no
 ``step_<step>`` directory or a complete one; ``latest_checkpoint`` skips ``.tmp`` leftovers
-and directories without the marker, and ``prune_checkpoints`` removes them.
+and directories without the marker, and ``prune_checkpoints`` and
+``remove_interrupted_saves`` remove them. A save that fails for an OS reason (disk full,
+quota, permissions, I/O error) on any rank raises ``CheckpointSaveError`` naming the
+checkpoint and the OS error, after removing its ``.tmp`` directory.
 
 ``save_checkpoint`` and ``load_checkpoint`` are collective: every rank of the policy calls
 them together. ``latest_checkpoint`` and ``prune_checkpoints`` only read/change the file
@@ -33,10 +37,11 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
+import os
 import queue
 import random
+import shutil
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -51,20 +56,26 @@ from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.optimizer import ChainedOptimizer, MegatronOptimizer
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+from torch.distributed.checkpoint import CheckpointException
 
 from dapo_megatron.checkpoint_dirs import (
     MARKER,
+    CheckpointSaveError,
+    checkpoint_files,
     checkpoint_name,
+    describe_files,
     latest_checkpoint,
     prune_checkpoints,
     publish,
     read_marker,
     temporary_sibling,
     write_durably,
+    write_marker,
 )
 from dapo_megatron.megatron.model import unwrap_model
 
 __all__ = [
+    "CheckpointSaveError",
     "capture_rng_state",
     "checkpoint_name",
     "latest_checkpoint",
@@ -328,49 +339,197 @@ def save_checkpoint(
         ``directory / checkpoint_name(step)``, complete on every rank when this returns.
         An existing checkpoint of the same step is replaced.
 
+    Raises:
+        CheckpointSaveError: writing failed for an OS reason (disk full, quota, permissions,
+            I/O error) on some rank: the one-line message names the checkpoint and the OS
+            error, and the save's ``.tmp`` directory has been removed. Other failures (bugs)
+            propagate unchanged, also without leaving the ``.tmp`` directory.
+
     The save is synchronous; the shards of each rank are written by short-lived forked
     writer processes (Megatron's ``FileSystemWriterAsync``), see ``_write_results_in_process``.
+    Then every rank hashes a share of the files for the marker.
     """
     root = Path(directory)
     final = root / checkpoint_name(step)
-    rank = dist.get_rank()
     started = time.monotonic()
-    tmp = None
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        tmp = temporary_sibling(final)
-        tmp.mkdir()
-    tmp = Path(_broadcast_from_rank0(str(tmp) if tmp else None))
-
-    state = _sharded_state_dict(
-        model, optimizer, scheduler, is_loading=False, with_rng=True, reference=reference
-    )
-    with _write_results_in_process():
-        dist_checkpointing.save(state, str(tmp))  # ends with a barrier: all shards written
-    if rank == 0:
-        write_durably(tmp / EXTRA_STATE_FILE, _pickle(extra_state))
-        marker = {
-            "format_version": FORMAT_VERSION,
-            "step": step,
-            "layout": _layout(),
-            "model_chunks": len(model),
-            "optimizer": None
-            if optimizer is None
-            else (DIST_OPTIMIZER_SHARDING if _is_distributed(optimizer) else "per_parameter"),
-            "scheduler": scheduler is not None,
-            "reference": reference is not None,
-            "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "save_seconds": round(time.monotonic() - started, 3),
-        }
-        write_durably(tmp / MARKER, json.dumps(marker, indent=2).encode())
-        publish(tmp, final)
+    tmp: Path | None = None
+    with _write_results_in_process() as writer_errors:
+        try:
+            tmp = _make_temporary_dir(root, final)
+            state = _sharded_state_dict(
+                model, optimizer, scheduler, is_loading=False, with_rng=True, reference=reference
+            )
+            dist_checkpointing.save(state, str(tmp))  # ends with a collective: shards written
+            if dist.get_rank() == 0:
+                write_durably(tmp / EXTRA_STATE_FILE, _pickle(extra_state))
+            files = _describe_files_collectively(tmp)
+            if dist.get_rank() == 0:
+                metadata = _marker_metadata(step, model, optimizer, scheduler, reference)
+                metadata["save_seconds"] = round(time.monotonic() - started, 3)
+                write_marker(tmp, metadata, files)  # last: the checkpoint is complete
+                publish(tmp, final)
+        except CheckpointException as failure:
+            # torch and Megatron raise it on every rank together, after a collective that
+            # all ranks completed: they can still agree on one message.
+            error = _agreed_save_error(final, tmp, failure, writer_errors)
+            if error is None:
+                raise
+            raise error from failure
+        except Exception as failure:
+            error = _local_save_error(final, tmp, failure)
+            if error is None:
+                raise
+            raise error from failure
     dist.barrier()
     return final
 
 
+def _make_temporary_dir(root: Path, final: Path) -> Path:
+    """Rank 0 creates the save's ``.tmp-`` directory; every rank gets its path."""
+    tmp = None
+    if dist.get_rank() == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = temporary_sibling(final)
+        tmp.mkdir()
+    return Path(_broadcast_from_rank0(str(tmp) if tmp else None))
+
+
+def _marker_metadata(
+    step: int,
+    model: Sequence[torch.nn.Module],
+    optimizer: MegatronOptimizer | None,
+    scheduler: OptimizerParamScheduler | None,
+    reference: torch.nn.Module | None,
+) -> dict[str, Any]:
+    """What ``load_checkpoint`` checks before loading (the file list is added to it)."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "step": step,
+        "layout": _layout(),
+        "model_chunks": len(model),
+        "optimizer": None
+        if optimizer is None
+        else (DIST_OPTIMIZER_SHARDING if _is_distributed(optimizer) else "per_parameter"),
+        "scheduler": scheduler is not None,
+        "reference": reference is not None,
+        "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+
+
+def _describe_files_collectively(directory: Path) -> dict[str, dict[str, Any]] | None:
+    """Size and checksum of every file of the checkpoint, on rank 0 (None elsewhere).
+
+    All ranks hash a share, in parallel: one process would take minutes for a large model's
+    optimizer state (SHA-256 runs at ~1.5 GB/s per core). The files are dealt largest first,
+    round-robin, so the shares hold similar numbers of bytes.
+    """
+    rank, world = dist.get_rank(), dist.get_world_size()
+    names = None
+    if rank == 0:
+        names = sorted(checkpoint_files(directory), key=lambda n: -(directory / n).stat().st_size)
+    names = _broadcast_from_rank0(names)
+    mine = describe_files(directory, names[rank::world])
+    shares: list[Any] | None = [None] * world if rank == 0 else None
+    dist.gather_object(mine, shares, dst=0)
+    if shares is None:
+        return None
+    return dict(sorted((name, entry) for share in shares for name, entry in share.items()))
+
+
+# ----------------------------------------------------------------- save failures
+
+_PROBE_BYTES = 1 << 20
+
+
+def _agreed_save_error(
+    final: Path, tmp: Path | None, failure: Exception, writer_errors: list[BaseException]
+) -> CheckpointSaveError | None:
+    """The save error every rank raises for a CheckpointException (collective).
+
+    Only the coordinator rank sees the other ranks' failures, and those arrive pickled,
+    without the OSError that caused them; so each rank contributes the OS error it saw
+    itself (its shard writers report theirs to ``writer_errors``) and the lowest rank's
+    wins. None when no rank saw one (a bug: the original exception is re-raised).
+    """
+    mine = _find_os_error(failure) or _find_os_error(*writer_errors) or _probe_write(tmp)
+    summary = None if mine is None else (mine.errno, mine.strerror or str(mine))
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, summary)
+    if dist.get_rank() == 0 and tmp is not None:  # every rank is done with it now
+        shutil.rmtree(tmp, ignore_errors=True)
+    found = next((s for s in everyone if s is not None), None)
+    return None if found is None else CheckpointSaveError(final, *found)
+
+
+def _local_save_error(
+    final: Path, tmp: Path | None, failure: Exception
+) -> CheckpointSaveError | None:
+    """The save error of a failure on this rank alone (the others are left waiting in a
+    collective until the controller stops the group), or None if it has no OS cause."""
+    cause = _find_os_error(failure) or _probe_write(tmp)
+    if tmp is not None:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return None if cause is None else CheckpointSaveError.from_os_error(final, cause)
+
+
+def _find_os_error(*errors: BaseException) -> OSError | None:
+    """The first OSError among ``errors``, their causes and contexts, and the per-rank
+    failures a CheckpointException carries."""
+    pending, seen = list(errors), set()
+    while pending:
+        error = pending.pop(0)
+        if id(error) in seen:
+            continue
+        seen.add(id(error))
+        if isinstance(error, OSError):
+            return error
+        if isinstance(error, CheckpointException):
+            # Each failure is a (exception, traceback) pair ("WRAPPED_EXCEPTION").
+            pending.extend(f[0] for f in error.failures.values() if isinstance(f, tuple))
+        pending.extend(e for e in (error.__cause__, error.__context__) if e is not None)
+    return None
+
+
+def _probe_write(directory: Path | None) -> OSError | None:
+    """The OS error a 1 MiB write into ``directory`` gets now, if any.
+
+    torch.save (``common.pt``) reports a full disk as a RuntimeError without errno
+    (``unexpected pos ...``): asking the OS with a write of our own tells a disk full (or
+    read-only, or gone) apart from a bug. Right after a failed write the disk is still as
+    full as that write left it.
+    """
+    if directory is None or not directory.is_dir():
+        return None
+    probe = directory / f".write-probe-{os.getpid()}"
+    try:
+        write_durably(probe, bytes(_PROBE_BYTES))
+    except OSError as e:
+        return e
+    finally:
+        with contextlib.suppress(OSError):
+            probe.unlink(missing_ok=True)
+    return None
+
+
+class _RecordingQueue(queue.Queue):
+    """A queue.Queue that also keeps every exception put into it: the shard writers' OS
+    errors, which Megatron re-raises wrapped in a RuntimeError that loses them on its way
+    to the coordinator rank."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: list[BaseException] = []
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        if isinstance(item, BaseException):
+            self.errors.append(item)
+        super().put(item, block, timeout)
+
+
 @contextlib.contextmanager
-def _write_results_in_process() -> Iterator[None]:
-    """Collect the shard writers' results in a plain queue instead of a Manager queue.
+def _write_results_in_process() -> Iterator[list[BaseException]]:
+    """Collect the shard writers' results in a plain queue instead of a Manager queue;
+    yields the list of the exceptions they report.
 
     Megatron's torch_dist writer hands its results over through a module-level queue that
     it creates, on first use, as ``multiprocessing.get_context("spawn").Manager().Queue()``
@@ -382,12 +541,13 @@ def _write_results_in_process() -> Iterator[None]:
     writers report through their own fork queue), where a ``queue.Queue`` is enough.
     """
     if not hasattr(filesystem_async, "_results_queue"):  # another Megatron: its own default
-        yield
+        yield []
         return
     previous = filesystem_async._results_queue
-    filesystem_async._results_queue = queue.Queue()
+    recording = _RecordingQueue()
+    filesystem_async._results_queue = recording
     try:
-        yield
+        yield recording.errors
     finally:
         filesystem_async._results_queue = previous
 

@@ -12,17 +12,26 @@ pipeline schedule, DDP, ``build_optimizer`` and ``build_scheduler``:
   saving layout's next step; weights-only loads; a format mismatch is a clear error;
 * crash safety: a rank SIGKILLed in the middle of writing a checkpoint leaves the previous
   one as ``latest_checkpoint``, loadable (there: DistributedOptimizer state saved at DP2
-  into DP1); ``prune_checkpoints`` keeps the newest K and removes the leftovers.
+  into DP1); ``prune_checkpoints`` keeps the newest K and removes the leftovers;
+* verified checkpoints: the marker lists every file's size and SHA-256 (hashed by both
+  ranks), and the checkpoint verifies;
+* a full disk (a real tiny tmpfs when this runs as root, else ENOSPC injected into the
+  shard writers) makes the save raise one line, ``saving checkpoint to <path> failed:
+  [Errno 28] No space left on device``, and leaves no ``.tmp`` directory.
 
 Megatron is imported inside the rank functions only (the pytest process never needs it).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
+import io
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -32,11 +41,13 @@ import torch
 from launch import run_distributed
 
 from dapo_megatron.checkpoint_dirs import (
+    checkpoint_files,
     latest_checkpoint,
     prune_checkpoints,
     publish,
     read_marker,
     temporary_sibling,
+    verify_checkpoint,
 )
 from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
 from dapo_megatron.config.parallel import ParallelDims
@@ -513,6 +524,11 @@ def test_kill_during_save_keeps_previous_checkpoint(tiny: TinyModel, tmp_path: P
     (root / "step_000003").mkdir()
     (root / "step_000003" / "common.pt").write_bytes(b"partial")
     assert latest_checkpoint(root) == root / "step_000001"
+    # Saved by two ranks, each hashing a share of the files: the marker lists them all.
+    marker = read_marker(root / "step_000001")
+    assert sorted(marker["files"]) == checkpoint_files(root / "step_000001")
+    assert any(name.endswith(".distcp") for name in marker["files"])
+    assert verify_checkpoint(root / "step_000001") is None
 
     result = run_distributed(_load_after_crash_worker, 1, tiny, str(root))[0]
     assert result == {"path": str(root / "step_000001"), "extra": {"step": 1}, "adam_steps": [1.0]}
@@ -552,3 +568,86 @@ def test_publish_replaces_a_checkpoint_of_the_same_step(tmp_path: Path) -> None:
     publish(new, old)
     assert [p.name for p in tmp_path.iterdir()] == ["step_000007"]
     assert read_marker(old) == {"step": 7, "new": True}
+
+
+# ------------------------------------------------------------------------ full disk
+
+ENOSPC_LINE = "failed: [Errno 28] No space left on device"
+
+
+class _FullDiskFile(io.FileIO):
+    """A file on a disk with no space left: every write fails as the OS would fail it."""
+
+    def write(self, data: object) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self.name)
+
+
+def _full_disk_worker(tiny: TinyModel, root: str, inject: bool) -> dict:
+    """One rank saves into ``root``, on a full file system (or one faked full)."""
+    from dapo_megatron.checkpoint_dirs import CheckpointSaveError
+    from dapo_megatron.megatron.checkpoint import save_checkpoint
+    from dapo_megatron.megatron.distributed import destroy_parallel
+
+    _init(_layout())
+    policy = _Policy(tiny, _layout(), distributed_optimizer=False)
+    if inject:
+        # The shard writers (forked from this process) open their files with the module's
+        # `open`: shadow the builtin there.
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+        filesystem_async.open = _FullDiskFile
+    try:
+        save_checkpoint(
+            root,
+            model=policy.model,
+            optimizer=policy.optimizer,
+            scheduler=policy.scheduler,
+            extra_state={"step": 1},
+            step=1,
+        )
+    except CheckpointSaveError as e:
+        error = e
+    else:
+        raise AssertionError("the save into a full file system succeeded")
+    destroy_parallel()
+    return {"message": str(error), "errno": error.errno, "left": sorted(os.listdir(root))}
+
+
+@contextlib.contextmanager
+def _tiny_tmpfs(mount_point: Path, size: str) -> Iterator[bool]:
+    """A tmpfs of ``size`` at ``mount_point`` if this process may mount one (root)."""
+    mount_point.mkdir()
+    if os.geteuid() != 0:
+        yield False
+        return
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount_point)],
+        capture_output=True,
+    )
+    try:
+        yield mounted.returncode == 0
+    finally:
+        if mounted.returncode == 0:
+            subprocess.run(["umount", str(mount_point)], check=True)
+
+
+# 256k: common.pt and metadata.json fit, the ~2 MB of shards do not (the forked writers get
+# ENOSPC). "full": the disk is full before the save, so its first file, common.pt, fails:
+# torch.save reports that as a RuntimeError without errno, which the saver tells apart
+# from a bug by a write of its own.
+@pytest.mark.parametrize("disk", ["256k", "full"])
+def test_full_disk_is_a_one_line_error_without_leftovers(
+    tiny: TinyModel, tmp_path: Path, disk: str
+) -> None:
+    with _tiny_tmpfs(tmp_path / "disk", "256k" if disk == "256k" else "4k") as real:
+        if not real and disk == "full":
+            pytest.skip("mounting a tmpfs needs root; the injected case covers the shards")
+        if disk == "full":
+            (tmp_path / "disk" / "filler").write_bytes(bytes(4096))
+        root = tmp_path / "disk" / "checkpoints"
+        result = run_distributed(_full_disk_worker, 1, tiny, str(root), not real, timeout=120)[0]
+    assert result == {
+        "message": f"saving checkpoint to {root / 'step_000001'} {ENOSPC_LINE}",
+        "errno": errno.ENOSPC,
+        "left": [],  # the failed save's .tmp directory is gone
+    }
