@@ -126,13 +126,29 @@ def _resume_hint(plan: RunPlan, command: str) -> str:
 
 
 def _train(loaded: LoadedConfig, command: str) -> int:
-    """Run the job; runtime failures are one-line errors with exit status 1."""
+    """Run the job in its locked run directory (run_dir.py)."""
+    from dapo_megatron.run_dir import acquire_run_dir
+
+    plan = loaded.require_plan()
+    cfg = plan.config
+    # Locked before anything is written: a refused second process must not touch the
+    # directory (not even config.yaml) of the run that holds it.
+    with acquire_run_dir(
+        plan.run_dir,
+        resume=cfg.checkpointing.resume,
+        checkpoint_dir=plan.checkpoint_dir if cfg.checkpointing.checkpoint_dir else None,
+    ):
+        _write_resolved_config(loaded, plan.run_dir)
+        return _train_locked(plan, command)
+
+
+def _train_locked(plan: RunPlan, command: str) -> int:
+    """Train; runtime failures are one-line errors with exit status 1, Ctrl-C exits 130."""
     from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
+    from dapo_megatron.checkpoint_dirs import CheckpointError
     from dapo_megatron.controller.loop import train
     from dapo_megatron.controller.remote import RestartsExhausted, WorkerFailure
 
-    plan = loaded.require_plan()
-    _write_resolved_config(loaded, plan.run_dir)
     try:
         metrics = train(plan)
     except KeyboardInterrupt:
@@ -144,8 +160,11 @@ def _train(loaded: LoadedConfig, command: str) -> int:
     except RestartsExhausted as e:
         print(f"error: {e}; {_resume_hint(plan, command)}", file=sys.stderr)
         return RUNTIME_ERROR_EXIT
-    except (DynamicSamplingExhausted, WorkerFailure) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (DynamicSamplingExhausted, WorkerFailure, CheckpointError) as e:
+        # A checkpoint that failed to save (or to verify) is the error, not the rank
+        # that reported it: its line names the path and the OS error.
+        cause = e.__cause__ if isinstance(e.__cause__, CheckpointError) else e
+        print(f"error: {cause}", file=sys.stderr)
         return RUNTIME_ERROR_EXIT
     summary = {k: metrics[k] for k in ("reward/acc", "val/acc", "loss") if k in metrics}
     print(f"dapo-train: finished; run directory {plan.run_dir}; last step {summary}")

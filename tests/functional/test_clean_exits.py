@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 
+import psutil
 import pytest
 from tiny_job import REPO, actor_pids, job_env, start_and_wait_for, train_command
 
@@ -33,8 +34,26 @@ def _command(run_dir, *extra):
 def test_ctrl_c_stops_the_workers_and_exits_130_with_one_line(tmp_path):
     run_dir = tmp_path / "run"
     marker = run_dir / "checkpoints" / "step_000001" / "complete.json"
-    proc = start_and_wait_for(_command(run_dir), marker, capture=True)
+    # Long enough to be still running when interrupted (the second process needs seconds).
+    proc = start_and_wait_for(_command(run_dir, "dapo.max_num_steps=1000"), marker, capture=True)
     assert marker.exists(), "the run never wrote its step-1 checkpoint"
+    # A second dapo-train on the same directory is refused at once, leaving it untouched.
+    config_before = (run_dir / "config.yaml").read_bytes()
+    second = subprocess.run(
+        _command(run_dir), env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert second.returncode == 2, second.stderr[-2000:]
+    assert "Traceback" not in second.stderr
+    assert f"run.output_dir = {run_dir} is in use by another dapo-train (pid {proc.pid}" in (
+        second.stderr
+    )
+    assert (run_dir / "config.yaml").read_bytes() == config_before
+    # This run's Ray workers descend from its driver (other tests may run workers too).
+    workers = [
+        p for p in psutil.Process(proc.pid).children(recursive=True)
+        if "PolicyWorker" in " ".join(p.cmdline())
+    ]  # fmt: skip
+    assert workers, "no policy worker found under the driver"
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole group
     output, _ = proc.communicate(timeout=120)
     assert proc.returncode == 130, output[-3000:]
@@ -43,7 +62,16 @@ def test_ctrl_c_stops_the_workers_and_exits_130_with_one_line(tmp_path):
     assert "the workers were stopped; the last checkpoint is" in line
     assert str(run_dir / "checkpoints" / "step_0000") in line and "resumes from it" in line
     assert "dapo-train --config" in line and f"run.output_dir={run_dir}" in line
-    assert actor_pids("PolicyWorker") == []
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert alive == [], f"policy workers still running after the exit: {alive}"
+    # The directory now holds a run: resume=never refuses it instead of mixing two runs.
+    never = subprocess.run(
+        _command(run_dir, "checkpointing.resume=never"),
+        env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert never.returncode == 2 and "Traceback" not in never.stderr, never.stderr[-2000:]
+    assert "checkpointing.resume = never, but run.output_dir" in never.stderr
+    assert "already holds a run" in never.stderr
 
 
 def test_exhausted_restarts_name_the_last_checkpoint_and_the_command(tmp_path):
