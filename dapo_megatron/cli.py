@@ -90,6 +90,8 @@ def check_runnable(plan: RunPlan) -> None:
     from dapo_megatron.preflight import preflight
 
     problems = runtime_problems(plan) + preflight(plan.config, plan.device)
+    if len(problems) == 1:
+        raise ConfigError(problems[0])  # one problem, one line
     if problems:
         n = len(problems)
         raise ConfigError(

@@ -70,6 +70,8 @@ def validate_config(loaded: LoadedConfig) -> RunPlan:
         _check_batches(c, dims)
         if arch is not None:
             _check_arch(c, dims, arch, arch_source, warnings)
+    if len(c.errors) == 1:
+        raise ConfigError(c.errors[0])  # one problem, one line
     if c.errors:
         n = len(c.errors)
         raise ConfigError(

@@ -361,7 +361,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def test_cli_dry_run_validates_tiny_recipe():
     out = run_cli("--config", str(TINY), "--dry-run")
     assert out.returncode == 0, out.stderr
-    assert "TP1 PP1 CP1 DP2" in out.stdout and "configuration is valid" in out.stdout
+    assert (
+        "TP1 PP1 CP1 DP2" in out.stdout
+        and "dry run: configuration, data, model, tokenizer and devices are valid" in out.stdout
+    )
 
 
 def test_cli_print_config_is_the_resolved_config():
