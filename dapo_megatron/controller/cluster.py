@@ -9,7 +9,9 @@ rank (PACK: ranks of a model-parallel group land on the same node when they fit)
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import cast
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
@@ -26,6 +28,21 @@ class RankResources:
     """CPUs per rank (on CPU machines this is also the rank's torch thread count)."""
     num_gpus: float
     """GPUs per rank (1 on GPU clusters, 0 on CPU)."""
+
+
+# ray.cluster_resources() is unannotated (and wrapped by Ray's client-mode decorator): typed
+# here once, as Ray documents it: resource name -> total quantity in the cluster.
+_cluster_resources = cast(Callable[[], dict[str, float]], ray.cluster_resources)
+
+
+def cluster_resources() -> dict[str, float]:
+    """Total resources of the running Ray cluster ("CPU", "GPU", "memory", ...)."""
+    return dict(_cluster_resources())
+
+
+def cluster_cpus() -> float:
+    """CPUs of the running Ray cluster (1 when it reports none)."""
+    return float(cluster_resources().get("CPU", 1))
 
 
 def start_ray(cluster: ClusterConfig, *, device: Device, num_cpus: int | None = None) -> None:
@@ -62,7 +79,7 @@ def rank_resources(
     """
     if device == "cuda":
         return RankResources(num_cpus=1, num_gpus=device_share)
-    available = ray.cluster_resources().get("CPU", 1)
+    available = cluster_cpus()
     ranks = cluster.num_nodes * cluster.gpus_per_node
     return RankResources(num_cpus=max(0.01, min(1.0, available / ranks)), num_gpus=0)
 
@@ -83,13 +100,15 @@ def reserve_ranks(
     bundle = {"CPU": resources.num_cpus}
     if resources.num_gpus:
         bundle["GPU"] = float(devices_per_bundle)
-    group = placement_group([dict(bundle) for _ in range(world_size)], strategy="PACK")
+    group: PlacementGroup = placement_group(
+        [dict(bundle) for _ in range(world_size)], strategy="PACK"
+    )
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(group)
         raise RuntimeError(
             f"the Ray cluster cannot place {world_size} {what} of {bundle} within "
-            f"{timeout_s:.0f} s (cluster resources: {ray.cluster_resources()}); check "
+            f"{timeout_s:.0f} s (cluster resources: {cluster_resources()}); check "
             f"cluster.num_nodes, cluster.gpus_per_node and cluster.generation_num_devices"
         )
     return group

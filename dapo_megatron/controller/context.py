@@ -3,12 +3,18 @@
 Building is where user errors surface: a missing model or data path, a recipe that does
 not fit the cluster, a verifier that cannot start. Each becomes a ConfigError (one line
 naming the key) before any worker starts when possible.
+
+Two lifetimes: the RunContext (config, directories, tokenizer, data, samplers, verifier)
+lives for the whole run; the Workers (policy ranks and rollout engines) live for one
+attempt, and a worker's death replaces them all (controller/loop.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSampler
 from dapo_megatron.config.errors import ConfigError
@@ -18,51 +24,105 @@ from dapo_megatron.controller.generation_group import Engines
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.rollout import RolloutGroup
 from dapo_megatron.data.datasets import EncodedPrompts, build_datasets, encode_prompts
+from dapo_megatron.data.records import PromptRecord
 from dapo_megatron.data.sampler import PromptSampler
 from dapo_megatron.rewards import VerifierPool
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+
+class Tokenizer(Protocol):
+    """What the controller uses of its tokenizer (a Hugging Face one in a run): the special
+    token ids, encoding a reference answer (SFT warm-up) and decoding a response (scoring).
+    Prompts are encoded once, by data.datasets.encode_prompts, before the run starts."""
+
+    @property
+    def pad_token_id(self) -> int | None: ...
+
+    @property
+    def eos_token_id(self) -> int | None: ...
+
+    def encode(self, text: str, *, add_special_tokens: bool = ...) -> list[int]: ...
+
+    # A list of strings comes back only for a batch of sequences (Hugging Face's decode
+    # takes both); the controller decodes one response at a time: see decode_text.
+    def decode(
+        self, token_ids: list[int], *, skip_special_tokens: bool = ...
+    ) -> str | list[str]: ...
+
+
+def decode_text(tokenizer: Tokenizer, token_ids: list[int]) -> str:
+    """One response's text, special tokens left out (what the verifier reads)."""
+    text = tokenizer.decode(token_ids, skip_special_tokens=True)
+    if not isinstance(text, str):
+        raise TypeError(
+            f"the tokenizer decoded one sequence to a {type(text).__name__}, not a string"
+        )
+    return text
+
+
+def eos_token_id(tokenizer: Tokenizer) -> int:
+    """The tokenizer's end-of-sequence id; a ConfigError naming the key when it has none
+    (generation would never stop on it and SFT answers could not end)."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ConfigError(
+            "policy.tokenizer_name_or_path: the tokenizer defines no eos_token_id; use a "
+            "tokenizer whose special tokens include an end-of-sequence token"
+        )
+    return int(eos)
+
+
+@dataclass(frozen=True)
+class Workers:
+    """The live Ray workers of one training attempt: the policy ranks and the rollout
+    engines. Built together at the start of an attempt (loop.start_workers) and stopped
+    together at its end; a worker that dies ends the attempt, and the next one builds new
+    workers, while the RunContext carries over."""
+
+    policy: PolicyGroup
+    engines: Engines
+
+    def stop(self) -> None:
+        """Kill the engines, then the policy workers (after a failure too)."""
+        try:
+            self.engines.shutdown()
+        finally:
+            self.policy.shutdown()
 
 
 @dataclass
 class RunContext:
-    """The live objects of a run."""
+    """What lives for the whole run, across worker restarts."""
 
     config: DapoMegatronConfig
     run_dir: Path
     checkpoint_dir: Path
-    tokenizer: object
+    tokenizer: Tokenizer
     train: EncodedPrompts
     val: EncodedPrompts | None
     sampler: PromptSampler
     dynamic: DynamicSampler[RolloutGroup]
     verifier: VerifierPool
-    policy: PolicyGroup | None = None
-    engines: Engines | None = None
 
     @property
     def pad_id(self) -> int:
+        """Padding id of batches: the tokenizer's pad token, else its EOS."""
         pad = self.tokenizer.pad_token_id
-        return int(pad if pad is not None else self.tokenizer.eos_token_id)
+        return int(pad) if pad is not None else eos_token_id(self.tokenizer)
 
     @property
     def eos_ids(self) -> list[int]:
-        return [int(self.tokenizer.eos_token_id)]
+        return [eos_token_id(self.tokenizer)]
 
     def reset_state(self) -> None:
         """Fresh prompt and dynamic samplers (a checkpoint, if any, restores them next)."""
         self.sampler = make_sampler(self.config, len(self.train.input_ids))
         self.dynamic = make_dynamic_sampler(self.config)
 
-    def stop_workers(self) -> None:
-        """Kill the engines and policy workers (after a failure too); the run state stays."""
-        if self.engines is not None:
-            self.engines.shutdown()
-            self.engines = None
-        if self.policy is not None:
-            self.policy.shutdown()
-            self.policy = None
-
     def close(self) -> None:
-        self.stop_workers()
+        """Stop the verifier (the workers are stopped by the attempt that started them)."""
         self.verifier.close()
 
 
@@ -76,14 +136,21 @@ def ensure_model(config: DapoMegatronConfig) -> None:
             f"policy.model_name_or_path: {path} has no config.json (a local HF checkpoint "
             f"directory is expected; the hub is not used)"
         )
+    preset = config.policy.model_arch
+    if preset is None:
+        raise ConfigError(
+            f"policy.model_arch: null, but policy.init_model_if_missing must create a model at "
+            f"{path}; name an architecture preset (config/model_arch.py) or point "
+            f"policy.model_name_or_path at a checkpoint"
+        )
     from dapo_megatron.config.model_arch import PRESETS
     from dapo_megatron.data.tiny_model import create_tiny_model
 
-    print(f"[setup] creating a random {config.policy.model_arch} model at {path}", flush=True)
-    create_tiny_model(path, arch=PRESETS[config.policy.model_arch], seed=config.run.seed)
+    print(f"[setup] creating a random {preset} model at {path}", flush=True)
+    create_tiny_model(path, arch=PRESETS[preset], seed=config.run.seed)
 
 
-def _load_tokenizer(config: DapoMegatronConfig):
+def _load_tokenizer(config: DapoMegatronConfig) -> PreTrainedTokenizerBase:
     from transformers import AutoTokenizer
 
     path = config.policy.tokenizer_name_or_path or config.policy.model_name_or_path
@@ -97,7 +164,12 @@ def _load_tokenizer(config: DapoMegatronConfig):
         ) from None
 
 
-def _encode(records, tokenizer, config: DapoMegatronConfig, what: str) -> EncodedPrompts:
+def _encode(
+    records: Sequence[PromptRecord],
+    tokenizer: PreTrainedTokenizerBase,
+    config: DapoMegatronConfig,
+    what: str,
+) -> EncodedPrompts:
     encoded = encode_prompts(
         records,
         tokenizer,
@@ -123,6 +195,7 @@ def build_context(plan: RunPlan) -> RunContext:
     config = plan.config
     ensure_model(config)
     tokenizer = _load_tokenizer(config)
+    eos_token_id(tokenizer)  # fail before the data is encoded and any worker starts
     try:
         splits = build_datasets(config.data, seed=config.run.seed)
     except (FileNotFoundError, ValueError) as e:

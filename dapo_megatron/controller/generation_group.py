@@ -42,7 +42,7 @@ from dapo_megatron.controller.placement import (
     split_engine_placements,
 )
 from dapo_megatron.controller.policy_group import PolicyGroup, shard_bounds
-from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather
+from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, first_line, gather
 from dapo_megatron.generation.base import Sample, SamplingParams
 from dapo_megatron.weight_sync.group import GroupAddress, backend_for
 from dapo_megatron.workers.generation_worker import VLLM_DTYPES, GenerationWorker
@@ -127,23 +127,25 @@ class GenerationGroup:
                 config.cluster, count, tp, device=plan.device
             )
         actor = ray.remote(GenerationWorker)
-        self.workers = [
+        # Actor handles, typed Any: Ray actor method calls (``w.setup.remote()``) are
+        # dynamic, with no static type; each call site annotates what the method returns.
+        self.workers: list[Any] = [
             actor.options(**p.options).remote(
                 plan, engine_index=e, num_threads=p.num_threads, visible_devices=p.visible_devices
             )
             for e, p in enumerate(places)
         ]
-        self.info = self._gather([w.setup.remote() for w in self.workers])
+        self.info: list[dict[str, Any]] = self._gather([w.setup.remote() for w in self.workers])
         self._asleep = False
         self.transport = plan.refit_transport
-        self._plan: list | None = None
+        self._plan: list[Any] | None = None  # RefitPlan.to_wire(): plain lists for Ray
         self._group_policy: PolicyGroup | None = None
         self._refit_metrics: dict[str, float] = {}
 
     def _describe(self, index: int) -> str:
         return f"generation engine {index} ({self.config.generation.backend})"
 
-    def _gather(self, refs: list[ray.ObjectRef]) -> list[Any]:
+    def _gather(self, refs: Sequence[ray.ObjectRef[Any]]) -> list[Any]:
         return gather(refs, self._describe)
 
     def generate(
@@ -160,11 +162,13 @@ class GenerationGroup:
             for e, (w, (a, b)) in enumerate(zip(self.workers, bounds, strict=True))
             if b > a
         ]
-        return [group for part in self._gather(refs) for group in part]
+        parts: list[list[list[Sample]]] = self._gather(refs)
+        return [group for part in parts for group in part]
 
     def refit(self, policy: PolicyGroup) -> float:
         """Give every engine the policy's current weights; returns seconds."""
         start = time.perf_counter()
+        counts: list[dict[str, int]]  # each engine's cumulative refit counters
         if self.transport == "object_store":
             self.wake()
             weights = policy.export_weights()
@@ -188,12 +192,15 @@ class GenerationGroup:
     def refit_metrics(self) -> dict[str, float]:
         return dict(self._refit_metrics)
 
-    def _join_weight_group(self, policy: PolicyGroup) -> list:
+    def _join_weight_group(self, policy: PolicyGroup) -> list[Any]:
         """Form the weight-update group once per policy/engine lifetime; the bucket plan."""
         if self._plan is not None and self._group_policy is policy:
             return self._plan
-        ranks = self._gather([w.weight_ranks.remote() for w in self.workers])
-        host, port = self._gather_with(policy, [policy.workers[0].address.remote()])[0]
+        ranks: list[int] = self._gather([w.weight_ranks.remote() for w in self.workers])
+        address_of_rank0: tuple[str, int] = self._gather_with(
+            policy, [policy.workers[0].address.remote()]
+        )[0]
+        host, port = address_of_rank0
         device = self.plan.device
         shared = self.transport == "ipc"
         # Broadcast: policy rank 0 sends over NCCL/gloo. Handles: every policy rank joins the
@@ -212,26 +219,32 @@ class GenerationGroup:
         self._gather_with(policy, refs)
         bucket_bytes = max(1, int(self.config.generation.refit_bucket_mb * 1024 * 1024))
         dtype = VLLM_DTYPES[self.config.policy.precision]
-        self._plan = self._gather_with(
+        plan: list[Any] = self._gather_with(
             policy, [policy.workers[0].refit_plan.remote(bucket_bytes, dtype)]
         )[0]
+        self._plan = plan
         if shared:
-            self._share_buffers(policy, ranks)
+            self._share_buffers(policy, plan, ranks)
         self._group_policy = policy
-        return self._plan
+        return plan
 
-    def _share_buffers(self, policy: PolicyGroup, ranks: list[int]) -> None:
+    def _share_buffers(self, policy: PolicyGroup, plan: list[Any], ranks: list[int]) -> None:
         """Handle transport: engine worker j maps the buffer of policy rank j % exporters
         (colocated: the rank on its own GPU; see weight_sync/handles.py)."""
         exporters = min(len(policy.workers), sum(ranks))
-        handles = self._gather_with(policy, policy.call("share_buffer", self._plan, exporters))
-        refs, j = [], 0
+        handles: list[bytes | None] = self._gather_with(
+            policy, policy.call("share_buffer", plan, exporters)
+        )
+        refs: list[ray.ObjectRef[Any]] = []
+        j = 0
         for worker, count in zip(self.workers, ranks, strict=True):
-            refs.append(worker.attach_shared.remote([handles[(j + i) % exporters] for i in range(count)]))
+            refs.append(
+                worker.attach_shared.remote([handles[(j + i) % exporters] for i in range(count)])
+            )
             j += count
         self._gather(refs)
 
-    def _gather_refit(self, policy: PolicyGroup, refs: list[ray.ObjectRef]) -> list[Any]:
+    def _gather_refit(self, policy: PolicyGroup, refs: Sequence[ray.ObjectRef[Any]]) -> list[Any]:
         """``_gather_with`` for the transfer itself. When a member dies mid-transfer, the
         survivors' collectives fail too (gloo: connection closed; NCCL: timeout), often
         before Ray reports the death; the death is the cause, so it is what is raised
@@ -241,17 +254,19 @@ class GenerationGroup:
         except WorkerDied:
             raise
         except WorkerFailure as failure:
-            ready, _ = ray.wait(refs, num_returns=len(refs), timeout=REFIT_DEATH_GRACE_S)
+            ready, _ = ray.wait(list(refs), num_returns=len(refs), timeout=REFIT_DEATH_GRACE_S)
             for ref in ready:
                 try:
                     ray.get(ref)
                 except ray.exceptions.RayActorError as death:
-                    raise WorkerDied(f"{failure} after a refit member died: {death}") from None
+                    raise WorkerDied(
+                        f"{failure} after a refit member died: {first_line(death)}"
+                    ) from None
                 except ray.exceptions.RayTaskError:
                     pass
             raise
 
-    def _gather_with(self, policy: PolicyGroup, refs: list[ray.ObjectRef]) -> list[Any]:
+    def _gather_with(self, policy: PolicyGroup, refs: Sequence[ray.ObjectRef[Any]]) -> list[Any]:
         """Gather calls on the policy's workers (first) and then the engines', failing on the
         first that dies or raises: the others would wait for it in a collective forever."""
         n = len(policy.workers)
@@ -272,7 +287,8 @@ class GenerationGroup:
             self._asleep = False
 
     def worker_pids(self) -> list[int]:
-        return self._gather([w.pid.remote() for w in self.workers])
+        pids: list[int] = self._gather([w.pid.remote() for w in self.workers])
+        return pids
 
     def shutdown(self) -> None:
         for worker in self.workers:

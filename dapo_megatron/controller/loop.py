@@ -16,11 +16,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from dapo_megatron.checkpoint_dirs import latest_checkpoint, prune_checkpoints
+from dapo_megatron.checkpoint_dirs import find_resumable, latest_checkpoint, prune_checkpoints
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.cluster import start_ray
-from dapo_megatron.controller.context import RunContext, build_context
+from dapo_megatron.controller.context import RunContext, Workers, build_context
 from dapo_megatron.controller.generation_group import build_engines
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied
@@ -28,90 +28,95 @@ from dapo_megatron.controller.rollout import rollout_metrics
 from dapo_megatron.logging import MetricsLogger, StepProgress
 
 
-def _resume(ctx: RunContext) -> dict[str, Any]:
+def _resume(ctx: RunContext, policy: PolicyGroup) -> dict[str, Any]:
     """Restore the newest complete checkpoint; returns the controller state (empty if none)."""
     if ctx.config.checkpointing.resume == "never":
         return {}
-    path = latest_checkpoint(ctx.checkpoint_dir)
+    # The newest checkpoint whose files match its marker; one line per newer one skipped.
+    path, notes = find_resumable(ctx.checkpoint_dir)
+    for line in notes:
+        print(line, flush=True)
     if path is None:
         return {}
     print(f"[resume] {path}", flush=True)
-    state = ctx.policy.load(str(path))
+    state = policy.load(str(path))
     ctx.sampler.load_state_dict(state["sampler"])
     ctx.dynamic.load_state_dict(state["dynamic"])
     return state
 
 
-def _save(ctx: RunContext, step: int) -> None:
+def _save(ctx: RunContext, policy: PolicyGroup, step: int) -> None:
     state = {
         "step": step,
         "sampler": ctx.sampler.state_dict(),
         "dynamic": ctx.dynamic.state_dict(),  # carry cache, counters, keep-rate average
     }
-    ctx.policy.save(str(ctx.checkpoint_dir), step, state)
+    policy.save(str(ctx.checkpoint_dir), step, state)
     prune_checkpoints(ctx.checkpoint_dir, ctx.config.checkpointing.keep_last)
 
 
-def _run_steps(ctx: RunContext, logger: MetricsLogger) -> dict[str, float]:
+def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict[str, float]:
     """Train from the last checkpoint (or from scratch) to max_num_steps."""
     config = ctx.config
     d = config.dapo
-    state = _resume(ctx)
-    start_step = state.get("step", 0)
+    policy, engines = workers.policy, workers.engines
+    state = _resume(ctx, policy)
+    start_step: int = state.get("step", 0)
     if start_step == 0 and config.sft_warmup.num_steps > 0:
         steps.sft_warmup(
             ctx,
+            policy,
             lambda i, m: print(
                 f"[sft] step {i + 1}/{config.sft_warmup.num_steps} nll={m['sft/nll']:.4f}",
                 flush=True,
             ),
         )
     # Engines started from the HF checkpoint: give them the resumed / warmed-up weights.
-    ctx.engines.refit(ctx.policy)
+    engines.refit(policy)
     metrics: dict[str, float] = {}
     if start_step == 0 and config.validation.val_at_start:
-        logger.log(0, steps.validate(ctx, 0))
+        logger.log(0, steps.validate(ctx, engines, 0))
     progress = StepProgress(
         d.max_num_steps, start_step=start_step, enabled=config.logger.progress_bar
     )
     try:
         for step in range(start_step, d.max_num_steps):
             started = time.perf_counter()
-            groups, ds_stats, gen_metrics = steps.collect_rollouts(ctx, step)
-            ctx.engines.sleep()  # colocated engines give their memory to the training phase
+            groups, ds_stats, gen_metrics = steps.collect_rollouts(ctx, engines, step)
+            engines.sleep()  # colocated engines give their memory to the training phase
             batch = steps.make_batch(ctx, groups)
             metrics = {**gen_metrics, **ds_stats.to_metrics(), **rollout_metrics(groups, config)}
             if steps.needs_old_logprob_pass(
                 len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
             ):
-                metrics.update(steps.old_logprobs(ctx, batch))
+                metrics.update(steps.old_logprobs(policy, batch))
             else:
                 metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
             if config.dapo.loss.kl_coef > 0:  # KL penalty vs the start-of-training policy
-                metrics.update(steps.reference_logprobs(ctx, batch))
-            metrics.update(steps.train_on_batch(ctx, batch, step))
-            metrics["timing/refit_s"] = ctx.engines.refit(ctx.policy)
-            metrics.update(ctx.engines.refit_metrics())
+                metrics.update(steps.reference_logprobs(policy, batch))
+            metrics.update(steps.train_on_batch(ctx, policy, batch, step))
+            metrics["timing/refit_s"] = engines.refit(policy)
+            metrics.update(engines.refit_metrics())
             metrics["dynamic_sampling/batch_multiplier"] = ctx.dynamic.batch_multiplier
             metrics["generated_per_trained"] = ds_stats.num_samples_generated / len(batch)
             done = step + 1
             if config.validation.val_period and done % config.validation.val_period == 0:
-                metrics.update(steps.validate(ctx, done))
+                metrics.update(steps.validate(ctx, engines, done))
             metrics["timing/step_s"] = time.perf_counter() - started
             metrics["tokens_per_s"] = metrics["num_generated_tokens"] / metrics["timing/step_s"]
             logger.log(done, metrics)
             progress.update(done, metrics)
             last = done == d.max_num_steps
             if config.checkpointing.enabled and (done % config.checkpointing.save_period == 0 or last):
-                _save(ctx, done)
+                _save(ctx, policy, done)
     finally:
         progress.close()  # on every exit path: a crash must not leave the bar drawn
     if config.checkpointing.export_hf:
-        _export_final(ctx, d.max_num_steps)
+        _export_final(ctx, policy, d.max_num_steps)
     return metrics
 
 
-def _export_final(ctx: RunContext, step: int) -> None:
+def _export_final(ctx: RunContext, policy: PolicyGroup, step: int) -> None:
     """The final policy as an HF checkpoint in RUN_DIR/hf/step_N (written atomically by the
     exporter, so an existing directory is a complete earlier export: kept)."""
     out = ctx.run_dir / "hf" / f"step_{step:06d}"
@@ -119,9 +124,21 @@ def _export_final(ctx: RunContext, step: int) -> None:
         print(f"[export] {out} already exists; kept", flush=True)
         return
     started = time.perf_counter()
-    ctx.policy.export_hf(str(out))
+    policy.export_hf(str(out))
     print(f"[export] Hugging Face checkpoint of step {step}: {out} "
           f"({time.perf_counter() - started:.1f} s)", flush=True)
+
+
+def start_workers(plan: RunPlan) -> Workers:
+    """The policy ranks, then the rollout engines placed for them (one training attempt's
+    workers); the policy is stopped again when its engines fail to start."""
+    policy = PolicyGroup(plan)
+    try:
+        engines = build_engines(plan, policy)
+    except BaseException:
+        policy.shutdown()
+        raise
+    return Workers(policy=policy, engines=engines)
 
 
 def train(plan: RunPlan) -> dict[str, float]:
@@ -144,9 +161,11 @@ def train(plan: RunPlan) -> dict[str, float]:
             )
             failed = True  # until _run_steps returns: W&B / MLflow must see a crash as one
             try:
-                ctx.policy = PolicyGroup(plan)
-                ctx.engines = build_engines(plan, ctx.policy)
-                metrics = _run_steps(ctx, logger)
+                workers = start_workers(plan)
+                try:
+                    metrics = _run_steps(ctx, workers, logger)
+                finally:
+                    workers.stop()  # on every exit path; a restart starts new workers
                 failed = False
                 return metrics
             except WorkerDied as failure:
@@ -160,6 +179,5 @@ def train(plan: RunPlan) -> dict[str, float]:
                 )
             finally:
                 logger.close(failed=failed)
-                ctx.stop_workers()
     finally:
         ctx.close()

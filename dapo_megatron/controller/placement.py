@@ -21,13 +21,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import ray
 from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dapo_megatron.config.run_plan import COLOCATED_SHARE, Device
 from dapo_megatron.config.schema import ClusterConfig
-from dapo_megatron.controller.cluster import RankResources, rank_resources, reserve_ranks
+from dapo_megatron.controller.cluster import (
+    RankResources,
+    cluster_cpus,
+    rank_resources,
+    reserve_ranks,
+)
+
 
 @dataclass(frozen=True)
 class ActorPlacement:
@@ -41,7 +46,9 @@ class ActorPlacement:
     """CUDA_VISIBLE_DEVICES the actor sets for itself (colocated engines), else None."""
 
 
-def _options(num_cpus: float, num_gpus: float, group: PlacementGroup, bundle: int) -> dict:
+def _options(
+    num_cpus: float, num_gpus: float, group: PlacementGroup, bundle: int
+) -> dict[str, Any]:
     return {
         "num_cpus": num_cpus,
         "num_gpus": num_gpus,
@@ -60,7 +67,7 @@ def policy_placements(
         # On CPU the ranks share the machine's cores: an equal share of intra-op threads
         # each (one thread per rank when ranks >= cores avoids oversubscription; a single
         # rank on a 2-core machine gets both cores, not one).
-        threads = max(1, int(ray.cluster_resources().get("CPU", 1)) // max(1, world_size))
+        threads = max(1, int(cluster_cpus()) // max(1, world_size))
     return [
         ActorPlacement(_options(resources.num_cpus, resources.num_gpus, group, r), threads, None)
         for r in range(world_size)

@@ -58,14 +58,17 @@ class PolicyGroup:
         )
         self.placement = reserve_ranks(world, resources)
         actor = ray.remote(PolicyWorker)
-        self.workers = [
+        # Actor handles, typed Any: Ray actor method calls (``w.setup.remote(...)``) are
+        # dynamic, with no static type; each call site annotates what the method returns.
+        self.workers: list[Any] = [
             actor.options(**p.options).remote(
                 plan, rank=rank, world_size=world, num_threads=p.num_threads
             )
             for rank, p in enumerate(policy_placements(self.placement, world, resources))
         ]
         self.layouts: list[dict[str, int]] = [{"rank": r} for r in range(world)]
-        addr, port = self._gather([self.workers[0].address.remote()])[0]
+        address: tuple[str, int] = self._gather([self.workers[0].address.remote()])[0]
+        addr, port = address
         self.layouts = self._gather([w.setup.remote(addr, port) for w in self.workers])
         self.dp = 1 + max(layout["dp_rank"] for layout in self.layouts)
         # The first worker of each replica (lowest rank) answers for it.
@@ -82,7 +85,7 @@ class PolicyGroup:
         parts = ", ".join(f"{k} {v}" for k, v in layout.items() if k != "rank")
         return f"policy rank {rank}" + (f" ({parts})" if parts else "")
 
-    def _gather(self, refs: list[ray.ObjectRef]) -> list[Any]:
+    def _gather(self, refs: Sequence[ray.ObjectRef[Any]]) -> list[Any]:
         return gather(refs, self._describe)
 
     def _call_sharded(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
@@ -113,22 +116,34 @@ class PolicyGroup:
         self, batch: PolicyBatch, *, compute_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token-aligned logprobs (and entropies) [B, S] of the whole batch."""
-        parts = self._call_sharded("logprobs", self._batch_shards(batch), compute_entropy)
+        parts: list[tuple[torch.Tensor, torch.Tensor | None]] = self._call_sharded(
+            "logprobs", self._batch_shards(batch), compute_entropy
+        )
         lp = torch.cat([p[0] for p in parts])
-        ent = torch.cat([p[1] for p in parts]) if compute_entropy else None
-        return lp, ent
+        if not compute_entropy:
+            return lp, None
+        entropies = [p[1] for p in parts]
+        present = [e for e in entropies if e is not None]
+        if len(present) != len(entropies):
+            raise RuntimeError("a policy worker returned no entropies when asked for them")
+        return lp, torch.cat(present)
 
     def ref_logprobs(self, batch: PolicyBatch) -> torch.Tensor:
         """Token-aligned logprobs [B, S] of the whole batch under the frozen KL reference
         (the policy's weights at the start of DAPO training, kept on every rank)."""
-        return torch.cat(self._call_sharded("ref_logprobs", self._batch_shards(batch)))
+        parts: list[torch.Tensor] = self._call_sharded("ref_logprobs", self._batch_shards(batch))
+        return torch.cat(parts)
 
     def train_step(self, mini_batch: PolicyBatch) -> dict[str, float]:
         """One optimizer step on a mini-batch (split evenly over DP ranks)."""
-        return self._call_sharded("train_step", self._batch_shards(mini_batch))[0]
+        metrics: dict[str, float] = self._call_sharded(
+            "train_step", self._batch_shards(mini_batch)
+        )[0]
+        return metrics
 
     def sft_step(self, batch: PolicyBatch, *, lr: float | None = None) -> dict[str, float]:
-        return self._call_sharded("sft_step", self._batch_shards(batch), lr)[0]
+        metrics: dict[str, float] = self._call_sharded("sft_step", self._batch_shards(batch), lr)[0]
+        return metrics
 
     def refit(self) -> float:
         """Update the generation engines with the trained weights; returns seconds."""
@@ -136,7 +151,7 @@ class PolicyGroup:
         self._gather([w.refit.remote() for w in self.workers])
         return time.perf_counter() - start
 
-    def export_weights(self) -> ray.ObjectRef:
+    def export_weights(self) -> ray.ObjectRef[Any]:
         """The trained weights as full HF-named tensors, stored once in Ray's object store.
 
         Every rank takes part in the export (TP gathers, PP broadcasts); rank 0 keeps the
@@ -144,9 +159,16 @@ class PolicyGroup:
         there. The ``object_store`` refit fallback only: the default transports stream
         buckets instead (``send_weights`` / ``send_weights_shared``, weight_sync/).
         """
-        return self._gather([w.export_weights.remote() for w in self.workers])[0][0]
+        # Rank 0 returns ``[ref]`` (wrapped so Ray does not resolve it), the others None.
+        exported: list[list[ray.ObjectRef[Any]] | None] = self._gather(
+            [w.export_weights.remote() for w in self.workers]
+        )
+        first = exported[0]
+        if first is None:
+            raise RuntimeError("policy rank 0 exported no weights")
+        return first[0]
 
-    def call(self, method: str, *args: Any) -> list[ray.ObjectRef]:
+    def call(self, method: str, *args: Any) -> list[ray.ObjectRef[Any]]:
         """Start ``method(*args)`` on every worker; the pending refs, in rank order (for
         operations the caller gathers together with other actors' calls, like the refit)."""
         return [getattr(w, method).remote(*args) for w in self.workers]
@@ -157,20 +179,27 @@ class PolicyGroup:
 
     def export_hf(self, out_dir: str) -> str:
         """The current weights as a Hugging Face checkpoint in ``out_dir`` (rank 0 writes)."""
-        return self._gather([w.export_hf.remote(out_dir) for w in self.workers])[0]
+        written: list[str] = self._gather([w.export_hf.remote(out_dir) for w in self.workers])
+        return written[0]
 
     def device_ids(self) -> list[str]:
         """Each rank's accelerator ids as Ray assigned them (empty strings on CPU)."""
-        return self._gather([w.device_ids.remote() for w in self.workers])
+        ids: list[str] = self._gather([w.device_ids.remote() for w in self.workers])
+        return ids
 
     def save(self, directory: str, step: int, extra_state: dict[str, Any]) -> str:
-        return self._gather([w.save.remote(directory, step, extra_state) for w in self.workers])[0]
+        paths: list[str] = self._gather(
+            [w.save.remote(directory, step, extra_state) for w in self.workers]
+        )
+        return paths[0]
 
     def load(self, path: str) -> dict[str, Any]:
-        return self._gather([w.load.remote(path) for w in self.workers])[0]
+        states: list[dict[str, Any]] = self._gather([w.load.remote(path) for w in self.workers])
+        return states[0]
 
     def worker_pids(self) -> list[int]:
-        return self._gather([w.pid.remote() for w in self.workers])
+        pids: list[int] = self._gather([w.pid.remote() for w in self.workers])
+        return pids
 
     def shutdown(self) -> None:
         """Kill the workers and release their resources (also after a failure)."""

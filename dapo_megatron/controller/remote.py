@@ -7,7 +7,7 @@ soon as any worker fails and names it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ray
@@ -22,6 +22,13 @@ class WorkerDied(WorkerFailure):
     A worker that merely raised is a bug or bad input, not restarted."""
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an error's text: Ray's actor-death messages run over many lines
+    (class name, actor id, pid, ip, ...), which the run's one-line errors leave out."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
 class RestartsExhausted(WorkerFailure):
     """A worker died once more after ``run.max_restarts`` restarts: the run gives up."""
 
@@ -33,8 +40,11 @@ class RestartsExhausted(WorkerFailure):
         self.max_restarts = max_restarts
 
 
-def gather(refs: list[ray.ObjectRef], describe: Callable[[int], str]) -> list[Any]:
+def gather(refs: Sequence[ray.ObjectRef[Any]], describe: Callable[[int], str]) -> list[Any]:
     """ray.get of one ref per worker, raising on the first worker that fails.
+
+    The results are ``Any``: Ray actor method calls are dynamic (``handle.method.remote``
+    has no static type), so callers annotate what the worker method returns.
 
     Args:
         refs: one pending call per worker, in worker order.
@@ -49,7 +59,7 @@ def gather(refs: list[ray.ObjectRef], describe: Callable[[int], str]) -> list[An
         try:
             results[index[ref]] = ray.get(ref)
         except ray.exceptions.RayActorError as e:
-            raise WorkerDied(f"{describe(index[ref])} died: {e}") from None
+            raise WorkerDied(f"{describe(index[ref])} died: {first_line(e)}") from None
         except ray.exceptions.RayTaskError as e:
             raise WorkerFailure(f"{describe(index[ref])} raised: {e.cause!r}") from e.cause
     return results

@@ -1,45 +1,61 @@
 """The named phases of a DAPO step, called in order by controller/loop.py.
 
 Each function does one thing of DESIGN.md section 2 and returns its metrics; none keeps
-state of its own (the RunContext does), so the loop reads like the algorithm.
+state of its own (the RunContext does), so the loop reads like the algorithm. The workers
+are passed explicitly, and only the part a phase uses: the rollout engines to generation
+phases, the policy to training phases (they are rebuilt after a worker dies; the RunContext
+is not).
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
 from dapo_megatron.algorithms.rollout_correction import mismatch_metrics
-from dapo_megatron.controller.context import RunContext, round_seed
+from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.controller.context import RunContext, decode_text, round_seed
+from dapo_megatron.controller.generation_group import Engines
+from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.rollout import RolloutGroup, build_policy_batch, make_groups
 from dapo_megatron.data.batch import PolicyBatch
-from dapo_megatron.generation.base import SamplingParams
+from dapo_megatron.data.datasets import EncodedPrompts
+from dapo_megatron.generation.base import Sample, SamplingParams
 
 
-def _score(ctx: RunContext, samples, truths: Sequence[str]) -> tuple[list[float], dict]:
+def _score(
+    ctx: RunContext, samples: Sequence[Sequence[Sample]], truths: Sequence[str]
+) -> tuple[list[float], dict[str, float]]:
     """Verifier scores of every sample (prompt-major), decoded with the tokenizer."""
-    texts, refs = [], []
+    texts: list[str] = []
+    refs: list[str] = []
     for group, truth in zip(samples, truths, strict=True):
         for sample in group:
-            texts.append(ctx.tokenizer.decode(sample.response_token_ids, skip_special_tokens=True))
+            texts.append(decode_text(ctx.tokenizer, sample.response_token_ids))
             refs.append(truth)
     result = ctx.verifier.score_batch(texts, refs)
     return result.scores, result.metrics
 
 
 def generate_groups(
-    ctx: RunContext, prompt_indices: Sequence[int], sampling: SamplingParams, prompts=None
+    ctx: RunContext,
+    engines: Engines,
+    prompt_indices: Sequence[int],
+    sampling: SamplingParams,
+    prompts: EncodedPrompts | None = None,
 ) -> tuple[list[RolloutGroup], dict[str, float]]:
-    """Generate n samples for each prompt, score and shape them."""
+    """Generate n samples for each prompt (of ``prompts``, default the training set), score
+    and shape them."""
     prompts = prompts or ctx.train
     ids = [prompts.input_ids[i] for i in prompt_indices]
     truths = [prompts.records[i].ground_truth for i in prompt_indices]
     start = time.perf_counter()
-    samples = ctx.engines.generate(ids, sampling)
+    samples = engines.generate(ids, sampling)
     generated = time.perf_counter()
     scores, reward_metrics = _score(ctx, samples, truths)
     timing = {
@@ -51,7 +67,7 @@ def generate_groups(
 
 
 def collect_rollouts(
-    ctx: RunContext, step: int
+    ctx: RunContext, engines: Engines, step: int
 ) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]:
     """Dynamic sampling: generation rounds until num_prompts_per_step groups vary."""
     config = ctx.config
@@ -67,7 +83,7 @@ def collect_rollouts(
             eos_token_ids=ctx.eos_ids,
             seed=round_seed(config.run.seed, step, round_index),
         )
-        groups, metrics = generate_groups(ctx, ctx.sampler.next_indices(count), sampling)
+        groups, metrics = generate_groups(ctx, engines, ctx.sampler.next_indices(count), sampling)
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + value
         scores = torch.tensor([g.scores for g in groups])
@@ -90,25 +106,30 @@ def needs_old_logprob_pass(num_samples: int, global_batch_size: int, mode: str) 
     return mode == "always" or num_samples > global_batch_size
 
 
-def old_logprobs(ctx: RunContext, batch: PolicyBatch) -> dict[str, float]:
-    """Fill batch.old_logprobs with the policy before this step's updates; mismatch metrics."""
+def old_logprobs(policy: PolicyGroup, batch: PolicyBatch) -> dict[str, float]:
+    """Fill batch.old_logprobs with the policy before this step's updates; mismatch metrics
+    against the engine's rollout logprobs (which build_policy_batch always sets)."""
+    if batch.rollout_logprobs is None:
+        raise ValueError("old_logprobs: the batch has no rollout_logprobs to compare with")
     start = time.perf_counter()
-    lp, _ = ctx.policy.logprobs(batch)
+    lp, _ = policy.logprobs(batch)
     batch.old_logprobs = lp
     metrics = mismatch_metrics(lp, batch.rollout_logprobs, batch.loss_mask)
     metrics["timing/logprob_s"] = time.perf_counter() - start
     return metrics
 
 
-def reference_logprobs(ctx: RunContext, batch: PolicyBatch) -> dict[str, float]:
+def reference_logprobs(policy: PolicyGroup, batch: PolicyBatch) -> dict[str, float]:
     """Fill batch.ref_logprobs with the frozen KL reference's (the policy at the start of
     DAPO training, after the SFT warm-up); for ``dapo.loss.kl_coef > 0``."""
     start = time.perf_counter()
-    batch.ref_logprobs = ctx.policy.ref_logprobs(batch)
+    batch.ref_logprobs = policy.ref_logprobs(batch)
     return {"timing/ref_logprob_s": time.perf_counter() - start}
 
 
-def train_on_batch(ctx: RunContext, batch: PolicyBatch, step: int) -> dict[str, float]:
+def train_on_batch(
+    ctx: RunContext, policy: PolicyGroup, batch: PolicyBatch, step: int
+) -> dict[str, float]:
     """Shuffle samples, then one optimizer step per mini-batch; averaged metrics."""
     size = ctx.config.policy.train_global_batch_size
     order = torch.randperm(
@@ -117,7 +138,7 @@ def train_on_batch(ctx: RunContext, batch: PolicyBatch, step: int) -> dict[str, 
     )
     start = time.perf_counter()
     per_step = [
-        ctx.policy.train_step(batch.select(order[i : i + size])) for i in range(0, len(batch), size)
+        policy.train_step(batch.select(order[i : i + size])) for i in range(0, len(batch), size)
     ]
     metrics = {k: statistics.fmean(m[k] for m in per_step) for k in per_step[0]}
     metrics["grad_norm_max"] = max(m["grad_norm"] for m in per_step)
@@ -127,7 +148,9 @@ def train_on_batch(ctx: RunContext, batch: PolicyBatch, step: int) -> dict[str, 
     return metrics
 
 
-def validation_sampling(config, eos_ids: Sequence[int], seed: int) -> SamplingParams:
+def validation_sampling(
+    config: DapoMegatronConfig, eos_ids: Sequence[int], seed: int
+) -> SamplingParams:
     """Validation decoding: greedy (one sample, top_k=1) or avg@k sampling."""
     v = config.validation
     return SamplingParams(
@@ -146,10 +169,10 @@ def accuracy_stderr(per_prompt: Sequence[float]) -> float:
     the k samples of one prompt are correlated)."""
     if len(per_prompt) < 2:
         return float("nan")
-    return statistics.stdev(per_prompt) / len(per_prompt) ** 0.5
+    return statistics.stdev(per_prompt) / math.sqrt(len(per_prompt))
 
 
-def validate(ctx: RunContext, step: int) -> dict[str, float]:
+def validate(ctx: RunContext, engines: Engines, step: int) -> dict[str, float]:
     """Greedy or avg@k accuracy on the validation prompts, with its standard error."""
     if ctx.val is None:
         return {}
@@ -157,7 +180,9 @@ def validate(ctx: RunContext, step: int) -> dict[str, float]:
         ctx.config, ctx.eos_ids, round_seed(ctx.config.run.seed, step, 10_000)
     )
     start = time.perf_counter()
-    groups, _ = generate_groups(ctx, range(len(ctx.val.input_ids)), sampling, prompts=ctx.val)
+    groups, _ = generate_groups(
+        ctx, engines, range(len(ctx.val.input_ids)), sampling, prompts=ctx.val
+    )
     scores = [x for g in groups for x in g.scores]
     return {
         "val/acc": statistics.fmean(scores),
@@ -169,25 +194,28 @@ def validate(ctx: RunContext, step: int) -> dict[str, float]:
     }
 
 
-def sft_warmup(ctx: RunContext, log) -> None:
-    """Supervised warm-up on reference answers (prompt + answer + EOS, loss on the answer)."""
+def sft_warmup(
+    ctx: RunContext, policy: PolicyGroup, log: Callable[[int, dict[str, float]], None]
+) -> None:
+    """Supervised warm-up on reference answers (prompt + answer + EOS, loss on the answer);
+    ``log(step, metrics)`` after each step."""
     cfg = ctx.config.sft_warmup
     from dapo_megatron.data.sampler import PromptSampler
 
     sampler = PromptSampler(len(ctx.train.input_ids), seed=ctx.config.run.seed + 1, shuffle=True)
     for step in range(cfg.num_steps):
-        rows = []
+        rows: list[tuple[list[int], list[int]]] = []
         for i in sampler.next_indices(cfg.batch_size):
             answer = ctx.tokenizer.encode(
                 ctx.train.records[i].ground_truth, add_special_tokens=False
             )
             rows.append((ctx.train.input_ids[i], answer + ctx.eos_ids))
         batch = _supervised_batch(rows, ctx.pad_id)
-        metrics = ctx.policy.sft_step(batch, lr=cfg.lr)
+        metrics = policy.sft_step(batch, lr=cfg.lr)
         log(step, metrics)
 
 
-def _supervised_batch(rows, pad_id: int) -> PolicyBatch:
+def _supervised_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) -> PolicyBatch:
     seq = max(len(p) + len(a) for p, a in rows)
     ids = torch.full((len(rows), seq), pad_id, dtype=torch.long)
     mask = torch.zeros(len(rows), seq)

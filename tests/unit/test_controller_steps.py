@@ -47,7 +47,8 @@ class FakeVerifier:
         return SimpleNamespace(scores=scores, metrics={"reward/num_timeouts": 0.0})
 
 
-def _ctx(pattern, *overrides) -> RunContext:
+def _ctx(pattern, *overrides) -> tuple[RunContext, FakeEngines]:
+    """A run context of 30 one-token prompts with a fake verifier, and fake engines."""
     config = load_config(
         REPO / "recipes" / "dapo-tiny-cpu.yaml",
         [
@@ -75,37 +76,36 @@ def _ctx(pattern, *overrides) -> RunContext:
         sampler=make_sampler(config, 30),
         dynamic=make_dynamic_sampler(config),
         verifier=FakeVerifier(pattern),
-        engines=FakeEngines(),
-    )
+    ), FakeEngines()
 
 
 def test_all_equal_groups_exhaust_after_exactly_max_gen_batches_rounds():
-    ctx = _ctx(
+    ctx, engines = _ctx(
         lambda prompt, j: 1.0,
         "dapo.dynamic_sampling.max_gen_batches=3",
         "dapo.dynamic_sampling.batch_multiplier=1.5",
     )
     with pytest.raises(DynamicSamplingExhausted, match="max_gen_batches=3"):
-        steps.collect_rollouts(ctx, step=0)
-    assert ctx.engines.rounds == 3  # never a 4th round
+        steps.collect_rollouts(ctx, engines, step=0)
+    assert engines.rounds == 3  # never a 4th round
 
 
 def test_mixed_groups_carry_surplus_across_steps():
     # Even prompts get mixed scores (kept), odd prompts all-correct (filtered).
-    ctx = _ctx(
+    ctx, engines = _ctx(
         lambda prompt, j: float(prompt % 2 == 1 or j % 2 == 0),
         "dapo.dynamic_sampling.batch_multiplier=4.0",
         "dapo.dynamic_sampling.max_carry_age=2",
     )
-    groups, stats, metrics = steps.collect_rollouts(ctx, step=0)
+    groups, stats, metrics = steps.collect_rollouts(ctx, engines, step=0)
     # One round of ceil(4 * 4) = 16 prompts (0..15): 8 even prompts kept, 4 trained, 4 carried.
-    assert ctx.engines.rounds == 1 and stats.num_prompts_generated == 16
+    assert engines.rounds == 1 and stats.num_prompts_generated == 16
     assert [g.prompt_ids[0] for g in groups] == [0, 2, 4, 6]
     assert stats.num_carried_groups == 4 and stats.keep_rate == 0.5
     assert metrics["num_generated_tokens"] == 16 * N * 2
     # Next step is served from the carry alone: no generation round at all.
-    groups, stats, metrics = steps.collect_rollouts(ctx, step=1)
-    assert ctx.engines.rounds == 1 and stats.num_gen_batches == 0
+    groups, stats, metrics = steps.collect_rollouts(ctx, engines, step=1)
+    assert engines.rounds == 1 and stats.num_gen_batches == 0
     assert [g.prompt_ids[0] for g in groups] == [8, 10, 12, 14]
     assert stats.num_carried_in == 4 and metrics["num_generated_tokens"] == 0.0
 
@@ -113,7 +113,7 @@ def test_mixed_groups_carry_surplus_across_steps():
 def test_filtering_uses_raw_scores_not_shaped_rewards():
     # All samples correct but of different lengths would give different SHAPED rewards
     # under an overlong penalty; the group must still be filtered on its raw scores.
-    ctx = _ctx(lambda prompt, j: 1.0, "dapo.overlong_buffer.length=15")
+    ctx, _ = _ctx(lambda prompt, j: 1.0, "dapo.overlong_buffer.length=15")
     samples = [[Sample([5] * (1 + 5 * j), [-0.1] * (1 + 5 * j), "stop") for j in range(N)]]
     groups = make_groups([[1]], ["1"], samples, [1.0] * N, ctx.config)
     assert len(set(groups[0].rewards)) > 1  # shaped rewards differ ...
@@ -124,7 +124,7 @@ def test_filtering_uses_raw_scores_not_shaped_rewards():
 
 
 def test_policy_batch_layout_and_overlong_filtering():
-    ctx = _ctx(lambda prompt, j: float(j == 0), "dapo.overlong_filtering=true")
+    ctx, _ = _ctx(lambda prompt, j: float(j == 0), "dapo.overlong_filtering=true")
     samples = [
         [
             Sample([5, 6, 2], [-1.0, -2.0, -3.0], "stop"),
@@ -161,23 +161,23 @@ def test_old_logprob_pass_runs_only_when_the_batch_needs_several_updates():
 
 
 def _val_ctx(pattern, *overrides):
-    ctx = _ctx(pattern, "validation.max_prompts=null", *overrides)
+    ctx, engines = _ctx(pattern, "validation.max_prompts=null", *overrides)
     ctx.val = ctx.train  # 30 prompts
     seen = []
-    generate = ctx.engines.generate
+    generate = engines.generate
 
     def recording(prompts, sampling):
         seen.append(sampling)
         return generate(prompts, sampling)
 
-    ctx.engines.generate = recording
-    return ctx, seen
+    engines.generate = recording
+    return ctx, engines, seen
 
 
 def test_greedy_validation_decodes_once_per_prompt_and_reports_the_stderr():
     # 12 of 30 prompts answered correctly (prompt % 5 < 2): acc 0.4.
-    ctx, seen = _val_ctx(lambda prompt, j: float(prompt % 5 < 2), "validation.greedy=true")
-    metrics = steps.validate(ctx, step=10)
+    ctx, engines, seen = _val_ctx(lambda prompt, j: float(prompt % 5 < 2), "validation.greedy=true")
+    metrics = steps.validate(ctx, engines, step=10)
     assert seen[0].n == 1 and seen[0].top_k == 1
     assert metrics["val/acc"] == pytest.approx(12 / 30)
     # Sample standard deviation of 12 ones and 18 zeros, over sqrt(30) prompts.
@@ -189,12 +189,12 @@ def test_greedy_validation_decodes_once_per_prompt_and_reports_the_stderr():
 def test_sampled_validation_averages_k_samples_and_stderr_is_over_prompts():
     # Sample j of every prompt is right iff j is even: each prompt scores exactly 0.5,
     # so avg@4 = 0.5 with NO spread between prompts (stderr 0, not that of 120 coin flips).
-    ctx, seen = _val_ctx(
+    ctx, engines, seen = _val_ctx(
         lambda prompt, j: float(j % 2 == 0),
         "validation.greedy=false",
         "validation.num_samples_per_prompt=4",
         "validation.temperature=0.8",
     )
-    metrics = steps.validate(ctx, step=10)
+    metrics = steps.validate(ctx, engines, step=10)
     assert seen[0].n == 4 and seen[0].top_k == -1 and seen[0].temperature == 0.8
     assert metrics["val/acc"] == 0.5 and metrics["val/acc_stderr"] == 0.0
