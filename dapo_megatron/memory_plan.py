@@ -54,9 +54,9 @@ import dataclasses
 from dataclasses import dataclass
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.run_plan import RunPlan
 
 GIB = 2**30
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}

@@ -151,17 +151,10 @@ def ensure_model(config: DapoMegatronConfig) -> None:
 
 
 def _load_tokenizer(config: DapoMegatronConfig) -> PreTrainedTokenizerBase:
-    from transformers import AutoTokenizer
+    # The pre-flight's checks (path, files, round trip), so the run fails as the dry run.
+    from dapo_megatron.data.tokenizer import load_policy_tokenizer
 
-    path = config.policy.tokenizer_name_or_path or config.policy.model_name_or_path
-    try:
-        return AutoTokenizer.from_pretrained(path)
-    except (OSError, ValueError) as e:
-        raise ConfigError(
-            f"policy.tokenizer_name_or_path: cannot load a tokenizer from {path}: {e}".splitlines()[
-                0
-            ]
-        ) from None
+    return load_policy_tokenizer(config.policy)
 
 
 def _encode(
@@ -198,6 +191,8 @@ def build_context(plan: RunPlan) -> RunContext:
     eos_token_id(tokenizer)  # fail before the data is encoded and any worker starts
     try:
         splits = build_datasets(config.data, seed=config.run.seed)
+    except ConfigError:
+        raise  # already names the key, the file and the line
     except (FileNotFoundError, ValueError) as e:
         raise ConfigError(f"data: {e}") from None
     train = _encode(splits.train.records, tokenizer, config, "training")

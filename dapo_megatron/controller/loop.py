@@ -13,7 +13,6 @@ steps.needs_old_logprob_pass); then the generation engines receive the new weigh
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from typing import Any
 
 from dapo_megatron.checkpoint_dirs import find_resumable, latest_checkpoint, prune_checkpoints
@@ -107,7 +106,9 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
             logger.log(done, metrics)
             progress.update(done, metrics)
             last = done == d.max_num_steps
-            if config.checkpointing.enabled and (done % config.checkpointing.save_period == 0 or last):
+            if config.checkpointing.enabled and (
+                done % config.checkpointing.save_period == 0 or last
+            ):
                 _save(ctx, policy, done)
     finally:
         progress.close()  # on every exit path: a crash must not leave the bar drawn
@@ -125,8 +126,11 @@ def _export_final(ctx: RunContext, policy: PolicyGroup, step: int) -> None:
         return
     started = time.perf_counter()
     policy.export_hf(str(out))
-    print(f"[export] Hugging Face checkpoint of step {step}: {out} "
-          f"({time.perf_counter() - started:.1f} s)", flush=True)
+    print(
+        f"[export] Hugging Face checkpoint of step {step}: {out} "
+        f"({time.perf_counter() - started:.1f} s)",
+        flush=True,
+    )
 
 
 def start_workers(plan: RunPlan) -> Workers:

@@ -512,8 +512,8 @@ def export_checkpoint(
     dims = dims or default_dims(marker)
     check_layout(arch, dims.tp, dims.pp)
 
-    from dapo_megatron.megatron.checkpoint import load_checkpoint
     from dapo_megatron.config.run_plan import policy_plan
+    from dapo_megatron.megatron.checkpoint import load_checkpoint
     from dapo_megatron.megatron.policy import MegatronPolicy
 
     policy = MegatronPolicy(policy_plan(config, dims, arch))

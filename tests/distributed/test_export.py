@@ -105,8 +105,8 @@ def _train_save(
     second one)."""
     import torch.distributed as dist
 
-    from dapo_megatron.megatron.export_hf import ExportError, export_policy
     from dapo_megatron.config.run_plan import policy_plan
+    from dapo_megatron.megatron.export_hf import ExportError, export_policy
     from dapo_megatron.megatron.policy import MegatronPolicy
 
     config = _config(model_dir, distributed_optimizer=distributed_optimizer)

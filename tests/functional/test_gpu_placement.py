@@ -17,8 +17,8 @@ import ray
 from tiny_job import REPO
 
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
 from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
 from dapo_megatron.controller.placement import (
     colocated_engine_placements,
     policy_placements,
