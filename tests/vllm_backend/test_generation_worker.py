@@ -55,6 +55,7 @@ def test_vllm_worker_generates_and_refits(models):
         [
             f"policy.model_name_or_path={models['a']}",
             "policy.model_arch=null",
+            "policy.init_model_if_missing=false",
             "generation.backend=vllm",
             # The placement of a split-mode engine (colocated vLLM needs GPUs).
             "cluster.gpus_per_node=3",
