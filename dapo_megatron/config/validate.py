@@ -12,6 +12,7 @@ from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import ModelArch, resolve_arch
 from dapo_megatron.config.parallel import ParallelDims, generation_devices, parallel_dims
 from dapo_megatron.config.run_plan import RunPlan, make_plan, resolve_device
+from dapo_megatron.data.pack_plan import padded_length, sequence_multiple
 
 if TYPE_CHECKING:  # the loader imports this module: no runtime import back
     from dapo_megatron.config.loader import LoadedConfig
@@ -320,6 +321,19 @@ def _check_batches(c: _Checker, dims: ParallelDims) -> None:
             "token-mean (DAPO) or seq-mean-token-sum",
         )
     p, d = cfg.policy, cfg.dapo
+    if p.max_tokens_per_microbatch is not None:
+        multiple = sequence_multiple(
+            tp=dims.tp, cp=dims.cp, sequence_parallel=dims.sequence_parallel
+        )
+        longest = cfg.data.max_prompt_length + cfg.generation.max_response_length
+        need = padded_length(longest, multiple)
+        c.require(
+            p.max_tokens_per_microbatch >= need,
+            "policy.max_tokens_per_microbatch",
+            f"must hold the longest sequence, data.max_prompt_length + "
+            f"generation.max_response_length = {longest}"
+            + (f" padded to a multiple of {multiple} = {need}" if need != longest else ""),
+        )
     if p.train_micro_batch_size < 1 or p.train_global_batch_size < 1:
         return
     per_round = p.train_micro_batch_size * dims.dp

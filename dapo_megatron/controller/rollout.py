@@ -131,6 +131,7 @@ def build_policy_batch(
         loss_mask=loss_mask,
         advantages=advantages.float(),
         rollout_logprobs=rollout_lp,
+        lengths=torch.tensor([len(p) + s.response_length for p, s in rows]),
     )
 
 

@@ -223,7 +223,8 @@ def _supervised_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) 
         ids[i, : len(prompt)] = torch.tensor(prompt)
         ids[i, len(prompt) : len(prompt) + len(answer)] = torch.tensor(answer)
         mask[i, len(prompt) : len(prompt) + len(answer)] = 1.0
-    return PolicyBatch(input_ids=ids, loss_mask=mask)
+    lengths = torch.tensor([len(p) + len(a) for p, a in rows])
+    return PolicyBatch(input_ids=ids, loss_mask=mask, lengths=lengths)
 
 
 def make_batch(ctx: RunContext, groups: Sequence[RolloutGroup]) -> PolicyBatch:

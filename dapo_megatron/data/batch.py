@@ -32,6 +32,9 @@ class PolicyBatch:
     """[B, S] logprobs the generation engine reported (rollout/train mismatch correction)."""
     ref_logprobs: torch.Tensor | None = None
     """[B, S] logprobs under the reference policy (KL penalty)."""
+    lengths: torch.Tensor | None = None
+    """[B] int64 real tokens of each row (prompt + response); None = the whole row. Packed
+    micro-batches (data/packing.py) keep only these tokens."""
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:
@@ -41,12 +44,20 @@ class PolicyBatch:
             value = getattr(self, field.name)
             if value is None or field.name == "input_ids":
                 continue
-            ok = value.shape == shape or (field.name == "advantages" and value.shape == shape[:1])
+            if field.name == "lengths":
+                ok = value.shape == shape[:1]
+            else:
+                ok = value.shape == shape or (
+                    field.name == "advantages" and value.shape == shape[:1]
+                )
             if not ok:
+                expected = "[B]" if field.name == "lengths" else str(tuple(shape))
                 raise ValueError(
-                    f"{field.name} has shape {tuple(value.shape)}; expected {tuple(shape)}"
+                    f"{field.name} has shape {tuple(value.shape)}; expected {expected}"
                     + (" or [B]" if field.name == "advantages" else "")
                 )
+        if self.lengths is not None and bool((self.lengths > shape[1]).any()):
+            raise ValueError(f"lengths exceed the row length {shape[1]}")
 
     def __len__(self) -> int:
         return self.input_ids.shape[0]

@@ -1,0 +1,104 @@
+"""Sequence packing: pack plans, DP balance and the packed layout, by hand-derived numbers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.data.pack_plan import (
+    balance_by_tokens,
+    padded_length,
+    plan_packs,
+    sequence_multiple,
+)
+from dapo_megatron.data.packing import (
+    local_order,
+    make_layout,
+    pack_tokens,
+    positions,
+    unpack_predictions,
+)
+
+
+def test_first_fit_decreasing_by_hand() -> None:
+    # Longest first: 11 -> pack 0 (room 5); 8 -> pack 1 (room 8); 5 -> pack 0 (room 0);
+    # 3 -> pack 1 (room 5). The empty row (batch padding) goes nowhere.
+    assert plan_packs([5, 11, 8, 0, 3], 16, multiple=1) == [[0, 1], [2, 4]]
+
+
+def test_padding_to_the_multiple_counts_against_the_budget() -> None:
+    # multiple 4: 5 -> 8, 11 -> 12, 8 -> 8, 3 -> 4; budget 16: 12+4, 8+8.
+    assert padded_length(5, 4) == 8 and padded_length(0, 4) == 0
+    assert plan_packs([5, 11, 8, 3], 16, multiple=4) == [[1, 3], [0, 2]]
+    assert sequence_multiple(tp=2, cp=2, sequence_parallel=True) == 8
+    assert sequence_multiple(tp=2, cp=1, sequence_parallel=False) == 1
+
+
+def test_a_sequence_longer_than_the_budget_names_the_knobs() -> None:
+    with pytest.raises(
+        ValueError, match=r"policy.max_tokens_per_microbatch = 16: sequence 1 has 17"
+    ):
+        plan_packs([3, 17], 16, multiple=1)
+
+
+def test_balance_by_tokens_by_hand() -> None:
+    # 10 -> r0; 9 -> r1; 2 -> r1 (11); 1 -> r0 (11); 1 -> tie 11/11 and 2/2 rows: r0 (12);
+    # 1 -> r1 (12).
+    assert balance_by_tokens([10, 1, 1, 1, 9, 2], 2) == [[0, 1, 2], [3, 4, 5]]
+    parts = balance_by_tokens([7] * 5, 3)
+    assert sorted(len(p) for p in parts) == [1, 2, 2]
+
+
+def test_cp_local_order_by_hand() -> None:
+    # Segments of 8 and 4 tokens, CP2: chunks of 2 and 1; rank 0 holds chunks 0 and 3.
+    assert local_order([8, 4], 0, 2).tolist() == [0, 1, 6, 7, 8, 11]
+    assert local_order([8, 4], 1, 2).tolist() == [2, 3, 4, 5, 9, 10]
+    assert local_order([3, 2], 0, 1).tolist() == [0, 1, 2, 3, 4]
+
+
+def test_layout_pack_positions_and_unpack() -> None:
+    ids = torch.tensor([[11, 12, 13, 0, 0], [21, 22, 0, 0, 0], [31, 32, 33, 34, 35]])
+    layout = make_layout([0, 2], [3, 5], multiple=2, total=10)
+    # Segments 3 -> 4 and 5 -> 6 (multiple 2), no filler (total 10 = 4 + 6).
+    assert layout.seg_lengths == (4, 6) and layout.cu_seqlens().tolist() == [0, 4, 10]
+    assert pack_tokens(layout, ids).tolist() == [11, 12, 13, 0, 31, 32, 33, 34, 35, 0]
+    assert positions(layout).tolist() == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5]
+    # Per-row [B] values broadcast over the row's real tokens.
+    assert pack_tokens(layout, torch.tensor([1.0, 2.0, 3.0])).tolist() == [
+        1,
+        1,
+        1,
+        0,
+        3,
+        3,
+        3,
+        3,
+        3,
+        0,
+    ]
+    # A prediction at packed position p belongs to the token at p + 1 of the same row.
+    prediction = torch.arange(10, dtype=torch.float32)
+    out = torch.zeros(3, 5)
+    unpack_predictions(layout, prediction, out)
+    assert out.tolist() == [[0, 0, 1, 0, 0], [0] * 5, [0, 4, 5, 6, 7]]
+    with_filler = make_layout([1], [2], multiple=2, total=6)
+    assert with_filler.seg_lengths == (2, 4)
+
+
+def test_row_index_under_context_parallelism() -> None:
+    layout = make_layout([0, 1], [7, 3], multiple=4, cp_size=2, cp_rank=1)
+    # Segments 8 and 4 (chunks of 2 and 1); rank 1 holds chunks 1 and 2 of each: positions
+    # 2-5 of segment 0 and 9, 10 of segment 1.
+    assert layout.local_order().tolist() == [2, 3, 4, 5, 9, 10]
+    assert layout.row_index().tolist() == [[0, 1, 2, 3], [4, 5, -1, -1]]
+
+
+def test_lengths_field_is_checked() -> None:
+    ids = torch.zeros(2, 4, dtype=torch.long)
+    batch = PolicyBatch(ids, torch.zeros(2, 4), lengths=torch.tensor([4, 1]))
+    assert batch.pad_to(3, 5).lengths.tolist() == [4, 1, 0]
+    with pytest.raises(ValueError, match="lengths exceed"):
+        PolicyBatch(ids, torch.zeros(2, 4), lengths=torch.tensor([5, 1]))
+    with pytest.raises(ValueError, match=r"lengths has shape \(3,\); expected \[B\]"):
+        PolicyBatch(ids, torch.zeros(2, 4), lengths=torch.tensor([1, 1, 1]))
