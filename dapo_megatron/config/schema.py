@@ -119,13 +119,13 @@ class PolicyConfig:
     train_micro_batch_size: int
     """Samples per forward/backward micro-batch on one data-parallel rank."""
     logprob_micro_batch_size: int
+    """Samples per forward-only micro-batch when computing old/reference logprobs."""
     max_tokens_per_microbatch: int | None
     """Sequence packing: each train/logprob micro-batch concatenates whole sequences (no
     padding between them, attention kept within each) up to this many tokens; rows are then
     dealt to data-parallel ranks by tokens. Replaces train_micro_batch_size and
     logprob_micro_batch_size; null keeps padded micro-batches of those sizes. Must hold the
     longest sequence, data.max_prompt_length + generation.max_response_length."""
-    """Samples per forward-only micro-batch when computing old/reference logprobs."""
     old_logprob_pass: Literal["auto", "always"]
     """auto: skip the forward-only old-logprob pass when a rollout batch is trained in ONE
     optimizer step (batch <= train_global_batch_size): the training forward's detached

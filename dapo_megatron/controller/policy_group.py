@@ -24,6 +24,7 @@ from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
 from dapo_megatron.controller.placement import policy_placements
 from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather
 from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.data.pack_plan import balance_by_tokens
 from dapo_megatron.generation.base import Sample, SamplingParams
 from dapo_megatron.workers.policy_worker import PolicyWorker
 
@@ -97,8 +98,26 @@ class PolicyGroup:
         results = self._gather(refs)
         return [results[leader] for leader in self.leaders]
 
+    def _shard_rows(self, batch: PolicyBatch) -> list[list[int]]:
+        """Rows of each DP shard: dealt by tokens when micro-batches are packed (the ranks
+        then finish together), else contiguous and equal in count."""
+        if self.config.policy.max_tokens_per_microbatch is not None and batch.lengths is not None:
+            return balance_by_tokens([int(n) for n in batch.lengths.tolist()], self.dp)
+        return [list(range(a, b)) for a, b in shard_bounds(len(batch), self.dp)]
+
     def _batch_shards(self, batch: PolicyBatch) -> list[PolicyBatch]:
-        return [batch.select(slice(a, b)) for a, b in shard_bounds(len(batch), self.dp)]
+        return [
+            batch.select(torch.tensor(rows, dtype=torch.long)) for rows in self._shard_rows(batch)
+        ]
+
+    def _unshard(self, batch: PolicyBatch, parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Per-shard [b_i, S] results back in the batch's row order."""
+        order = torch.tensor(
+            [r for rows in self._shard_rows(batch) for r in rows], dtype=torch.long
+        )
+        out = torch.empty_like(torch.cat(list(parts)))
+        out[order] = torch.cat(list(parts))
+        return out
 
     # ----------------------------------------------------------------------------------
     # Operations
@@ -119,20 +138,20 @@ class PolicyGroup:
         parts: list[tuple[torch.Tensor, torch.Tensor | None]] = self._call_sharded(
             "logprobs", self._batch_shards(batch), compute_entropy
         )
-        lp = torch.cat([p[0] for p in parts])
+        lp = self._unshard(batch, [p[0] for p in parts])
         if not compute_entropy:
             return lp, None
         entropies = [p[1] for p in parts]
         present = [e for e in entropies if e is not None]
         if len(present) != len(entropies):
             raise RuntimeError("a policy worker returned no entropies when asked for them")
-        return lp, torch.cat(present)
+        return lp, self._unshard(batch, present)
 
     def ref_logprobs(self, batch: PolicyBatch) -> torch.Tensor:
         """Token-aligned logprobs [B, S] of the whole batch under the frozen KL reference
         (the policy's weights at the start of DAPO training, kept on every rank)."""
         parts: list[torch.Tensor] = self._call_sharded("ref_logprobs", self._batch_shards(batch))
-        return torch.cat(parts)
+        return self._unshard(batch, parts)
 
     def train_step(self, mini_batch: PolicyBatch) -> dict[str, float]:
         """One optimizer step on a mini-batch (split evenly over DP ranks)."""
