@@ -24,12 +24,37 @@ What the model expects from callers under CP > 1:
   rank's tokens must be exactly its split of a sequence starting at position 0;
 * outputs (logits, per-token logprobs) are per rank in the split layout;
   ``gather_from_context_parallel`` restores the sequence order when a full copy is needed.
+
+Packed sequences (THD). Several sequences concatenated without padding between them
+into one row ``[1, T]``, described by ``cu_seqlens`` (int32 ``[n + 1]``, cumulative
+lengths, ``cu_seqlens[0] == 0``, ``cu_seqlens[-1] == T``), passed to the model as
+``PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=m,
+max_seqlen_kv=m)``. The layout is TE's and Megatron's (``_apply_rotary_pos_emb_thd``):
+
+* each sequence's length in ``cu_seqlens`` is its PADDED length: a multiple of ``2 * cp``
+  under CP (times ``tp`` under sequence parallelism); the real tokens come first, the
+  padding after them (the loss masks the padding's outputs; causal masking keeps it out
+  of the real tokens' attention);
+* ``cu_seqlens`` and ``m`` are GLOBAL (the whole pack, before the CP split) and equal on
+  every rank; ``m`` is the longest padded length (Megatron sizes RoPE with it; ``m ==
+  T`` with several sequences would switch Megatron's RoPE to offset positions, refused);
+* under CP, rank ``r`` holds, for every sequence in order, that sequence's chunks ``r``
+  and ``2 * cp - 1 - r`` of its ``2 * cp`` equal chunks: ``split_packed_for_context_
+  parallel`` builds that from the global pack, ``gather_packed_from_context_parallel``
+  inverts it, ``packed_cp_index`` gives the global pack index of each local token;
+* RoPE positions restart at 0 in every sequence (``position_ids`` are not read).
+
+``ContextParallelAttention`` implements THD for the local spec at any CP size (the model
+uses it whenever ``build_model(..., packed=True)``): a token attends to the tokens of its
+own sequence at positions ``<=`` its own, never across sequence boundaries.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -150,6 +175,141 @@ def gather_from_context_parallel(
     return rank_major.index_select(seq_dim, order.to(rank_major.device))
 
 
+def _packed_boundaries(cu_seqlens: Tensor | Sequence[int]) -> tuple[int, ...]:
+    """``cu_seqlens`` as a tuple of ints (a hashable cache key), validated."""
+    bounds = tuple(
+        int(c) for c in (cu_seqlens.tolist() if isinstance(cu_seqlens, Tensor) else cu_seqlens)
+    )
+    if len(bounds) < 2 or bounds[0] != 0 or any(b < a for a, b in itertools.pairwise(bounds)):
+        raise ValueError(
+            f"cu_seqlens {list(bounds)}: need [0, ...] non-decreasing with at least one sequence"
+        )
+    return bounds
+
+
+def _check_packed_split(bounds: tuple[int, ...], cp_rank: int, cp_size: int) -> None:
+    """Every sequence of the pack must be splittable into ``2 * cp_size`` equal chunks."""
+    for i, (start, end) in enumerate(itertools.pairwise(bounds)):
+        try:
+            _check_split(end - start, cp_rank, cp_size)
+        except ValueError as error:
+            raise ValueError(f"packed sequence {i} (cu_seqlens {list(bounds)}): {error}") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _packed_cp_index(bounds: tuple[int, ...], cp_rank: int, cp_size: int) -> Tensor:
+    _check_packed_split(bounds, cp_rank, cp_size)
+    if cp_size == 1:
+        return torch.arange(bounds[-1])
+    return torch.cat(
+        [
+            start + cp_positions(end - start, cp_rank, cp_size)
+            for start, end in itertools.pairwise(bounds)
+        ]
+    )
+
+
+def packed_cp_index(cu_seqlens: Tensor | Sequence[int], cp_rank: int, cp_size: int) -> torch.Tensor:
+    """Global pack index of each token that ``cp_rank`` holds, in its local order.
+
+    Args:
+        cu_seqlens: GLOBAL cumulative padded lengths ``[n + 1]`` (``[0, ..., T]``); every
+            length must be a multiple of ``2 * cp_size`` when ``cp_size > 1``.
+        cp_rank: this rank in the CP group.
+        cp_size: CP group size.
+
+    Returns:
+        LongTensor ``[T / cp_size]``: for each sequence in order, ``start +
+        cp_positions(length, cp_rank, cp_size)``. Example: ``cu_seqlens = [0, 4, 12]``,
+        ``cp = 2``: rank 0 holds ``[0, 3, 4, 5, 10, 11]``, rank 1 ``[1, 2, 6, 7, 8, 9]``.
+        Do not modify it (cached).
+
+    Raises:
+        ValueError: malformed ``cu_seqlens`` or a length not divisible by ``2 * cp_size``.
+    """
+    return _packed_cp_index(_packed_boundaries(cu_seqlens), cp_rank, cp_size)
+
+
+def split_packed_for_context_parallel(
+    tensor: torch.Tensor,
+    cu_seqlens: Tensor | Sequence[int],
+    *,
+    seq_dim: int,
+    cp_rank: int,
+    cp_size: int,
+) -> torch.Tensor:
+    """This rank's part of a packed ``tensor`` (THD layout, see the module docstring).
+
+    Args:
+        tensor: dimension ``seq_dim`` is the whole pack, ``T = cu_seqlens[-1]`` tokens
+            (``input_ids [1, T]``: ``seq_dim=1``).
+        cu_seqlens: GLOBAL cumulative padded lengths.
+        seq_dim: the packed dimension.
+        cp_rank: this rank in the CP group.
+        cp_size: CP group size; 1 returns ``tensor`` itself.
+
+    Returns:
+        ``T / cp_size`` along ``seq_dim``: per sequence, its chunks ``cp_rank`` and
+        ``2 * cp_size - 1 - cp_rank``, sequences in pack order.
+    """
+    bounds = _packed_boundaries(cu_seqlens)
+    if tensor.shape[seq_dim] != bounds[-1]:
+        raise ValueError(
+            f"packed dimension {seq_dim} has {tensor.shape[seq_dim]} tokens, cu_seqlens ends "
+            f"at {bounds[-1]}"
+        )
+    index = _packed_cp_index(bounds, cp_rank, cp_size)
+    if cp_size == 1:
+        return tensor
+    return tensor.index_select(seq_dim, index.to(tensor.device))
+
+
+@functools.lru_cache(maxsize=64)
+def _packed_rank_major_to_global_order(bounds: tuple[int, ...], cp_size: int) -> Tensor:
+    """Index that reorders the rank-major concatenation of all packed splits into pack
+    order (the packed analogue of ``_rank_major_to_global_order``; cached, do not modify).
+    """
+    positions = torch.cat([_packed_cp_index(bounds, r, cp_size) for r in range(cp_size)])
+    return torch.argsort(positions)
+
+
+def gather_packed_from_context_parallel(
+    tensor: torch.Tensor,
+    cu_seqlens: Tensor | Sequence[int],
+    *,
+    seq_dim: int,
+    group: dist.ProcessGroup | None,
+) -> torch.Tensor:
+    """Inverse of ``split_packed_for_context_parallel``: the whole pack on every rank.
+
+    Forward only (detached), like ``gather_from_context_parallel``.
+
+    Args:
+        tensor: this rank's split, ``T / cp`` along ``seq_dim``; same shape on all ranks.
+        cu_seqlens: GLOBAL cumulative padded lengths (``T = cu_seqlens[-1]``).
+        seq_dim: the packed dimension.
+        group: the CP process group; None or size 1 returns a detached ``tensor``.
+
+    Returns:
+        ``[..., T, ...]`` in pack order.
+    """
+    cp_size = 1 if group is None else dist.get_world_size(group)
+    bounds = _packed_boundaries(cu_seqlens)
+    seq_dim = seq_dim % tensor.dim()
+    if tensor.shape[seq_dim] * cp_size != bounds[-1]:
+        raise ValueError(
+            f"{tensor.shape[seq_dim]} local tokens x cp {cp_size} != cu_seqlens[-1] = {bounds[-1]}"
+        )
+    if cp_size == 1:
+        return tensor.detach()
+    local = tensor.detach().contiguous()
+    parts = [torch.empty_like(local) for _ in range(cp_size)]
+    dist.all_gather(parts, local, group=group)
+    rank_major = torch.cat(parts, dim=seq_dim)
+    order = _packed_rank_major_to_global_order(bounds, cp_size)
+    return rank_major.index_select(seq_dim, order.to(rank_major.device))
+
+
 class _AllGatherSequence(torch.autograd.Function):
     """All-gather along dim 0 (rank-major) whose backward is a reduce-scatter.
 
@@ -193,11 +353,16 @@ class ContextParallelAttention(MegatronModule):
     Grouped-query attention repeats the KV heads after the gather (less to send). The
     softmax runs in fp32; probabilities are cast back to the value dtype before the
     product with V, as in Megatron's local attention. At CP == 1 it computes the same
-    function as ``DotProductAttention`` (the model only uses it when CP > 1).
+    function as ``DotProductAttention`` (the model uses it when CP > 1 or for packed
+    sequences).
 
-    Not supported (a clear error): packed sequences (THD), attention bias, sliding
-    windows, non-vanilla softmax, and K/V longer than the queries (a KV cache or
-    cross-attention: inference under CP is not supported).
+    Packed sequences (``packed_seq_params.qkv_format == "thd"``, layout in the module
+    docstring): queries ``[t/cp, np, hn]``; K/V are gathered and reordered to pack order
+    in the same way, then each sequence attends on its own (block-diagonal attention).
+
+    Not supported (a clear error): attention bias, sliding windows, non-vanilla softmax,
+    K/V longer than the queries (a KV cache or cross-attention: inference under CP is not
+    supported), and with THD an explicit attention mask or different q/kv packings.
     """
 
     def __init__(
@@ -294,20 +459,24 @@ class ContextParallelAttention(MegatronModule):
         """Attention of this rank's queries to the whole sequence.
 
         Args:
-            query: ``[s/cp, b, np, hn]`` (np: query heads of this TP rank).
-            key: ``[s/cp, b, ng, hn]`` (ng: KV heads of this TP rank; np % ng == 0).
-            value: ``[s/cp, b, ng, hn]``.
+            query: ``[s/cp, b, np, hn]`` (np: query heads of this TP rank); with THD
+                ``[t/cp, np, hn]`` (Megatron's ``Attention`` squeezes the batch of 1).
+            key: ``[s/cp, b, ng, hn]`` (ng: KV heads of this TP rank; np % ng == 0); THD
+                ``[t/cp, ng, hn]``.
+            value: same shape as ``key``.
             attention_mask: None (causal by global position) or a boolean mask, True =
                 hidden, broadcastable to ``[b, np, s/cp, s]``, keys in sequence order.
+                Must be None with THD.
             attn_mask_type: overrides the layer's mask type when given.
             attention_bias: must be None.
-            packed_seq_params: must be None.
+            packed_seq_params: None, or THD parameters (``cu_seqlens_q`` global and padded,
+                see the module docstring).
 
         Returns:
-            ``[s/cp, b, np * hn]``, the layout of ``DotProductAttention``.
+            ``[s/cp, b, np * hn]``, the layout of ``DotProductAttention``; with THD
+            ``[t/cp, np * hn]`` (what TE returns; ``Attention`` reshapes it to
+            ``[t/cp, 1, np * hn]``).
         """
-        if packed_seq_params is not None:
-            raise NotImplementedError("ContextParallelAttention: packed sequences (THD)")
         if attention_bias is not None:
             raise NotImplementedError("ContextParallelAttention: attention bias")
         if key.shape[0] != query.shape[0]:
@@ -317,8 +486,12 @@ class ContextParallelAttention(MegatronModule):
                 "supported"
             )
         mask_type = self.attn_mask_type if attn_mask_type is None else attn_mask_type
+        if packed_seq_params is not None:
+            return self._forward_thd(
+                query, key, value, attention_mask, mask_type, packed_seq_params
+            )
         cp_size, cp_rank = self._cp_size_rank()
-        local_len, batch, heads, _ = query.shape
+        local_len = query.shape[0]
         seq_len = local_len * cp_size
         q_positions = cp_positions(seq_len, cp_rank, cp_size).to(query.device)
 
@@ -329,6 +502,15 @@ class ContextParallelAttention(MegatronModule):
             kv = kv.index_select(0, _rank_major_to_global_order(seq_len, cp_size).to(kv.device))
             key, value = kv[..., :k_dim], kv[..., k_dim:]
 
+        mask = self._mask(attention_mask, mask_type, q_positions, seq_len)
+        return self._attend(query, key, value, mask)
+
+    def _attend(self, query: Tensor, key: Tensor, value: Tensor, mask: Tensor | None) -> Tensor:
+        """Softmax attention of ``query [sq, b, np, hn]`` to ``key``/``value [sk, b, ng, hn]``
+        (keys already gathered and in order) under ``mask`` (True = hidden, broadcastable
+        to ``[b, np, sq, sk]``). Returns ``[sq, b, np * hn]``."""
+        local_len, batch, heads, _ = query.shape
+        seq_len = key.shape[0]
         groups_per_head = (
             self.num_attention_heads_per_partition // self.num_query_groups_per_partition
         )
@@ -353,7 +535,6 @@ class ContextParallelAttention(MegatronModule):
         scores = scores.float()
         if self.coeff is not None:
             scores = scores * self.coeff
-        mask = self._mask(attention_mask, mask_type, q_positions, seq_len)
         if mask is not None:
             # The most negative finite value rather than -inf: a fully masked row (only
             # possible with an explicit mask) gives a uniform row instead of NaNs.
@@ -372,3 +553,132 @@ class ContextParallelAttention(MegatronModule):
         # [b * np, s/cp, hn] -> [s/cp, b, np * hn]
         context = context.view(batch, heads, local_len, -1).permute(2, 0, 1, 3).contiguous()
         return context.view(local_len, batch, self.hidden_size_per_partition)
+
+    def _thd_boundaries(self, params: PackedSeqParams, cp_size: int) -> tuple[int, ...]:
+        """The pack's global boundaries from ``params`` (the padded ones when given, as
+        Megatron's RoPE uses them), after checking what this module can honour."""
+        if params.qkv_format != "thd":
+            raise NotImplementedError(
+                f"ContextParallelAttention: packed qkv_format {params.qkv_format!r} (only thd)"
+            )
+        if params.cp_group is not None and params.cp_group.size() != cp_size:
+            raise ValueError(
+                f"packed_seq_params.cp_group has {params.cp_group.size()} ranks, the layer's "
+                f"CP group {cp_size}"
+            )
+        if params.local_cp_size is not None and params.local_cp_size != cp_size:
+            raise NotImplementedError(
+                f"ContextParallelAttention: local_cp_size={params.local_cp_size} (dynamic "
+                f"CP); the CP group has {cp_size} ranks"
+            )
+        if params.cu_seqlens_q is None:
+            raise ValueError("packed_seq_params.cu_seqlens_q is required for thd")
+        real_q = _packed_boundaries(params.cu_seqlens_q)
+        real_kv = (
+            real_q if params.cu_seqlens_kv is None else _packed_boundaries(params.cu_seqlens_kv)
+        )
+        if real_kv != real_q:
+            raise NotImplementedError(
+                "ContextParallelAttention: cu_seqlens_kv differs from cu_seqlens_q (only "
+                "self-attention over one packing)"
+            )
+        if (params.cu_seqlens_q_padded is None) != (params.cu_seqlens_kv_padded is None):
+            # Attention.forward would rotate q by one packing and k by the other.
+            raise ValueError("set both cu_seqlens_q_padded and cu_seqlens_kv_padded, or neither")
+        if params.cu_seqlens_q_padded is None:
+            return real_q
+        bounds = _packed_boundaries(params.cu_seqlens_q_padded)
+        if _packed_boundaries(params.cu_seqlens_kv_padded) != bounds:
+            raise NotImplementedError(
+                "ContextParallelAttention: cu_seqlens_kv_padded differs from cu_seqlens_q_padded"
+            )
+        # The padded packing is the memory layout; the real lengths only say where each
+        # sequence's padding starts. Padding follows the real tokens, so causal masking
+        # already hides it from them: the layout is all this module needs.
+        if len(real_q) != len(bounds) or any(
+            r_end - r_start > p_end - p_start
+            for (r_start, r_end), (p_start, p_end) in zip(
+                itertools.pairwise(real_q), itertools.pairwise(bounds), strict=True
+            )
+        ):
+            raise ValueError(
+                f"cu_seqlens_q {list(real_q)} does not fit cu_seqlens_q_padded {list(bounds)} "
+                "(same number of sequences, each real length <= its padded length)"
+            )
+        return bounds
+
+    def _forward_thd(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        attention_mask: Tensor | None,
+        mask_type: AttnMaskType,
+        params: PackedSeqParams,
+    ) -> Tensor:
+        """Packed (THD) attention: ``[t/cp, np, hn]`` queries -> ``[t/cp, np * hn]``."""
+        if attention_mask is not None:
+            raise NotImplementedError(
+                "ContextParallelAttention: an explicit attention mask with packed sequences "
+                "(the packing defines the mask)"
+            )
+        if query.dim() != 3:
+            raise ValueError(f"thd query must be [t, np, hn], got {tuple(query.shape)}")
+        cp_size, cp_rank = self._cp_size_rank()
+        bounds = self._thd_boundaries(params, cp_size)
+        _check_packed_split(bounds, cp_rank, cp_size)
+        local_len = query.shape[0]
+        if local_len * cp_size != bounds[-1]:
+            raise ValueError(
+                f"{local_len} packed tokens on this rank x cp {cp_size} != cu_seqlens[-1] = "
+                f"{bounds[-1]} (the cu_seqlens must be the GLOBAL, padded ones)"
+            )
+        lengths = [end - start for start, end in itertools.pairwise(bounds)]
+        # Megatron's RoPE (rope_utils._apply_rotary_pos_emb_thd) is built for
+        # max(max_seqlen_q, max_seqlen_kv) positions: fewer than the longest sequence
+        # breaks it, and exactly T with several sequences switches it to positions offset
+        # by each sequence's start in the pack (not what the unpacked model computes).
+        rope_len = max(params.max_seqlen_q or 0, params.max_seqlen_kv or 0)
+        if rope_len and rope_len < max(lengths):
+            raise ValueError(
+                f"max_seqlen_q/kv = {rope_len} < longest packed sequence {max(lengths)}"
+            )
+        if rope_len == bounds[-1] and sum(1 for n in lengths if n) > 1:
+            raise ValueError(
+                f"max_seqlen_q/kv = {rope_len} is the whole pack; set it to the longest "
+                f"(padded) sequence, {max(lengths)} (Megatron's RoPE reads max_seqlen == T as "
+                "positions offset by each sequence's start)"
+            )
+
+        if cp_size > 1:
+            # As in the unpacked path: one all-gather of K and V per layer, then the
+            # rank-major rows back in pack order.
+            k_dim = key.shape[-1]
+            kv = _AllGatherSequence.apply(torch.cat([key, value], dim=-1), self.cp_group)
+            order = _packed_rank_major_to_global_order(bounds, cp_size).to(kv.device)
+            kv = kv.index_select(0, order)
+            key, value = kv[..., :k_dim], kv[..., k_dim:]
+
+        # Block-diagonal attention, one sequence at a time, rather than one [t/cp, t]
+        # score matrix with a same-sequence mask: the scores and probabilities cost
+        # sum(len_i^2) / cp instead of t^2 / cp (a pack of many short sequences would
+        # otherwise spend most of its memory and FLOPs on masked-out blocks), and each
+        # block is exactly the unpacked computation of that sequence.
+        outputs = []
+        for start, length in zip(bounds[:-1], lengths, strict=True):
+            if length == 0:
+                continue
+            local_start, local_length = start // cp_size, length // cp_size
+            q_positions = cp_positions(length, cp_rank, cp_size).to(query.device)
+            mask = self._mask(None, mask_type, q_positions, length)
+            outputs.append(
+                self._attend(
+                    query[local_start : local_start + local_length].unsqueeze(1),
+                    key[start : start + length].unsqueeze(1),
+                    value[start : start + length].unsqueeze(1),
+                    mask,
+                ).squeeze(1)
+            )
+        if not outputs:
+            return query.new_zeros(0, self.hidden_size_per_partition)
+        return torch.cat(outputs, dim=0)

@@ -15,8 +15,10 @@ their modules: reach them through Megatron's own lookups (``get_forward_backward
 or import them by name only after ``apply_cpu_compat()`` (``initialize_parallel`` calls it).
 
 Covered: model build, forward/backward (local spec, TP, SP, PP schedules, the rotary
-slicing of context parallelism, whose attention is ``context_parallel.py``), the RNG
-tracker, Megatron's DDP (grad buffers, grad sync) and optimizers (fp32 and mixed precision,
+slicing of context parallelism, whose attention is ``context_parallel.py``; packed THD
+sequences need no patch: with ``packed_seq`` the rotary embedding skips the CP slicing,
+and the unfused ``rope_utils._apply_rotary_pos_emb_thd`` (``apply_rope_fusion`` is off)
+is plain torch), the RNG tracker, Megatron's DDP (grad buffers, grad sync) and optimizers (fp32 and mixed precision,
 the distributed optimizer, grad clipping), whose classes run every method under the mode
 (``_CPU_DEVICE_CLASSES``).
 """

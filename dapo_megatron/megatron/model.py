@@ -8,7 +8,9 @@ q/k/v bias for Qwen2, tied or untied input/output embeddings. Weights are random
 Layer implementation: Transformer Engine's spec when ``transformer_engine`` imports and
 CUDA is present; otherwise Megatron's local (pure torch) spec with our own RMSNorm (the
 local spec's torch norm refuses sequence parallelism, see ``_RMSNorm``) and, when
-context parallelism is on, our all-gather core attention (``context_parallel.py``).
+context parallelism is on or the model runs packed sequences (``packed=True``), our
+all-gather core attention (``context_parallel.py``), which implements both (Megatron's
+local ``DotProductAttention`` refuses CP > 1 and ``packed_seq_params``).
 
 Vocabulary padding: the embedding and output layer have ``padded_vocab_size`` rows (a
 multiple of 128 * TP, Megatron's convention, so that each TP shard is equal and GEMM
@@ -156,12 +158,13 @@ class _RMSNorm(torch.nn.RMSNorm):
         return self.weight * x32.to(x.dtype)
 
 
-def _local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
+def _local_block_spec(config: TransformerConfig, packed: bool) -> TransformerBlockSubmodules:
     spec = get_gpt_layer_local_spec(normalization="RMSNorm")
     self_attention = spec.submodules.self_attention
-    if config.context_parallel_size > 1:
-        # The local DotProductAttention refuses CP > 1 (only TE implements it); ours
-        # all-gathers K/V over the CP group. CP == 1 keeps Megatron's module and numerics.
+    if config.context_parallel_size > 1 or packed:
+        # The local DotProductAttention refuses CP > 1 and packed sequences (only TE
+        # implements them); ours all-gathers K/V over the CP group and attends per packed
+        # sequence. CP == 1 without packing keeps Megatron's module and numerics.
         self_attention = dataclasses.replace(
             self_attention,
             submodules=dataclasses.replace(
@@ -182,20 +185,28 @@ def _local_block_spec(config: TransformerConfig) -> TransformerBlockSubmodules:
     return TransformerBlockSubmodules(layer_specs=[layer] * num_layers, layer_norm=_RMSNorm)
 
 
-def layer_spec(config: TransformerConfig) -> ModuleSpec | TransformerBlockSubmodules:
+def layer_spec(
+    config: TransformerConfig, *, packed: bool = False
+) -> ModuleSpec | TransformerBlockSubmodules:
     """The decoder spec: Transformer Engine on GPU when available, local modules otherwise.
 
-    The local spec under CP > 1 uses ``ContextParallelAttention``; its inputs must then
-    be split with ``context_parallel.split_for_context_parallel`` (the layout that
-    GPTModel's rotary embedding assumes).
+    The local spec under CP > 1 or with ``packed`` uses ``ContextParallelAttention``; its
+    inputs must then be split with ``context_parallel.split_for_context_parallel`` (or
+    ``split_packed_for_context_parallel`` for packed rows: the layouts that GPTModel's
+    rotary embedding assumes). TE's spec handles both natively and is the same either way.
     """
     if uses_transformer_engine():
         return get_gpt_layer_with_transformer_engine_spec()
-    return _local_block_spec(config)
+    return _local_block_spec(config, packed)
 
 
 def build_model(
-    arch: ModelArch, dims: ParallelDims, precision: str, *, recompute: str = "none"
+    arch: ModelArch,
+    dims: ParallelDims,
+    precision: str,
+    *,
+    recompute: str = "none",
+    packed: bool = False,
 ) -> GPTModel:
     """This rank's pipeline stage of the GPT model (requires ``initialize_parallel``).
 
@@ -204,12 +215,23 @@ def build_model(
     ``model(input_ids [b, s], position_ids [b, s], attention_mask=None)`` returns, on the
     last stage, logits ``[b, s, padded_vocab / tp]`` (vocab-parallel, not gathered), and
     on other stages the hidden states ``[s / (tp if SP else 1), b, h]`` for the next stage.
+
+    ``packed=True`` makes the model accept packed rows (it still accepts unpacked
+    batches): ``model(input_ids [1, t], position_ids [1, t], None,
+    packed_seq_params=PackedSeqParams(qkv_format="thd", cu_seqlens_q=cu,
+    cu_seqlens_kv=cu, max_seqlen_q=m, max_seqlen_kv=m))`` with ``cu`` the GLOBAL
+    cumulative padded lengths (int32 ``[n + 1]``, each length a multiple of ``2 * cp``,
+    times ``tp`` under sequence parallelism), ``m`` the longest padded length, and
+    ``t = cu[-1] / cp`` tokens per rank laid out by
+    ``context_parallel.split_packed_for_context_parallel``; the logits are ``[1, t,
+    padded_vocab / tp]`` in the same layout. On CPU (local spec) this needs
+    ``packed=True``; on GPU the Transformer Engine spec handles it either way.
     """
     apply_cpu_compat()
     config = transformer_config(arch, dims, precision, recompute=recompute)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(config),
+        transformer_layer_spec=layer_spec(config, packed=packed),
         vocab_size=padded_vocab_size(arch.vocab_size, dims.tp),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),
