@@ -65,8 +65,13 @@ class MegatronPolicy:
         self.loss_spec = plan.loss
         policy = config.policy
         initialize_parallel(self.dims, seed=config.run.seed)
+        packed = policy.max_tokens_per_microbatch is not None
         model = build_model(
-            arch, self.dims, policy.precision, recompute=policy.megatron.recompute_granularity
+            arch,
+            self.dims,
+            policy.precision,
+            recompute=policy.megatron.recompute_granularity,
+            packed=packed,
         )
         load_hf_checkpoint(model, policy.model_name_or_path, arch, self.dims)
         # Our losses carry the global normaliser themselves: Megatron must only sum
@@ -90,7 +95,10 @@ class MegatronPolicy:
             total_optimizer_steps=plan.total_optimizer_steps,
         )
         self.ctx = StepContext(
-            dims=self.dims, vocab_size=arch.vocab_size, temperature=config.generation.temperature
+            dims=self.dims,
+            vocab_size=arch.vocab_size,
+            temperature=config.generation.temperature,
+            max_tokens_per_microbatch=policy.max_tokens_per_microbatch,
         )
         self._reference: torch.nn.Module | None = None
         """The frozen KL reference model (``snapshot_reference``), None until taken."""
@@ -106,7 +114,12 @@ class MegatronPolicy:
         that builds it at another moment stays bit-exact.
         """
         rng = ckpt.capture_rng_state()
-        reference = build_model(self.arch, self.dims, self.config.policy.precision)
+        reference = build_model(
+            self.arch,
+            self.dims,
+            self.config.policy.precision,
+            packed=self.ctx.max_tokens_per_microbatch is not None,
+        )
         ckpt.restore_rng_state(rng)
         reference.config.calculate_per_token_loss = True  # as the policy's (forward only)
         reference.requires_grad_(False)

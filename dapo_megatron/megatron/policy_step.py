@@ -48,6 +48,12 @@ from dapo_megatron.megatron.context_parallel import (
     split_for_context_parallel,
 )
 from dapo_megatron.megatron.model import unwrap_model
+from dapo_megatron.megatron.packed_batches import (
+    packed_micro_batches,
+    pad_multiple,
+    to_rows,
+    unpack_outputs,
+)
 
 
 @dataclass(frozen=True)
@@ -60,6 +66,9 @@ class StepContext:
     """Real vocabulary size (the output layer carries padding rows beyond it)."""
     temperature: float
     """Logits are divided by the sampling temperature, so logprobs match the rollouts."""
+    max_tokens_per_microbatch: int | None
+    """Token budget of a packed micro-batch (policy.max_tokens_per_microbatch); None keeps
+    padded micro-batches of a fixed number of rows."""
 
 
 # ---------------------------------------------------------------------------------------
@@ -133,12 +142,6 @@ def _output_weight(model: torch.nn.Module) -> torch.Tensor:
 # Micro-batches
 
 
-def _pad_multiple(dims: ParallelDims) -> int:
-    """Sequence lengths must split into 2*CP chunks, each divisible by TP under SP."""
-    multiple = 2 * dims.cp if dims.cp > 1 else 1
-    return multiple * (dims.tp if dims.sequence_parallel else 1)
-
-
 def _shifted(t: torch.Tensor | None) -> torch.Tensor | None:
     """Token-aligned [B, S] -> prediction-aligned: out[:, p] = t[:, p + 1], last column 0."""
     if t is None:
@@ -156,7 +159,7 @@ def _micro_batches(
     Returns the micro-batches, the (padded) sequence length and the number of real samples.
     """
     n_real = len(batch)
-    multiple = _pad_multiple(dims)
+    multiple = pad_multiple(dims)
     seq_len = -(-batch.seq_len // multiple) * multiple
     n_micro = max(1, -(-n_real // micro_batch_size))
     batch = batch.pad_to(n_micro * micro_batch_size, seq_len)
@@ -238,7 +241,11 @@ def _run(
 
     def forward_step(data_iterator: Iterator[dict], model: torch.nn.Module):
         mb = next(data_iterator)
-        output = model(mb["input_ids"], mb["position_ids"], None)
+        packed = mb.get("packed_seq_params")
+        if packed is None:
+            output = model(mb["input_ids"], mb["position_ids"], None)
+        else:
+            output = model(mb["input_ids"], mb["position_ids"], None, packed_seq_params=packed)
         return output, functools.partial(loss_fn, model, mb)
 
     with hidden_state_head(model_chunks):
@@ -290,6 +297,8 @@ def compute_logprobs(
     """
     for m in model_chunks:
         m.eval()
+    if ctx.max_tokens_per_microbatch is not None:
+        return _packed_logprobs(model_chunks, batch, ctx, compute_entropy)
     micro, seq_len, n_real = _micro_batches(batch, micro_batch_size, ctx.dims)
 
     def loss_fn(model, mb, hidden):
@@ -314,6 +323,34 @@ def compute_logprobs(
         # prediction-aligned -> token-aligned: the logprob of token t sits at column t.
         token_aligned = torch.cat([full.new_zeros((shape[0], 1)), full[:, :-1]], dim=1)
         results.append(token_aligned[:n_real, : batch.seq_len])
+    return results[0], results[1] if compute_entropy else None
+
+
+def _packed_logprobs(
+    model_chunks: list[torch.nn.Module],
+    batch: PolicyBatch,
+    ctx: StepContext,
+    compute_entropy: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``compute_logprobs`` over packed micro-batches (packed_batches.py)."""
+    assert ctx.max_tokens_per_microbatch is not None
+    packed = packed_micro_batches(batch, ctx.max_tokens_per_microbatch, ctx.dims)
+
+    def loss_fn(model, mb, hidden):
+        lp, ent = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=compute_entropy)
+        out = {"lp": lp}
+        if ent is not None:
+            out["ent"] = ent
+        return torch.zeros((), device=lp.device), torch.tensor(0, dtype=torch.int), out
+
+    outputs = _run(model_chunks, packed.micro, packed.seq_len, 1, loss_fn, forward_only=True)
+    shape = (len(batch), batch.seq_len)
+    results = []
+    for key in ("lp", "ent") if compute_entropy else ("lp",):
+        full = None
+        if parallel_state.is_pipeline_last_stage():
+            full = unpack_outputs(packed.micro, [o[key] for o in outputs], shape)
+        results.append(_broadcast_from_last_stage(full, shape, torch.float32))
     return results[0], results[1] if compute_entropy else None
 
 
@@ -427,11 +464,17 @@ def train_step(
     for m in model_chunks:
         m.train()
     normalizer = _global_denominator(batch, loss.loss_agg_mode, loss.loss_scale_length)
-    micro, seq_len, _ = _micro_batches(batch, micro_batch_size, ctx.dims)
+    if ctx.max_tokens_per_microbatch is not None:
+        packed = packed_micro_batches(batch, ctx.max_tokens_per_microbatch, ctx.dims)
+        micro, seq_len, micro_batch_size = packed.micro, packed.seq_len, 1
+    else:
+        micro, seq_len, _ = _micro_batches(batch, micro_batch_size, ctx.dims)
     want_entropy_grad = loss.entropy_coef > 0
 
     def loss_fn(model, mb, hidden):
         lp, ent = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=True)
+        if "row_index" in mb:  # packed: the loss sees per-row tensors, as unpacked
+            lp, ent = to_rows(lp, mb["row_index"]), to_rows(ent, mb["row_index"])
         # Without old logprobs this is the only update on the batch (the controller skips
         # the separate pass, controller/steps.py): the policy before the update IS the
         # current one, so old = lp.detached is exact (ratio 1, the same gradient).
@@ -501,10 +544,16 @@ def sft_step(
     for m in model_chunks:
         m.train()
     normalizer = _global_denominator(batch, "token-mean", None)
-    micro, seq_len, _ = _micro_batches(batch, micro_batch_size, ctx.dims)
+    if ctx.max_tokens_per_microbatch is not None:
+        packed = packed_micro_batches(batch, ctx.max_tokens_per_microbatch, ctx.dims)
+        micro, seq_len, micro_batch_size = packed.micro, packed.seq_len, 1
+    else:
+        micro, seq_len, _ = _micro_batches(batch, micro_batch_size, ctx.dims)
 
     def loss_fn(model, mb, hidden):
         lp, _ = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=False)
+        if "row_index" in mb:
+            lp = to_rows(lp, mb["row_index"])
         nll_sum = -(lp * mb["mask"]).sum()
         loss = nll_sum / normalizer.clamp(min=1).to(nll_sum.dtype)
         metrics = {

@@ -1,0 +1,165 @@
+"""Packed (THD) micro-batches for the logprob and train passes (data/packing.py's layout).
+
+A packed micro-batch feeds the model one row of concatenated sequences with
+``PackedSeqParams(qkv_format="thd")``; everything the loss needs is gathered back into
+per-row ``[n, W]`` tensors (``row_index``), so the loss, its global normaliser and its
+per-sequence modes are those of the padded path: packing changes where the tokens sit in
+the forward pass, not what is computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+from megatron.core.packed_seq_params import PackedSeqParams
+
+from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.data.pack_plan import plan_packs, sequence_multiple
+from dapo_megatron.data.packing import (
+    PackLayout,
+    local_order,
+    make_layout,
+    pack_tokens,
+    positions,
+    unpack_predictions,
+)
+
+
+def pad_multiple(dims: ParallelDims) -> int:
+    """Sequence lengths must split into 2*CP chunks, each divisible by TP under SP."""
+    return sequence_multiple(tp=dims.tp, cp=dims.cp, sequence_parallel=dims.sequence_parallel)
+
+
+def row_lengths(batch: PolicyBatch) -> list[int]:
+    """Real tokens of each row (the whole row when the batch does not say)."""
+    if batch.lengths is None:
+        return [batch.seq_len] * len(batch)
+    return [int(n) for n in batch.lengths.tolist()]
+
+
+def _shift(t: torch.Tensor) -> torch.Tensor:
+    """Token-aligned packed ``[T]`` -> prediction-aligned (out[p] = t[p + 1], last 0). Across a
+    segment boundary this reads the next sequence's first token, whose mask is always 0."""
+    return torch.cat([t[1:], t.new_zeros(1)])
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class PackedMicroBatches:
+    """The packed micro-batches of one pass."""
+
+    micro: list[dict[str, Any]]
+    """Per pack: model inputs ``input_ids``/``position_ids``/``labels`` ``[1, T_local]``,
+    ``packed_seq_params``, ``row_index`` ``[n, W]``, per-row loss tensors ``[n, W]`` and its
+    ``layout``."""
+    seq_len: int
+    """Global tokens of the largest pack (the schedule's sequence length)."""
+
+
+def packed_micro_batches(
+    batch: PolicyBatch, max_tokens: int, dims: ParallelDims
+) -> PackedMicroBatches:
+    """Pack this rank's rows into micro-batches of at most ``max_tokens`` tokens.
+
+    Under pipeline parallelism every pack is padded to the budget (the stages exchange
+    tensors of one shape); otherwise each pack is as long as its rows.
+    """
+    multiple = pad_multiple(dims)
+    lengths = row_lengths(batch)
+    packs = plan_packs(lengths, max_tokens, multiple=multiple)
+    budget = max_tokens // multiple * multiple
+    total = budget if dims.pp > 1 else None
+    if not packs:  # only empty rows: one filler pack keeps the schedule (and DDP) in step
+        packs, total = [[]], total or multiple
+    cp_rank = parallel_state.get_context_parallel_rank() if dims.cp > 1 else 0
+    device = _device()
+    advantages = batch.advantages
+    micro = []
+    for rows in packs:
+        layout = make_layout(
+            rows,
+            [lengths[r] for r in rows],
+            multiple=multiple,
+            total=total,
+            cp_size=dims.cp,
+            cp_rank=cp_rank,
+        )
+        order = layout.local_order()
+        row_index = layout.row_index() if rows else torch.zeros((0, 1), dtype=torch.long)
+
+        def local(t: torch.Tensor, _order: torch.Tensor = order) -> torch.Tensor:
+            return t[_order][None].to(device)
+
+        def per_row(
+            t: torch.Tensor | None,
+            _layout: PackLayout = layout,
+            _order: torch.Tensor = order,
+            _index: torch.Tensor = row_index,
+        ) -> torch.Tensor | None:
+            if t is None:
+                return None
+            values = _shift(pack_tokens(_layout, t))[_order]
+            return torch.where(_index >= 0, values[_index.clamp(min=0)], 0).to(device)
+
+        ids = pack_tokens(layout, batch.input_ids)
+        cu = layout.cu_seqlens().to(device)
+        micro.append(
+            {
+                "input_ids": local(ids),
+                "position_ids": local(positions(layout)),
+                "labels": local(_shift(ids)),
+                "packed_seq_params": PackedSeqParams(
+                    qkv_format="thd",
+                    cu_seqlens_q=cu,
+                    cu_seqlens_kv=cu,
+                    max_seqlen_q=layout.max_seqlen(),
+                    max_seqlen_kv=layout.max_seqlen(),
+                ),
+                "row_index": row_index.to(device),
+                "layout": layout,
+                "mask": per_row(batch.loss_mask.float()),
+                "advantages": per_row(advantages),
+                "old_logprobs": per_row(batch.old_logprobs),
+                "rollout_logprobs": per_row(batch.rollout_logprobs),
+                "ref_logprobs": per_row(batch.ref_logprobs),
+            }
+        )
+    return PackedMicroBatches(micro, max(m["layout"].total for m in micro))
+
+
+def to_rows(values_1T: torch.Tensor, row_index: torch.Tensor) -> torch.Tensor:
+    """A pack's local ``[1, T_local]`` outputs as per-row ``[n, W]`` (0 where no token);
+    differentiable."""
+    flat = values_1T.reshape(-1)
+    return torch.where(row_index >= 0, flat[row_index.clamp(min=0)], 0)
+
+
+def unpack_outputs(
+    micro: list[dict[str, Any]], outputs: list[torch.Tensor], shape: tuple[int, int]
+) -> torch.Tensor:
+    """Token-aligned ``[B, S]`` from each pack's local prediction-aligned ``[1, T_local]``
+    outputs (gathered over the CP group first)."""
+    out = torch.zeros(shape, dtype=torch.float32)
+    for mb, values in zip(micro, outputs, strict=True):
+        layout: PackLayout = mb["layout"]
+        local = values.reshape(-1).float().cpu()
+        if layout.cp_size > 1:
+            group = parallel_state.get_context_parallel_group()
+            parts = [torch.empty_like(local) for _ in range(layout.cp_size)]
+            dist.all_gather(parts, local.contiguous(), group=group)
+            full = torch.empty(layout.total, dtype=local.dtype)
+            for rank, part in enumerate(parts):
+                full[local_order(layout.seg_lengths, rank, layout.cp_size)] = part
+            local = full
+        unpack_predictions(layout, local, out)
+    return out
