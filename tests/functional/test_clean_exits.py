@@ -27,6 +27,14 @@ COMMON = [
 ]
 
 
+def _args(process: psutil.Process) -> str:
+    """A process's command line; "" for one that exited meanwhile (zombie, gone)."""
+    try:
+        return " ".join(process.cmdline())
+    except psutil.Error:
+        return ""
+
+
 def _command(run_dir, *extra):
     return train_command(run_dir, run_dir.parent / "model", *COMMON, *extra)
 
@@ -50,9 +58,8 @@ def test_ctrl_c_stops_the_workers_and_exits_130_with_one_line(tmp_path):
     assert (run_dir / "config.yaml").read_bytes() == config_before
     # This run's Ray workers descend from its driver (other tests may run workers too).
     workers = [
-        p for p in psutil.Process(proc.pid).children(recursive=True)
-        if "PolicyWorker" in " ".join(p.cmdline())
-    ]  # fmt: skip
+        p for p in psutil.Process(proc.pid).children(recursive=True) if "PolicyWorker" in _args(p)
+    ]
     assert workers, "no policy worker found under the driver"
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole group
     output, _ = proc.communicate(timeout=120)
