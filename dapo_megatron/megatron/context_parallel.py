@@ -62,6 +62,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.packed_seq_params import PackedSeqParams
 from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -417,6 +418,23 @@ class ContextParallelAttention(MegatronModule):
         self.attention_dropout = torch.nn.Dropout(
             config.attention_dropout if attention_dropout is None else attention_dropout
         )
+        # Unpacked batches at CP == 1 go to Megatron's own DotProductAttention (no
+        # parameters, so checkpoints are unchanged): a model built for packing then runs
+        # its padded passes and its KV-cache decoding (colocated generation) exactly as the
+        # standard local spec does.
+        self._unpacked = (
+            DotProductAttention(
+                config,
+                layer_number,
+                attn_mask_type,
+                attention_type,
+                attention_dropout=attention_dropout,
+                softmax_scale=softmax_scale,
+                pg_collection=pg_collection,
+            )
+            if config.context_parallel_size == 1
+            else None
+        )
 
     def _cp_size_rank(self) -> tuple[int, int]:
         if self.cp_group is None:
@@ -477,6 +495,15 @@ class ContextParallelAttention(MegatronModule):
             ``[t/cp, np * hn]`` (what TE returns; ``Attention`` reshapes it to
             ``[t/cp, 1, np * hn]``).
         """
+        if packed_seq_params is None and self._unpacked is not None:
+            return self._unpacked(
+                query,
+                key,
+                value,
+                attention_mask,
+                attn_mask_type=attn_mask_type,
+                attention_bias=attention_bias,
+            )
         if attention_bias is not None:
             raise NotImplementedError("ContextParallelAttention: attention bias")
         if key.shape[0] != query.shape[0]:
@@ -607,6 +634,41 @@ class ContextParallelAttention(MegatronModule):
             )
         return bounds
 
+    def _thd_bucketed(
+        self,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        bounds: list[int],
+        lengths: list[int],
+        mask_type: AttnMaskType,
+    ) -> Tensor:
+        """Packed attention at CP == 1, batched: sequences whose lengths share a power-of-two
+        bucket run as one padded ``[L, n, ...]`` batch. A Python loop over sequences costs
+        a few small kernels per sequence and layer (hundreds of short rollouts per pack);
+        a bucket pads each sequence to at most twice its length, in attention only (the
+        projections and MLP stay packed). Padding is at the end of each row, so causal
+        masking keeps it from every real query; its own outputs are dropped."""
+        out = query.new_zeros(query.shape[0], self.hidden_size_per_partition)
+        buckets: dict[int, list[int]] = {}
+        for i, length in enumerate(lengths):
+            if length:
+                buckets.setdefault((length - 1).bit_length(), []).append(i)
+        for members in buckets.values():
+            width = max(lengths[i] for i in members)
+            # index[j, r]: packed position of token j of member r (clamped for padding)
+            offsets = torch.arange(width, device=query.device)
+            starts = torch.tensor([bounds[i] for i in members], device=query.device)
+            ends = torch.tensor([bounds[i] + lengths[i] for i in members], device=query.device)
+            index = starts[None, :] + offsets[:, None]
+            real = index < ends[None, :]
+            index = torch.where(real, index, starts[None, :])
+            q_positions = torch.arange(width, device=query.device)
+            mask = self._mask(None, mask_type, q_positions, width)
+            context = self._attend(query[index], key[index], value[index], mask)
+            out[index[real]] = context[real]
+        return out
+
     def _forward_thd(
         self,
         query: Tensor,
@@ -659,6 +721,8 @@ class ContextParallelAttention(MegatronModule):
             kv = kv.index_select(0, order)
             key, value = kv[..., :k_dim], kv[..., k_dim:]
 
+        if cp_size == 1:
+            return self._thd_bucketed(query, key, value, bounds, lengths, mask_type)
         # Block-diagonal attention, one sequence at a time, rather than one [t/cp, t]
         # score matrix with a same-sequence mask: the scores and probabilities cost
         # sum(len_i^2) / cp instead of t^2 / cp (a pack of many short sequences would

@@ -33,7 +33,10 @@ from dapo_megatron.config.parallel import ParallelDims
 pytestmark = pytest.mark.distributed
 
 REAL_LENGTHS = (5, 11, 8)
-LOGITS_ATOL = 1e-6
+# Logits of magnitude ~10: at CP1 the packed attention batches sequences of one length
+# bucket with padded keys, which reorders fp32 sums (relative error ~1e-7). The logprob
+# bound of 1e-6 is asserted in test_packed_policy_step.py.
+LOGITS_ATOL = 5e-6
 GRAD_ATOL = 1e-5
 ATTENTION_ATOL = 1e-6
 # q/k/v grads are sums over up to 17 keys/queries of O(1) terms in fp32.
