@@ -57,6 +57,7 @@ from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.config.schema import DapoMegatronConfig
 
 GIB = 2**30
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -137,6 +138,9 @@ class MemoryInputs:
     """vLLM engine settings; None when generation uses the Megatron backend."""
     fused_logits: bool = True
     """The trainer's fused/chunked logprob kernel; False models naive fp32 logits."""
+    packed_tokens: int | None = None
+    """policy.max_tokens_per_microbatch: a packed micro-batch (train and logprob pass) holds
+    this many tokens, whatever the row counts; None = rows x seq_len."""
     overheads: Overheads = Overheads()
     """Constant overheads."""
 
@@ -366,8 +370,13 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
     shard = dims.dp if inputs.distributed_optimizer else 1
     master = 0 if inputs.precision == "fp32" else params * 4 / shard
     states = 2 if inputs.optimizer == "adam" else 1
-    tokens = inputs.micro_batch_size * inputs.seq_len // dims.cp
-    lp_tokens = inputs.logprob_micro_batch_size * inputs.seq_len // dims.cp
+    if inputs.packed_tokens is not None:
+        # Packed: the token budget bounds every micro-batch's activations (and attention
+        # still spans at most one sequence's keys, seq_len).
+        tokens = lp_tokens = inputs.packed_tokens // dims.cp
+    else:
+        tokens = inputs.micro_batch_size * inputs.seq_len // dims.cp
+        lp_tokens = inputs.logprob_micro_batch_size * inputs.seq_len // dims.cp
     layers = inputs.arch.num_layers // dims.pp
     in_flight = _in_flight(inputs, stage)
     per_layer = layer_activation_bytes(inputs, tokens, inputs.recompute)
@@ -591,6 +600,17 @@ def plan_memory(inputs: MemoryInputs) -> MemoryReport:
     )
 
 
+def _train_micro_batches(cfg: DapoMegatronConfig, dp: int) -> int:
+    """Training micro-batches per DP rank per mini-batch; packed: the most packs its rows
+    can need (every row at the full sequence length)."""
+    p = cfg.policy
+    rows = max(1, p.train_global_batch_size // dp)
+    if p.max_tokens_per_microbatch is not None:
+        per_pack = max(1, p.max_tokens_per_microbatch // p.max_total_sequence_length)
+        return -(-rows // per_pack)
+    return max(1, rows // p.train_micro_batch_size)
+
+
 def memory_inputs(run: RunPlan, gpu_mem_gib: float) -> MemoryInputs:
     """The memory model's inputs from a run plan with a known architecture."""
     cfg, dims = run.config, run.dims
@@ -606,10 +626,11 @@ def memory_inputs(run: RunPlan, gpu_mem_gib: float) -> MemoryInputs:
         micro_batch_size=p.train_micro_batch_size,
         logprob_micro_batch_size=p.logprob_micro_batch_size,
         seq_len=p.max_total_sequence_length,
-        micro_batches=max(1, p.train_global_batch_size // (p.train_micro_batch_size * dims.dp)),
+        micro_batches=_train_micro_batches(cfg, dims.dp),
         gpu_mem_gib=gpu_mem_gib,
         on_gpu=cfg.cluster.device != "cpu",
         colocated=cfg.cluster.colocated,
+        packed_tokens=p.max_tokens_per_microbatch,
         engine=EngineInputs(
             tensor_parallel_size=engine.tensor_parallel_size,
             gpu_memory_utilization=engine.gpu_memory_utilization,

@@ -102,8 +102,13 @@ def format_plan(loaded: LoadedConfig) -> str:
             f"{d.num_prompts_per_step} prompts x {d.num_generations_per_prompt} = "
             f"{plan.samples_per_step} samples -> {plan.optimizer_steps_per_step} "
             f"optimizer step(s) of {cfg.policy.train_global_batch_size}, "
-            f"{plan.micro_batches_per_rank} micro-batch(es) of "
-            f"{cfg.policy.train_micro_batch_size} per DP rank",
+            + (
+                f"packed micro-batches of <= {cfg.policy.max_tokens_per_microbatch} tokens, "
+                f"rows dealt to DP ranks by tokens"
+                if cfg.policy.max_tokens_per_microbatch is not None
+                else f"{plan.micro_batches_per_rank} micro-batch(es) of "
+                f"{cfg.policy.train_micro_batch_size} per DP rank"
+            ),
         )
     )
     ds = d.dynamic_sampling
@@ -177,7 +182,12 @@ def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str
         (
             "logprob pass",
             col("logprob_pass"),
-            f"forward only, {inp.logprob_micro_batch_size} sample(s) per micro-batch",
+            "forward only, "
+            + (
+                f"packed micro-batches of {inp.packed_tokens} tokens"
+                if inp.packed_tokens is not None
+                else f"{inp.logprob_micro_batch_size} sample(s) per micro-batch"
+            ),
         ),
         (
             "= logprob peak",
@@ -195,8 +205,12 @@ def format_memory(report: MemoryReport) -> str:
     header = (
         f"memory per GPU ({inp.gpu_mem_gib:.0f} GiB, {inp.precision}; policy TP{dims.tp} "
         f"PP{dims.pp} CP{dims.cp} DP{dims.dp}{' +SP' if dims.sequence_parallel else ''}, "
-        f"{inp.micro_batch_size} x {inp.seq_len} tokens per micro-batch"
-        f"{'' if inp.on_gpu else '; CPU run: informative only'})"
+        + (
+            f"packed, {inp.packed_tokens} tokens per micro-batch"
+            if inp.packed_tokens is not None
+            else f"{inp.micro_batch_size} x {inp.seq_len} tokens per micro-batch"
+        )
+        + f"{'' if inp.on_gpu else '; CPU run: informative only'})"
     )
     rows = _memory_rows(report)
     stage_head = [f"stage {s.stage}" for s in report.stages]

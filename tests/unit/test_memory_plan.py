@@ -233,3 +233,13 @@ def test_every_shipped_recipe_passes_dapo_plan(recipe, capsys):
     assert plan_main(["--config", str(recipe)]) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     assert "memory per GPU" in out and "memory: fits" in out
+
+
+def test_packed_budget_sets_the_micro_batch_tokens() -> None:
+    # A packed micro-batch of 64 tokens holds what 2 rows x 32 tokens hold: same activations
+    # and logprob pass; half the budget, half the activation tokens.
+    rows = stage_memory(_tiny_inputs(), 0)
+    packed = stage_memory(_tiny_inputs(micro_batch_size=7, packed_tokens=64), 0)
+    assert packed.activations == rows.activations and packed.logprob_pass == rows.logprob_pass
+    smaller = stage_memory(_tiny_inputs(packed_tokens=32), 0)
+    assert smaller.activations < rows.activations
