@@ -105,18 +105,20 @@ class PolicyGroup:
             return balance_by_tokens([int(n) for n in batch.lengths.tolist()], self.dp)
         return [list(range(a, b)) for a, b in shard_bounds(len(batch), self.dp)]
 
-    def _batch_shards(self, batch: PolicyBatch) -> list[PolicyBatch]:
-        return [
-            batch.select(torch.tensor(rows, dtype=torch.long)) for rows in self._shard_rows(batch)
-        ]
+    def _batch_shards(
+        self, batch: PolicyBatch, rows: list[list[int]] | None = None
+    ) -> list[PolicyBatch]:
+        """The DP shards of ``batch`` (``rows``: its ``_shard_rows``, when already known)."""
+        rows = self._shard_rows(batch) if rows is None else rows
+        return [batch.select(torch.tensor(r, dtype=torch.long)) for r in rows]
 
-    def _unshard(self, batch: PolicyBatch, parts: Sequence[torch.Tensor]) -> torch.Tensor:
-        """Per-shard [b_i, S] results back in the batch's row order."""
-        order = torch.tensor(
-            [r for rows in self._shard_rows(batch) for r in rows], dtype=torch.long
-        )
-        out = torch.empty_like(torch.cat(list(parts)))
-        out[order] = torch.cat(list(parts))
+    @staticmethod
+    def _unshard(rows: list[list[int]], parts: Sequence[torch.Tensor]) -> torch.Tensor:
+        """Per-shard [b_i, S] results (shard i holds ``rows[i]``) back in batch row order."""
+        order = torch.tensor([r for shard in rows for r in shard], dtype=torch.long)
+        stacked = torch.cat(list(parts))
+        out = torch.empty_like(stacked)
+        out[order] = stacked
         return out
 
     # ----------------------------------------------------------------------------------
@@ -135,23 +137,26 @@ class PolicyGroup:
         self, batch: PolicyBatch, *, compute_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Token-aligned logprobs (and entropies) [B, S] of the whole batch."""
+        rows = self._shard_rows(batch)
         parts: list[tuple[torch.Tensor, torch.Tensor | None]] = self._call_sharded(
-            "logprobs", self._batch_shards(batch), compute_entropy
+            "logprobs", self._batch_shards(batch, rows), compute_entropy
         )
-        lp = self._unshard(batch, [p[0] for p in parts])
+        lp = self._unshard(rows, [p[0] for p in parts])
         if not compute_entropy:
             return lp, None
         entropies = [p[1] for p in parts]
         present = [e for e in entropies if e is not None]
         if len(present) != len(entropies):
             raise RuntimeError("a policy worker returned no entropies when asked for them")
-        return lp, self._unshard(batch, present)
+        return lp, self._unshard(rows, present)
 
     def ref_logprobs(self, batch: PolicyBatch) -> torch.Tensor:
         """Token-aligned logprobs [B, S] of the whole batch under the frozen KL reference
         (the policy's weights at the start of DAPO training, kept on every rank)."""
-        parts: list[torch.Tensor] = self._call_sharded("ref_logprobs", self._batch_shards(batch))
-        return self._unshard(batch, parts)
+        rows = self._shard_rows(batch)
+        shards = self._batch_shards(batch, rows)
+        parts: list[torch.Tensor] = self._call_sharded("ref_logprobs", shards)
+        return self._unshard(rows, parts)
 
     def train_step(self, mini_batch: PolicyBatch) -> dict[str, float]:
         """One optimizer step on a mini-batch (split evenly over DP ranks)."""

@@ -131,8 +131,7 @@ def local_order(seg_lengths: Sequence[int], cp_rank: int, cp_size: int) -> torch
 def pack_tokens(layout: PackLayout, rows_BS: torch.Tensor) -> torch.Tensor:
     """Token-aligned ``[B, S]`` (or ``[B]``, broadcast over the row's tokens) -> the pack's
     global ``[T]`` row: each segment holds its row's first ``length`` values, then zeros."""
-    first = rows_BS[0] if rows_BS.numel() else rows_BS
-    out = rows_BS.new_zeros((layout.total,), dtype=first.dtype)
+    out = rows_BS.new_zeros(layout.total)
     for row, n, start in zip(layout.rows, layout.lengths, layout.starts, strict=False):
         values = rows_BS[row]
         out[start : start + n] = values[:n] if values.dim() else values

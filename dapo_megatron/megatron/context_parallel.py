@@ -69,6 +69,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 from torch import Tensor
 
+from dapo_megatron.data.packing import local_order
+
 
 def _check_split(seq_len: int, cp_rank: int, cp_size: int) -> int:
     """Validate the layout arguments; returns the chunk length ``seq_len / (2 * cp_size)``.
@@ -200,14 +202,8 @@ def _check_packed_split(bounds: tuple[int, ...], cp_rank: int, cp_size: int) -> 
 @functools.lru_cache(maxsize=64)
 def _packed_cp_index(bounds: tuple[int, ...], cp_rank: int, cp_size: int) -> Tensor:
     _check_packed_split(bounds, cp_rank, cp_size)
-    if cp_size == 1:
-        return torch.arange(bounds[-1])
-    return torch.cat(
-        [
-            start + cp_positions(end - start, cp_rank, cp_size)
-            for start, end in itertools.pairwise(bounds)
-        ]
-    )
+    # One definition of the layout, shared with the batch packing (data/packing.py).
+    return local_order([end - start for start, end in itertools.pairwise(bounds)], cp_rank, cp_size)
 
 
 def packed_cp_index(cu_seqlens: Tensor | Sequence[int], cp_rank: int, cp_size: int) -> torch.Tensor:

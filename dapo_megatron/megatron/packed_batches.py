@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 
@@ -22,12 +21,12 @@ from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.data.pack_plan import plan_packs, sequence_multiple
 from dapo_megatron.data.packing import (
     PackLayout,
-    local_order,
     make_layout,
     pack_tokens,
     positions,
     unpack_predictions,
 )
+from dapo_megatron.megatron.context_parallel import gather_packed_from_context_parallel
 
 
 def pad_multiple(dims: ParallelDims) -> int:
@@ -150,16 +149,12 @@ def unpack_outputs(
     """Token-aligned ``[B, S]`` from each pack's local prediction-aligned ``[1, T_local]``
     outputs (gathered over the CP group first)."""
     out = torch.zeros(shape, dtype=torch.float32)
+    group = parallel_state.get_context_parallel_group() if micro[0]["layout"].cp_size > 1 else None
     for mb, values in zip(micro, outputs, strict=True):
         layout: PackLayout = mb["layout"]
         local = values.reshape(-1).float().cpu()
-        if layout.cp_size > 1:
-            group = parallel_state.get_context_parallel_group()
-            parts = [torch.empty_like(local) for _ in range(layout.cp_size)]
-            dist.all_gather(parts, local.contiguous(), group=group)
-            full = torch.empty(layout.total, dtype=local.dtype)
-            for rank, part in enumerate(parts):
-                full[local_order(layout.seg_lengths, rank, layout.cp_size)] = part
-            local = full
-        unpack_predictions(layout, local, out)
+        full = gather_packed_from_context_parallel(
+            local, layout.cu_seqlens(), seq_dim=0, group=group
+        )
+        unpack_predictions(layout, full, out)
     return out
