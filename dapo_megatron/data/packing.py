@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -75,7 +76,24 @@ class PackLayout:
 
     def local_order(self) -> torch.Tensor:
         """``[T / cp]`` global packed position of each of this rank's local positions."""
+        return self._local_order
+
+    @cached_property
+    def _local_order(self) -> torch.Tensor:
         return local_order(self.seg_lengths, self.cp_rank, self.cp_size)
+
+    @cached_property
+    def token_sources(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Where each real token of the pack comes from and goes: ``(row, column,
+        position)``, three ``[sum(lengths)]`` long tensors (batch row, column in that row,
+        global packed position), segments in order. Built once per pack (a pack's tensors
+        are all gathered with it: one indexing op each, not a Python loop per row)."""
+        lengths = torch.tensor(self.lengths, dtype=torch.long)
+        seg_starts = torch.tensor(self.starts[: len(self.rows)], dtype=torch.long)
+        first = torch.cumsum(lengths, 0) - lengths  # each row's first token among the real ones
+        column = torch.arange(int(lengths.sum())) - first.repeat_interleave(lengths)
+        row = torch.tensor(self.rows, dtype=torch.long).repeat_interleave(lengths)
+        return row, column, seg_starts.repeat_interleave(lengths) + column
 
     def row_index(self) -> torch.Tensor:
         """``[n, W]`` local position of each row's j-th local token (sequence order), -1 for
@@ -83,12 +101,18 @@ class PackLayout:
         order = self.local_order()
         where = torch.full((self.total,), -1, dtype=torch.long)
         where[order] = torch.arange(order.numel())
-        width = max(n // self.cp_size for n in self.seg_lengths[: len(self.rows)])
-        out = torch.full((len(self.rows), width), -1, dtype=torch.long)
-        for i, start in enumerate(self.starts[: len(self.rows)]):
-            local = where[start : start + self.seg_lengths[i]]
-            local = local[local >= 0]
-            out[i, : local.numel()] = local
+        n = len(self.rows)
+        seg = torch.tensor(self.seg_lengths[:n], dtype=torch.long)
+        # Under CP a segment's local tokens are an equal share of it, in pack order.
+        local = where[: int(seg.sum())]
+        held = local >= 0
+        counts = seg // self.cp_size
+        segment = torch.arange(n).repeat_interleave(seg)[held]
+        column = torch.arange(int(counts.sum())) - (
+            torch.cumsum(counts, 0) - counts
+        ).repeat_interleave(counts)
+        out = torch.full((n, int(counts.max())), -1, dtype=torch.long)
+        out[segment, column] = local[held]
         return out
 
 
@@ -131,21 +155,21 @@ def local_order(seg_lengths: Sequence[int], cp_rank: int, cp_size: int) -> torch
 def pack_tokens(layout: PackLayout, rows_BS: torch.Tensor) -> torch.Tensor:
     """Token-aligned ``[B, S]`` (or ``[B]``, broadcast over the row's tokens) -> the pack's
     global ``[T]`` row: each segment holds its row's first ``length`` values, then zeros."""
+    row, column, position = layout.token_sources
     out = rows_BS.new_zeros(layout.total)
-    for row, n, start in zip(layout.rows, layout.lengths, layout.starts, strict=False):
-        values = rows_BS[row]
-        out[start : start + n] = values[:n] if values.dim() else values
+    out[position] = rows_BS[row, column] if rows_BS.dim() == 2 else rows_BS[row]
     return out
 
 
 def positions(layout: PackLayout) -> torch.Tensor:
     """``[T]`` position ids restarting at 0 in every segment."""
-    return torch.cat([torch.arange(n) for n in layout.seg_lengths])
+    seg = torch.tensor(layout.seg_lengths, dtype=torch.long)
+    return torch.arange(layout.total) - (torch.cumsum(seg, 0) - seg).repeat_interleave(seg)
 
 
 def unpack_predictions(layout: PackLayout, packed_T: torch.Tensor, out_BS: torch.Tensor) -> None:
     """Write a pack's global PREDICTION-aligned values (position p predicts p + 1) into the
     token-aligned ``out_BS`` rows: token t of a row gets the value at its position t - 1."""
-    for row, n, start in zip(layout.rows, layout.lengths, layout.starts, strict=False):
-        if n > 1:
-            out_BS[row, 1:n] = packed_T[start : start + n - 1]
+    row, column, position = layout.token_sources
+    predicted = column > 0  # a row's first token has no prediction
+    out_BS[row[predicted], column[predicted]] = packed_T[position[predicted] - 1].to(out_BS.dtype)

@@ -51,6 +51,7 @@ own sequence at positions ``<=`` its own, never across sequence boundaries.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -187,6 +188,28 @@ def _packed_boundaries(cu_seqlens: Tensor | Sequence[int]) -> tuple[int, ...]:
         raise ValueError(
             f"cu_seqlens {list(bounds)}: need [0, ...] non-decreasing with at least one sequence"
         )
+    return bounds
+
+
+# (tensor, its in-place version, boundaries) of the last few cu_seqlens tensors seen: one
+# pack's cu_seqlens reach every layer's attention and RoPE (q and k) as the same tensor, and
+# reading it (a device-to-host copy on GPU) once per pack instead of per call is enough.
+_BOUNDARY_ENTRIES = 4
+_boundary_cache: list[tuple[Tensor, int, tuple[int, ...]]] = []
+
+
+def cached_boundaries(cu_seqlens: Tensor | Sequence[int]) -> tuple[int, ...]:
+    """``_packed_boundaries(cu_seqlens)``, remembered for the last few tensors by identity
+    (an in-place change of the tensor is noticed through its version counter)."""
+    if not isinstance(cu_seqlens, Tensor):
+        return _packed_boundaries(cu_seqlens)
+    for tensor, version, bounds in _boundary_cache:
+        if tensor is cu_seqlens and tensor._version == version:
+            return bounds
+    bounds = _packed_boundaries(cu_seqlens)
+    # The entry holds the tensor, so its id cannot be reused while it is cached.
+    _boundary_cache.insert(0, (cu_seqlens, cu_seqlens._version, bounds))
+    del _boundary_cache[_BOUNDARY_ENTRIES:]
     return bounds
 
 
@@ -337,6 +360,55 @@ class _AllGatherSequence(torch.autograd.Function):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad.narrow(0, ctx.rank * ctx.rows, ctx.rows), None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Bucket:
+    """Sequences of one power-of-two length bucket, attended as one padded batch."""
+
+    index: Tensor
+    """``[w, n]`` packed position of token ``j`` of member ``r`` (``w``: the longest member);
+    a shorter member's padding repeats its first position (masked, outputs dropped)."""
+    causal_mask: Tensor
+    """``[w, w]`` True where key position > query position."""
+
+
+@dataclasses.dataclass(frozen=True)
+class _BucketPlan:
+    buckets: tuple[_Bucket, ...]
+    inverse: Tensor
+    """``[t]``: row of each packed token in the concatenation of the buckets' flattened
+    ``[w * n]`` outputs."""
+
+
+@functools.lru_cache(maxsize=8)
+def _thd_buckets(bounds: tuple[int, ...], device: torch.device) -> _BucketPlan:
+    """The gather and scatter indices of ``ContextParallelAttention._thd_bucketed`` for one
+    pack (cached: a pack passes through every layer, forward and backward, with the same
+    boundaries; do not modify the tensors)."""
+    lengths = [end - start for start, end in itertools.pairwise(bounds)]
+    members: dict[int, list[int]] = {}
+    for i, length in enumerate(lengths):
+        if length:
+            members.setdefault((length - 1).bit_length(), []).append(i)
+    buckets, flat_index, flat_real = [], [], []
+    for rows in members.values():
+        width = max(lengths[i] for i in rows)
+        offsets = torch.arange(width)
+        starts = torch.tensor([bounds[i] for i in rows])
+        ends = torch.tensor([bounds[i] + lengths[i] for i in rows])
+        index = starts[None, :] + offsets[:, None]
+        real = index < ends[None, :]
+        index = torch.where(real, index, starts[None, :])
+        causal = offsets[None, :] > offsets[:, None]
+        buckets.append(_Bucket(index.to(device), causal.to(device)))
+        flat_index.append(index.reshape(-1))
+        flat_real.append(real.reshape(-1))
+    inverse = torch.empty(bounds[-1], dtype=torch.long)
+    if buckets:
+        position, real = torch.cat(flat_index), torch.cat(flat_real)
+        inverse[position[real]] = torch.arange(position.numel())[real]
+    return _BucketPlan(tuple(buckets), inverse.to(device))
 
 
 class ContextParallelAttention(MegatronModule):
@@ -596,9 +668,9 @@ class ContextParallelAttention(MegatronModule):
             )
         if params.cu_seqlens_q is None:
             raise ValueError("packed_seq_params.cu_seqlens_q is required for thd")
-        real_q = _packed_boundaries(params.cu_seqlens_q)
+        real_q = cached_boundaries(params.cu_seqlens_q)
         real_kv = (
-            real_q if params.cu_seqlens_kv is None else _packed_boundaries(params.cu_seqlens_kv)
+            real_q if params.cu_seqlens_kv is None else cached_boundaries(params.cu_seqlens_kv)
         )
         if real_kv != real_q:
             raise NotImplementedError(
@@ -610,8 +682,8 @@ class ContextParallelAttention(MegatronModule):
             raise ValueError("set both cu_seqlens_q_padded and cu_seqlens_kv_padded, or neither")
         if params.cu_seqlens_q_padded is None:
             return real_q
-        bounds = _packed_boundaries(params.cu_seqlens_q_padded)
-        if _packed_boundaries(params.cu_seqlens_kv_padded) != bounds:
+        bounds = cached_boundaries(params.cu_seqlens_q_padded)
+        if cached_boundaries(params.cu_seqlens_kv_padded) != bounds:
             raise NotImplementedError(
                 "ContextParallelAttention: cu_seqlens_kv_padded differs from cu_seqlens_q_padded"
             )
@@ -635,8 +707,7 @@ class ContextParallelAttention(MegatronModule):
         query: Tensor,
         key: Tensor,
         value: Tensor,
-        bounds: list[int],
-        lengths: list[int],
+        bounds: tuple[int, ...],
         mask_type: AttnMaskType,
     ) -> Tensor:
         """Packed attention at CP == 1, batched: sequences whose lengths share a power-of-two
@@ -644,26 +715,23 @@ class ContextParallelAttention(MegatronModule):
         a few small kernels per sequence and layer (hundreds of short rollouts per pack);
         a bucket pads each sequence to at most twice its length, in attention only (the
         projections and MLP stay packed). Padding is at the end of each row, so causal
-        masking keeps it from every real query; its own outputs are dropped."""
-        out = query.new_zeros(query.shape[0], self.hidden_size_per_partition)
-        buckets: dict[int, list[int]] = {}
-        for i, length in enumerate(lengths):
-            if length:
-                buckets.setdefault((length - 1).bit_length(), []).append(i)
-        for members in buckets.values():
-            width = max(lengths[i] for i in members)
-            # index[j, r]: packed position of token j of member r (clamped for padding)
-            offsets = torch.arange(width, device=query.device)
-            starts = torch.tensor([bounds[i] for i in members], device=query.device)
-            ends = torch.tensor([bounds[i] + lengths[i] for i in members], device=query.device)
-            index = starts[None, :] + offsets[:, None]
-            real = index < ends[None, :]
-            index = torch.where(real, index, starts[None, :])
-            q_positions = torch.arange(width, device=query.device)
-            mask = self._mask(None, mask_type, q_positions, width)
+        masking keeps it from every real query; its own outputs are dropped. The gather
+        indices depend only on the pack, so they are built once per pack (``_thd_buckets``)
+        and every layer, forward and backward, reuses them."""
+        plan = _thd_buckets(bounds, query.device)
+        causal = mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
+        contexts = []
+        for bucket in plan.buckets:
+            index = bucket.index
+            mask = bucket.causal_mask if causal else None
             context = self._attend(query[index], key[index], value[index], mask)
-            out[index[real]] = context[real]
-        return out
+            contexts.append(context.reshape(-1, self.hidden_size_per_partition))
+        if not contexts:
+            return query.new_zeros(query.shape[0], self.hidden_size_per_partition)
+        # Every packed token is a real token of exactly one bucket row: one gather puts the
+        # bucket outputs back in pack order (and its backward scatters the gradient once).
+        flat = contexts[0] if len(contexts) == 1 else torch.cat(contexts, dim=0)
+        return flat.index_select(0, plan.inverse)
 
     def _forward_thd(
         self,
@@ -718,7 +786,7 @@ class ContextParallelAttention(MegatronModule):
             key, value = kv[..., :k_dim], kv[..., k_dim:]
 
         if cp_size == 1:
-            return self._thd_bucketed(query, key, value, bounds, lengths, mask_type)
+            return self._thd_bucketed(query, key, value, bounds, mask_type)
         # Block-diagonal attention, one sequence at a time, rather than one [t/cp, t]
         # score matrix with a same-sequence mask: the scores and probabilities cost
         # sum(len_i^2) / cp instead of t^2 / cp (a pack of many short sequences would

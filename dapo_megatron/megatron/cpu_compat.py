@@ -8,7 +8,8 @@ torch build, where every ``torch.cuda`` call raises "Torch not compiled with CUD
 ``apply_cpu_compat()`` installs the few patches below, each documented with the Megatron
 code path that breaks without it. It does nothing when CUDA is available (the GPU path
 runs unpatched Megatron) and is idempotent. It is the only place in the package that
-patches torch or Megatron. Devices are rewritten only inside the Megatron functions that
+patches torch or Megatron for the CPU; the one patch that applies on every device, a
+vectorised THD RoPE that computes the same numbers faster, is ``rope_thd.py``. Devices are rewritten only inside the Megatron functions that
 need it (``_CPU_DEVICE_ENTRY_POINTS``), not globally, so that the rest of the process
 keeps torch's normal semantics and pays no overhead. Those functions are replaced in
 their modules: reach them through Megatron's own lookups (``get_forward_backward_func``),
@@ -16,9 +17,9 @@ or import them by name only after ``apply_cpu_compat()`` (``initialize_parallel`
 
 Covered: model build, forward/backward (local spec, TP, SP, PP schedules, the rotary
 slicing of context parallelism, whose attention is ``context_parallel.py``; packed THD
-sequences need no patch: with ``packed_seq`` the rotary embedding skips the CP slicing,
-and the unfused ``rope_utils._apply_rotary_pos_emb_thd`` (``apply_rope_fusion`` is off)
-is plain torch), the RNG tracker, Megatron's DDP (grad buffers, grad sync) and optimizers (fp32 and mixed precision,
+sequences need no patch here: with ``packed_seq`` the rotary embedding skips the CP
+slicing, and the unfused THD RoPE (``apply_rope_fusion`` is off) is plain torch, replaced
+by ``rope_thd.py`` for speed only), the RNG tracker, Megatron's DDP (grad buffers, grad sync) and optimizers (fp32 and mixed precision,
 the distributed optimizer, grad clipping), whose classes run every method under the mode
 (``_CPU_DEVICE_CLASSES``).
 """
@@ -158,24 +159,33 @@ class _CudaDevicesOnCpu(TorchFunctionMode):
     def __torch_function__(
         self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
     ) -> Any:
-        kwargs = dict(kwargs or {})
-        if func is torch.Tensor.cuda:
-            return args[0]
-        if func is torch.Tensor.type and len(args) == 1 and not kwargs:
-            name = func(*args)
-            return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
-        if _is_cuda_device(kwargs.get("device")):
-            kwargs["device"] = torch.device("cpu")
-        if kwargs.get("pin_memory"):
-            kwargs["pin_memory"] = False
-        if func is torch.Tensor.to:
-            args = tuple(
-                torch.device("cpu")
-                if isinstance(a, (str, torch.device)) and _is_cuda_device(a)
-                else a
-                for a in args
-            )
+        # Every torch call of a model forward under a schedule comes through here: the
+        # common case (no device, no pinning, not one of the three methods) returns first.
+        if func in _REWRITTEN_METHODS:
+            if func is torch.Tensor.cuda:
+                return args[0]
+            if func is torch.Tensor.type and len(args) == 1 and not kwargs:
+                name = func(*args)
+                return name.replace("torch.", "torch.cuda.", 1) if ".cuda." not in name else name
+            if func is torch.Tensor.to:
+                args = tuple(
+                    torch.device("cpu")
+                    if isinstance(a, (str, torch.device)) and _is_cuda_device(a)
+                    else a
+                    for a in args
+                )
+        if not kwargs:
+            return func(*args)
+        if _is_cuda_device(kwargs.get("device")) or kwargs.get("pin_memory"):
+            kwargs = dict(kwargs)
+            if _is_cuda_device(kwargs.get("device")):
+                kwargs["device"] = torch.device("cpu")
+            if kwargs.get("pin_memory"):
+                kwargs["pin_memory"] = False
         return func(*args, **kwargs)
+
+
+_REWRITTEN_METHODS = frozenset({torch.Tensor.cuda, torch.Tensor.type, torch.Tensor.to})
 
 
 # (module, attribute) of the Megatron functions that allocate on "cuda" by name; each runs

@@ -40,6 +40,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.megatron import rope_thd
 from dapo_megatron.megatron.context_parallel import ContextParallelAttention
 from dapo_megatron.megatron.cpu_compat import apply_cpu_compat
 
@@ -228,6 +229,9 @@ def build_model(
     ``packed=True``; on GPU the Transformer Engine spec handles it either way.
     """
     apply_cpu_compat()
+    # Packed batches: Megatron's unfused THD RoPE loops over the sequences on every layer;
+    # the vectorised replacement gives the same numbers (rope_thd.py).
+    rope_thd.install()
     config = transformer_config(arch, dims, precision, recompute=recompute)
     model = GPTModel(
         config=config,

@@ -86,6 +86,118 @@ def test_packed_split_rejects_bad_layouts() -> None:
         )
 
 
+# ------------------------------------------------------------- RoPE and buckets (no processes)
+
+
+class _FakeGroup:
+    """What the THD RoPE reads from a CP group: its size and this rank."""
+
+    def __init__(self, size: int, rank: int) -> None:
+        self._size, self._rank = size, rank
+
+    def size(self) -> int:
+        return self._size
+
+    def rank(self) -> int:
+        return self._rank
+
+
+ROPE_CASES = {
+    # name: (padded lengths, cp, rot_dim of head 16, interleaved, mla, mscale, dtype, offsets)
+    "cp1": ((6, 1, 13, 0, 9), 1, 16, False, False, 1.0, torch.float32, False),
+    "cp1-interleaved-partial": ((6, 1, 13, 9), 1, 8, True, False, 1.0, torch.float32, False),
+    "cp2": ((8, 4, 12, 0, 4), 2, 16, False, False, 1.0, torch.float32, False),
+    "cp2-mla-mscale-bf16": ((8, 4, 12), 2, 16, False, True, 0.7, torch.bfloat16, False),
+    "cp3": ((6, 18, 12), 3, 16, False, False, 1.0, torch.float32, False),
+    "offsets": ((5, 7, 4), 1, 16, False, False, 1.0, torch.float32, True),
+    "offsets-cp2": ((4, 8, 4), 2, 16, False, False, 1.0, torch.float32, True),
+}
+
+
+@pytest.mark.parametrize("case", list(ROPE_CASES))
+def test_vectorised_thd_rope_is_megatrons_bit_for_bit(case: str) -> None:
+    from dapo_megatron.megatron import rope_thd
+
+    lengths, cp, rot_dim, interleaved, mla, mscale, dtype, offsets = ROPE_CASES[case]
+    total = sum(lengths)
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+    # Megatron reads a table of exactly T rows as positions offset by each sequence's start.
+    rows = total if offsets else max(lengths) + 3
+    inv = 1.0 / (10000 ** (torch.arange(0, rot_dim, 2, dtype=torch.float32) / rot_dim))
+    angles = torch.outer(torch.arange(rows, dtype=torch.float32), inv)
+    freqs = torch.cat([angles, angles], dim=-1)[:, None, None, :]
+    gen = torch.Generator().manual_seed(len(case))
+    for rank in range(cp):
+        group = _FakeGroup(cp, rank)
+        t = torch.randn(total // cp, 3, 16, generator=gen).to(dtype)
+        args = dict(
+            rotary_interleaved=interleaved,
+            multi_latent_attention=mla,
+            mscale=mscale,
+            cp_group=group,
+        )
+        expected = rope_thd.MEGATRON_APPLY_ROTARY_POS_EMB_THD(t, cu, freqs, **args)
+        got = rope_thd.apply_rotary_pos_emb_thd(t, cu, freqs, **args)
+        assert got.dtype == expected.dtype and torch.equal(got, expected), case
+        # Second call on the same pack and table: served from the cache, still equal.
+        assert torch.equal(rope_thd.apply_rotary_pos_emb_thd(t, cu, freqs, **args), expected)
+
+
+def test_thd_rope_cache_follows_the_table_and_the_pack() -> None:
+    from megatron.core.models.common.embeddings import rope_utils
+
+    from dapo_megatron.megatron import rope_thd
+
+    group = _FakeGroup(1, 0)
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    t = torch.randn(8, 2, 4)
+    freqs = torch.rand(10, 1, 1, 4)
+    first = rope_thd.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=group)
+    # A new table (another tensor, e.g. another max_seqlen) and a new packing recompute.
+    other = freqs * 2
+    assert torch.equal(
+        rope_thd.apply_rotary_pos_emb_thd(t, cu, other, cp_group=group),
+        rope_thd.MEGATRON_APPLY_ROTARY_POS_EMB_THD(t, cu, other, cp_group=group),
+    )
+    repacked = torch.tensor([0, 5, 8], dtype=torch.int32)
+    assert torch.equal(
+        rope_thd.apply_rotary_pos_emb_thd(t, repacked, freqs, cp_group=group),
+        rope_thd.MEGATRON_APPLY_ROTARY_POS_EMB_THD(t, repacked, freqs, cp_group=group),
+    )
+    # cu_seqlens changed in place: its version counter invalidates the cached boundaries.
+    cu[1] = 5
+    assert torch.equal(
+        rope_thd.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=group),
+        rope_thd.MEGATRON_APPLY_ROTARY_POS_EMB_THD(t, cu, freqs, cp_group=group),
+    )
+    assert not torch.equal(first, rope_thd.apply_rotary_pos_emb_thd(t, cu, freqs, cp_group=group))
+    # Gradients flow to t as through Megatron's function.
+    x = t.clone().requires_grad_(True)
+    rope_thd.apply_rotary_pos_emb_thd(x, cu, freqs, cp_group=group).square().sum().backward()
+    y = t.clone().requires_grad_(True)
+    rope_thd.MEGATRON_APPLY_ROTARY_POS_EMB_THD(
+        y, cu, freqs, cp_group=group
+    ).square().sum().backward()
+    assert torch.equal(x.grad, y.grad)
+    rope_thd.install()
+    assert rope_utils._apply_rotary_pos_emb_thd is rope_thd.apply_rotary_pos_emb_thd
+    with pytest.raises(ValueError, match="cp_group must be provided"):
+        rope_thd.apply_rotary_pos_emb_thd(t, cu, freqs)
+
+
+def test_attention_buckets_cover_every_packed_token_once() -> None:
+    from dapo_megatron.megatron.context_parallel import _thd_buckets
+
+    bounds = (0, 3, 3, 11, 12, 20, 37)  # lengths 3, 0, 8, 1, 8, 17
+    plan = _thd_buckets(bounds, torch.device("cpu"))
+    assert [tuple(b.index.shape) for b in plan.buckets] == [(3, 1), (8, 2), (1, 1), (17, 1)]
+    flat = torch.cat([b.index.reshape(-1) for b in plan.buckets])
+    # The inverse picks, for each packed position, the bucket row holding that very token.
+    assert torch.equal(flat[plan.inverse], torch.arange(37))
+    assert plan.buckets[1].causal_mask.tolist()[0] == [False] + [True] * 7
+    assert _thd_buckets(bounds, torch.device("cpu")) is plan  # one plan per pack
+
+
 # ------------------------------------------------------------------------ model checks
 
 

@@ -102,3 +102,53 @@ def test_lengths_field_is_checked() -> None:
         PolicyBatch(ids, torch.zeros(2, 4), lengths=torch.tensor([5, 1]))
     with pytest.raises(ValueError, match=r"lengths has shape \(3,\); expected \[B\]"):
         PolicyBatch(ids, torch.zeros(2, 4), lengths=torch.tensor([1, 1, 1]))
+
+
+def _loop_reference(layout, rows_BS: torch.Tensor, prediction: torch.Tensor, out: torch.Tensor):
+    """The packed row, position ids, row index and unpacked predictions written as plain
+    per-row loops (what the vectorised helpers must reproduce)."""
+    packed = rows_BS.new_zeros(layout.total)
+    for row, n, start in zip(layout.rows, layout.lengths, layout.starts, strict=False):
+        packed[start : start + n] = rows_BS[row, :n]
+        if n > 1:
+            out[row, 1:n] = prediction[start : start + n - 1]
+    pos = torch.cat([torch.arange(n) for n in layout.seg_lengths])
+    order = layout.local_order()
+    where = torch.full((layout.total,), -1, dtype=torch.long)
+    where[order] = torch.arange(order.numel())
+    width = max(n // layout.cp_size for n in layout.seg_lengths[: len(layout.rows)])
+    index = torch.full((len(layout.rows), width), -1, dtype=torch.long)
+    for i, start in enumerate(layout.starts[: len(layout.rows)]):
+        local = where[start : start + layout.seg_lengths[i]]
+        local = local[local >= 0]
+        index[i, : local.numel()] = local
+    return packed, pos, index
+
+
+@pytest.mark.parametrize(
+    ("multiple", "cp_size", "filler"), [(1, 1, False), (4, 2, True), (8, 2, True), (6, 3, False)]
+)
+def test_vectorised_pack_helpers_match_per_row_loops(multiple, cp_size, filler) -> None:
+    gen = torch.Generator().manual_seed(multiple * 10 + cp_size)
+    rows_BS = torch.randint(1, 100, (9, 23), generator=gen)
+    lengths = torch.randint(1, 24, (9,), generator=gen).tolist()
+    rows = [0, 2, 3, 5, 8]
+    seg = sum(padded_length(lengths[r], multiple) for r in rows)
+    total = seg + 2 * multiple if filler else None
+    for cp_rank in range(cp_size):
+        layout = make_layout(
+            rows,
+            [lengths[r] for r in rows],
+            multiple=multiple,
+            total=total,
+            cp_size=cp_size,
+            cp_rank=cp_rank,
+        )
+        prediction = torch.randn(layout.total, generator=gen)
+        out, expected_out = torch.zeros(9, 23), torch.zeros(9, 23)
+        packed, pos, index = _loop_reference(layout, rows_BS, prediction, expected_out)
+        assert torch.equal(pack_tokens(layout, rows_BS), packed)
+        assert torch.equal(positions(layout), pos)
+        assert torch.equal(layout.row_index(), index)
+        unpack_predictions(layout, prediction, out)
+        assert torch.equal(out, expected_out)
