@@ -48,7 +48,23 @@ Method, CPU (``--device cpu``, the default without CUDA): one FRESH subprocess p
 counter (/proc/self/clear_refs), records RSS after creating the inputs, runs everything, and
 reports ``ru_maxrss`` minus that baseline. Times are ``time.perf_counter`` medians. fp32.
 
+Bound and model (``--model-only`` prints them for the issue-17 shapes on H100/H200/A100 peaks
+and writes bench/results/kernels_model.json; a GPU run prints them under each shape and puts
+``fwd_over_bound`` / ``fwd_bwd_over_3gemm_bound`` next to each measured time):
+  bound     the three GEMMs of the problem (logits ``h W^T``, ``dH = G W``, ``dW = G^T h``),
+            each ``max(2NHV / peak FLOP/s, compulsory bytes / peak bandwidth)``; the forward's
+            bound is the logits GEMM alone. A backward that does not store the ``[N, V]``
+            logits recomputes them, so its work is exactly these three GEMMs.
+  model     our kernels as launched (tiles, splits and vocab chunks of triton_logprob):
+            tensor-core FLOPs plus the softmax epilogue on the CUDA cores (not overlapped),
+            against modelled DRAM traffic (GROUP_M raster: each operand panel fetched once
+            per band of the first wave; the dz chunk written once and read by both GEMMs;
+            the fp32 dH accumulator read and written once per chunk), per launch.
+  ratios    ``bwd_modelled_over_bound`` = model backward / the three GEMMs;
+            ``fwd_modelled_over_bound`` = model forward / the logits GEMM.
+
 Usage:
+  python bench/kernels.py --model-only        # no measurement: bench/results/kernels_model.json
   python bench/kernels.py                     # CPU, CI-sized, bench/results/kernels_cpu.json
   python bench/kernels.py --device cuda --out bench/results/kernels_h100.json
 """
@@ -67,6 +83,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -137,6 +154,200 @@ def _provider(name: str, device: torch.device) -> Callable | str:
     if name == "gemm":
         return "gemm"  # handled separately: no autograd, three plain matmuls
     raise ValueError(name)
+
+
+# ---------------------------------------------------------------------------------------
+# Analytic bound and traffic model (no GPU needed; printed next to measured times)
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """Datasheet peaks of one GPU (dense, no sparsity)."""
+
+    name: str
+    tc_flops: float
+    """bf16 tensor-core FLOP/s."""
+    cuda_flops: float
+    """fp32 FMA-pipe FLOP/s (the softmax epilogue runs there; exp counted as 8 ops)."""
+    dram_bw: float
+    """HBM bytes/s."""
+    sms: int
+
+
+DEVICES = {
+    "H100-SXM": DevicePeak("H100-SXM", 989e12, 67e12, 3.35e12, 132),
+    "H200": DevicePeak("H200", 989e12, 67e12, 4.8e12, 132),
+    "A100-SXM-80GB": DevicePeak("A100-SXM-80GB", 312e12, 19.5e12, 2.04e12, 108),
+}
+# FMA-equivalent CUDA-core operations per logit in the epilogues (exp = 8: the MUFU pipe
+# issues at 1/8 of the FMA rate on sm_80/sm_90): forward (scale, mask, max, shift, exp,
+# sums, entropy term, target compare) and dz (shift, exp, coefficient, target, cast).
+FWD_OPS_PER_LOGIT = 17
+DZ_OPS_PER_LOGIT = 16
+MODEL_SHAPES = [
+    ("tp1", 16384, 4096, 152064),
+    ("tp4", 16384, 4096, 152064 // 4),
+    ("tp8-70b", 16384, 8192, 128256 // 8),
+    ("tp1-short", 4096, 4096, 152064),
+]
+
+
+def _roofline(tc_flops: float, ops: float, dram: float, dev: DevicePeak) -> float:
+    """Seconds: tensor-core and CUDA-core work in sequence (not overlapped: conservative),
+    against DRAM traffic (overlapped)."""
+    return max(tc_flops / dev.tc_flops + ops / dev.cuda_flops, dram / dev.dram_bw)
+
+
+def _gemm_traffic(m: int, n: int, k: int, bm: int, bn: int, group_m: int, dev: DevicePeak,
+                  a_bytes: int, b_bytes: int) -> float:  # fmt: skip
+    """DRAM bytes of a tiled ``[m, k] @ [k, n]`` GEMM's operand loads with a GROUP_M raster:
+    one wave (one program per SM) is a ``group_m x sms/group_m`` band of tiles; each A row
+    panel is fetched once per band of columns, each B column panel once per band of rows
+    (the wave's panels are assumed to stay in L2 while it steps through K together)."""
+    grid_m, grid_n = -(-m // bm), -(-n // bn)
+    rows = min(group_m, grid_m)
+    cols = max(1, dev.sms // rows)
+    return m * k * a_bytes * -(-grid_n // cols) + k * n * b_bytes * -(-grid_m // rows)
+
+
+def gemm_bound(n: int, h: int, v: int, dev: DevicePeak, elem: int = 2) -> dict:
+    """The three GEMMs of the problem (``h W^T``, ``G W``, ``G^T h``), each at the device's
+    peak with compulsory traffic only (operands read once, output written once)."""
+    flops = 2.0 * n * h * v
+    shapes = {"logits": (n, v, h), "dH": (n, h, v), "dW": (v, h, n)}
+    out = {}
+    for name, (m, nn, k) in shapes.items():
+        dram = (m * k + k * nn + m * nn) * elem
+        out[name] = {"flops": flops, "bytes": dram, "s": _roofline(flops, 0, dram, dev)}
+    out["fwd_s"] = out["logits"]["s"]
+    out["bwd_s"] = out["logits"]["s"] + out["dH"]["s"] + out["dW"]["s"]
+    return out
+
+
+def model_triton(n: int, h: int, v: int, dev: DevicePeak, elem: int = 2) -> dict:
+    """Modelled time and DRAM traffic of our kernels (tiles and chunking as launched on sm_90,
+    or sm_80 for an A100): forward, and the backward's three phases per vocab chunk."""
+    from dapo_megatron.kernels import triton_logprob as tlp
+
+    arch = 80 if dev.name.startswith("A100") else 90
+    ft, lt = tlp.kernel_tiles("fwd", arch, "bf16")[0], tlp.kernel_tiles("dz", arch, "bf16")[0]
+    mt = tlp.kernel_tiles("matmul", arch, "bf16")[0]
+    grid_m, grid_v = -(-n // ft.block_m), -(-v // ft.block_n)
+    splits = tlp.forward_splits(dev.sms, grid_m, grid_v, ft.group_m, True)
+    rows = min(ft.group_m, grid_m)
+    # Forward: a band of `rows` token blocks streams S vocab ranges; the band's hidden rows
+    # stay in L2, the weight is fetched once per band.
+    fwd_dram = n * h * elem + v * h * elem * -(-grid_m // rows) + 16 * splits * n
+    fwd = {
+        "flops": 2.0 * n * h * v,
+        "bytes": fwd_dram,
+        "s": _roofline(2.0 * n * h * v, FWD_OPS_PER_LOGIT * n * v, fwd_dram, dev),
+        "splits": splits,
+    }
+    chunk = tlp.dz_chunk_columns(n, v, elem, tlp._CHUNK_MULTIPLE)
+    phases = {"dz": [0.0, 0.0, 0.0], "dW": [0.0, 0.0, 0.0], "dH": [0.0, 0.0, 0.0]}
+    for c0 in range(0, v, chunk):
+        c = min(chunk, v - c0)
+        p = phases["dz"]  # recompute the logits, write dz in bf16
+        dram = _gemm_traffic(n, c, h, lt.block_m, lt.block_n, lt.group_m, dev, elem, elem)
+        p[0] += 2.0 * n * c * h
+        p[1] += DZ_OPS_PER_LOGIT * n * c
+        p[2] += dram + n * c * elem + 12 * n
+        p = phases["dW"]  # dW[chunk] = dz^T h, written once in bf16
+        dram = _gemm_traffic(c, h, n, mt.block_m, mt.block_n, mt.group_m, dev, elem, elem)
+        p[0] += 2.0 * n * c * h
+        p[2] += dram + c * h * elem
+        p = phases["dH"]  # dH (fp32) += dz W[chunk]: read and write the fp32 accumulator
+        dram = _gemm_traffic(n, h, c, mt.block_m, mt.block_n, mt.group_m, dev, elem, elem)
+        p[0] += 2.0 * n * c * h
+        p[2] += dram + 2 * n * h * 4
+    # Zeroing dH, and its conversion to bf16 (read fp32, write bf16): elementwise passes.
+    extra_dram = n * h * 4 + n * h * (4 + elem)
+    bwd_s = sum(_roofline(f, o, d, dev) for f, o, d in phases.values()) + extra_dram / dev.dram_bw
+    bwd = {
+        "flops": sum(p[0] for p in phases.values()),
+        "bytes": sum(p[2] for p in phases.values()) + extra_dram,
+        "s": bwd_s,
+        "chunks": -(-v // chunk),
+        "chunk_columns": chunk,
+        "phases": {k: {"flops": p[0], "bytes": p[2]} for k, p in phases.items()},
+    }
+    return {"fwd": fwd, "bwd": bwd}
+
+
+def model_before(n: int, h: int, v: int, dev: DevicePeak, elem: int = 2) -> dict:
+    """The backward as it was before issue 17 (one fused kernel, 64 x 128 tiles): per tile a
+    read and write of the fp32 dH rows, and an fp32 atomic add of the dW tile."""
+    bm, bv = 64, 128
+    grid_m, grid_v = -(-n // bm), -(-v // bv)
+    dh_round_trips = 2 * n * h * 4 * grid_v
+    dw_atomics = v * h * 4 * grid_m
+    dram = dh_round_trips + dw_atomics + (n * h + v * h) * elem
+    flops = 6.0 * n * h * v
+    return {"s": _roofline(flops, DZ_OPS_PER_LOGIT * n * v, dram, dev), "bytes": dram,
+            "dh_round_trip_bytes": dh_round_trips, "dw_atomic_bytes": dw_atomics}  # fmt: skip
+
+
+def model_record(shapes: list[tuple] = MODEL_SHAPES) -> dict:
+    """bench/results/kernels_model.json: per device and shape, bound, model and ratios."""
+    record: dict = {
+        "benchmark": "kernels_model",
+        "what": "analytic, no measurement: bound = the three GEMMs (logits, dH, dW) at "
+        "datasheet peak with compulsory traffic; model = our kernels' FLOPs (tensor cores) + "
+        "epilogue ops (CUDA cores, not overlapped) vs modelled DRAM traffic, per launch; "
+        "*_modelled_over_bound = model time / bound time (bwd vs the 3 GEMMs, fwd vs the "
+        "logits GEMM, fwd_bwd vs the 3 GEMMs)",
+        "devices": {},
+    }
+    for dev in DEVICES.values():
+        rows = {}
+        for label, n, h, v in shapes:
+            bound = gemm_bound(n, h, v, dev)
+            ours = model_triton(n, h, v, dev)
+            before = model_before(n, h, v, dev)
+            rows[f"{label} N={n} H={h} V={v}"] = {
+                "N": n, "H": h, "V_local": v,
+                "bound_fwd_ms": 1e3 * bound["fwd_s"],
+                "bound_bwd_ms": 1e3 * bound["bwd_s"],
+                "model_fwd_ms": 1e3 * ours["fwd"]["s"],
+                "model_bwd_ms": 1e3 * ours["bwd"]["s"],
+                "model_fwd_gb": ours["fwd"]["bytes"] / 1e9,
+                "model_bwd_gb": ours["bwd"]["bytes"] / 1e9,
+                "bwd_chunks": ours["bwd"]["chunks"],
+                "fwd_splits": ours["fwd"]["splits"],
+                "fwd_modelled_over_bound": ours["fwd"]["s"] / bound["fwd_s"],
+                "bwd_modelled_over_bound": ours["bwd"]["s"] / bound["bwd_s"],
+                "fwd_bwd_modelled_over_bound": (ours["fwd"]["s"] + ours["bwd"]["s"]) / bound["bwd_s"],
+                "before_bwd_gb": before["bytes"] / 1e9,
+                "before_bwd_modelled_over_bound": before["s"] / bound["bwd_s"],
+            }  # fmt: skip
+        record["devices"][dev.name] = rows
+    return record
+
+
+def _print_model(record: dict) -> None:
+    print(
+        f"{'device':<15}{'shape':<36}{'bound fwd':>10}{'model fwd':>10}{'fwd/bnd':>8}"
+        f"{'bound bwd':>10}{'model bwd':>10}{'bwd GB':>8}{'bwd/bnd':>8}{'before':>8}"
+    )
+    for dev, rows in record["devices"].items():
+        for shape, r in rows.items():
+            print(
+                f"{dev:<15}{shape:<36}{r['bound_fwd_ms']:>10.2f}{r['model_fwd_ms']:>10.2f}"
+                f"{r['fwd_modelled_over_bound']:>8.3f}{r['bound_bwd_ms']:>10.2f}"
+                f"{r['model_bwd_ms']:>10.2f}{r['model_bwd_gb']:>8.1f}"
+                f"{r['bwd_modelled_over_bound']:>8.3f}{r['before_bwd_modelled_over_bound']:>8.2f}"
+            )
+
+
+def _device_peak(name: str | None) -> DevicePeak:
+    """The DEVICES entry for a torch device name (H100 when unknown)."""
+    name = (name or "").upper()
+    if "A100" in name:
+        return DEVICES["A100-SXM-80GB"]
+    if "H200" in name:
+        return DEVICES["H200"]
+    return DEVICES["H100-SXM"]
 
 
 # ---------------------------------------------------------------------------------------
@@ -378,11 +589,31 @@ def _fmt(x: float | None, spec: str) -> str:
     return "-".rjust(int(spec.split(".")[0])) if x is None else format(x, spec)
 
 
+def _add_bound(shape: tuple, results: dict, peak: DevicePeak) -> None:
+    """Attach the analytic bound and our kernels' model to a measured shape, in place."""
+    _, n, h, v = shape
+    bound, ours = gemm_bound(n, h, v, peak), model_triton(n, h, v, peak)
+    results["model"] = {
+        "device_peak": peak.name,
+        "bound_fwd_ms": 1e3 * bound["fwd_s"],
+        "bound_3gemm_ms": 1e3 * bound["bwd_s"],
+        "model_triton_fwd_ms": 1e3 * ours["fwd"]["s"],
+        "model_triton_bwd_ms": 1e3 * ours["bwd"]["s"],
+        "model_triton_fwd_gb": ours["fwd"]["bytes"] / 1e9,
+        "model_triton_bwd_gb": ours["bwd"]["bytes"] / 1e9,
+    }
+    for p in PROVIDERS:
+        r = results.get(p, {})
+        if "fwd_ms" in r:
+            r["fwd_over_bound"] = r["fwd_ms"] / results["model"]["bound_fwd_ms"]
+            r["fwd_bwd_over_3gemm_bound"] = r["fwd_bwd_ms"] / results["model"]["bound_3gemm_ms"]
+
+
 def _print_table(device: str, shapes: list[tuple], all_results: list[dict]) -> None:
     header = (
         f"{'shape':<34}{'provider':<9}{'peak MiB':>10}{'mem/naive':>10}{'fwd ms':>10}"
         f"{'fwd/naive':>10}{'fb ms':>10}{'fb/naive':>9}{'fb/gemm':>9}{'fb TF/s':>9}"
-        f"{'err lp':>9}{'err dH':>9}"
+        f"{'err lp':>9}{'err dH':>9}{'fwd/bnd':>9}{'fb/3gemm':>9}"
     )
     print(f"device={device}  (fb = forward+backward; TF/s on the 6NHV basis)")
     print(header)
@@ -402,6 +633,15 @@ def _print_table(device: str, shapes: list[tuple], all_results: list[dict]) -> N
                 f"{r['fwd_bwd_ms']:>10.1f}{_fmt(fb_ratio.get('naive'), '9.3f')}"
                 f"{_fmt(fb_ratio.get('gemm'), '9.2f')}{r['tflops_fwd_bwd']:>9.3f}"
                 f"{_fmt(r.get('max_abs_err_lp'), '9.1e')}{_fmt(r.get('max_abs_err_dH'), '9.1e')}"
+                f"{_fmt(r.get('fwd_over_bound'), '9.2f')}{_fmt(r.get('fwd_bwd_over_3gemm_bound'), '9.2f')}"
+            )
+        m = results.get("model")
+        if m:
+            print(
+                f"{name:<34}bound ({m['device_peak']} peak): fwd {m['bound_fwd_ms']:.2f} ms, "
+                f"3 GEMMs {m['bound_3gemm_ms']:.2f} ms; triton model: fwd "
+                f"{m['model_triton_fwd_ms']:.2f} ms / {m['model_triton_fwd_gb']:.1f} GB, bwd "
+                f"{m['model_triton_bwd_ms']:.2f} ms / {m['model_triton_bwd_gb']:.1f} GB"
             )
 
 
@@ -427,6 +667,10 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=420.0)
     parser.add_argument("--shapes", default=None, help="override: 'N,H,V;N,H,V' (label 'custom')")
     parser.add_argument("--providers", default=",".join(PROVIDERS))
+    parser.add_argument(
+        "--model-only", action="store_true",
+        help="print the analytic bound and traffic model; write results/kernels_model.json",
+    )  # fmt: skip
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--shape", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
@@ -434,6 +678,13 @@ def main() -> None:
     args = parser.parse_args()
     if args.repeats is None:
         args.repeats = 10 if args.device == "cuda" else 5
+    if args.model_only:
+        record = model_record()
+        _print_model(record)
+        out = args.out or Path(__file__).parent / "results" / "kernels_model.json"
+        out.write_text(json.dumps(record, indent=2) + "\n")
+        print(f"wrote {out}")
+        return
     if args.child:
         args.deadline = time.monotonic() + (args.deadline_in or args.budget_s)
         run_child(args)
@@ -464,6 +715,8 @@ def main() -> None:
             reference_dtype = results.pop("reference_dtype", None)
             results = {p: results.get(p, {"skipped": "not requested"}) for p in PROVIDERS}
             _derive(shape, results)
+            if args.device == "cuda":
+                _add_bound(shape, results, _device_peak(torch.cuda.get_device_name()))
             results["reference_dtype"] = reference_dtype
             all_results.append(results)
 

@@ -7,8 +7,14 @@ implementations behind it compute the same numbers:
   ``"chunked"``    memory-lean autograd.Function (:mod:`.chunked`), vocab-parallel;
   ``"triton"``     fused Triton kernels (:mod:`.triton_logprob`), vocab-parallel; fp16/bf16/fp32
                    CUDA tensors (CPU tensors only under ``TRITON_INTERPRET=1``, for tests);
-  ``"auto"``       ``"triton"`` for fp16/bf16/fp32 CUDA tensors when triton imports, else
-                   ``"chunked"`` (CPU, fp64).
+  ``"auto"``       ``"triton"`` for fp16/bf16 CUDA tensors when triton imports, and for fp32
+                   CUDA tensors only on architectures in :data:`FP32_TRITON_ARCHS`; else
+                   ``"chunked"`` (CPU, fp64, fp32 elsewhere).
+
+fp32 runs the kernels' IEEE fp32 dots on the CUDA cores. ``"auto"`` sends fp32 to them only
+where a compiled fp32 configuration does not spill registers (:data:`FP32_TRITON_ARCHS`;
+tests/kernels/test_compile.py keeps it in step with the compiled table: with 32 x 64 tiles
+none spills on sm_80 or sm_90), elsewhere to the chunked torch path.
 
 :mod:`.triton_logprob` is imported lazily, on first use: Triton decides at ``@triton.jit``
 time whether kernels run compiled or interpreted, so importing this package must not define
@@ -35,6 +41,17 @@ LogprobImpl = Literal["auto", "chunked", "reference", "triton"]
 LOGPROB_IMPLS: tuple[str, ...] = ("auto", "chunked", "reference", "triton")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _TRITON_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# GPU architectures (compute capability major) where a compiled fp32 configuration of the
+# Triton kernels runs without spilling; see the module docstring.
+FP32_TRITON_ARCHS: frozenset[int] = frozenset({8, 9})
+
+
+def triton_takes_dtype(dtype: torch.dtype, capability_major: int) -> bool:
+    """Whether ``impl="auto"`` runs the Triton kernels for ``dtype`` inputs on a GPU of this
+    compute capability major version."""
+    if dtype == torch.float32:
+        return capability_major in FP32_TRITON_ARCHS
+    return dtype in (torch.float16, torch.bfloat16)
 
 
 @functools.cache
@@ -55,8 +72,10 @@ def _resolve_impl(impl: str, hidden_NH: torch.Tensor) -> str:
     """The implementation ``impl="auto"`` stands for with these inputs."""
     if impl != "auto":
         return impl
-    if hidden_NH.is_cuda and hidden_NH.dtype in _TRITON_DTYPES and triton_available():
-        return "triton"
+    if hidden_NH.is_cuda and triton_available():
+        major = torch.cuda.get_device_capability(hidden_NH.device)[0]
+        if triton_takes_dtype(hidden_NH.dtype, major):
+            return "triton"
     return "chunked"
 
 

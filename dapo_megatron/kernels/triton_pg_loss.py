@@ -51,6 +51,7 @@ import triton.language as tl
 from dapo_megatron.algorithms.kl import LOG_RATIO_CLAMP
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.kernels.chunked import _TensorOptions
+from dapo_megatron.kernels.compile_check import KernelSpec
 
 # Column order of the per-program sums buffer.
 SUM_KEYS: tuple[str, ...] = (
@@ -288,6 +289,41 @@ def _block(device: torch.device, block: int | None) -> int:
     if block is not None:
         return block
     return 1024 if device.type == "cuda" else 4096
+
+
+def compile_specs(arch: int) -> list[KernelSpec]:
+    """The launches of :class:`TritonPGLoss` on a GPU of compute capability ``arch``, for the
+    ahead-of-time compile check (:mod:`.compile_check`): fp32 logprobs (what
+    ``linear_logprob`` returns) with a bool mask, every rollout-correction variant, dual clip
+    on. Elementwise: no tensor-core instructions expected."""
+    ptrs = ("lp", "old", "adv", "mask", "logw", "scale", "out", "grad", "sums", "ext")
+    args = {f"{p}_ptr": "*u8" if p == "mask" else "*fp32" for p in ptrs}
+    ints = ("n_tokens", "seq_len") + tuple(
+        f"s_{p}_{d}" for p in ("lp", "old", "adv", "mask", "logw", "scale") for d in "bt"
+    )
+    args.update(dict.fromkeys(ints, "i32"))
+    floats = ("ratio_lo", "ratio_hi", "clip_c", "log_clamp", "log_tis_cap", "mis_log_low")
+    args.update(dict.fromkeys((*floats, "mis_log_high"), "fp32"))
+    divisible = tuple(f"{p}_ptr" for p in ptrs) + ("n_tokens", "seq_len")
+    return [
+        KernelSpec(
+            label=f"pg_loss[{name}]",
+            module=__name__,
+            kernel="_pg_loss_kernel",
+            arch=arch,
+            dtype="fp32",
+            args=args,
+            divisible=divisible,
+            constexprs=dict(
+                DUAL=True,
+                CORR=corr,
+                LOGW_IS_ROLLOUT=True,
+                NSUMS=NUM_SUMS,
+                BLOCK=_block(torch.device("cuda"), None),
+            ),
+        )  # fmt: skip
+        for name, corr in _CORRECTIONS.items()
+    ]
 
 
 def _strides(t: torch.Tensor) -> tuple[int, int]:

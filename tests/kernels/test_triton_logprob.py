@@ -97,9 +97,9 @@ def test_float32_matches_reference(temperature: float, entropy: bool) -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_small_blocks_cover_every_loop_and_tail(dtype: torch.dtype) -> None:
-    # 16 x 128 x 64 tiles: 5 token blocks (atomic dW over token blocks), 8 vocab blocks (a
-    # 104-wide tail), 2 hidden blocks (a 32-wide tail); the default interpreter tiles cover
-    # N and H in one block each.
+    # 16 x 128 x 64 tiles: 5 token blocks, 8 vocab blocks (a 104-wide tail), 2 hidden blocks
+    # (a 32-wide tail), in every kernel (the backward GEMMs use the same tiles); the default
+    # interpreter tiles cover N and H in one block each.
     case = _inputs(dtype=dtype, seed=9)
     got = _run(
         triton_linear_logprob,
@@ -119,6 +119,45 @@ def test_small_blocks_cover_every_loop_and_tail(dtype: torch.dtype) -> None:
         for key in ("dH", "dW"):
             assert errors[key] <= 2e-2 * want[key].abs().max(), errors
         assert max(errors["lp"], errors["ent"]) <= 1e-4, errors
+
+
+@pytest.mark.parametrize("entropy", [True, False])
+def test_backward_in_vocab_chunks_is_exact_and_deterministic(entropy: bool) -> None:
+    # 384-column dz chunks: 3 chunks (the last 232 wide and not a multiple of BLOCK_V), so dH
+    # accumulates over chunks and each chunk writes its own rows of dW; the forward runs 2
+    # vocab splits (the interpreter's), combined in torch.
+    case = _inputs(seed=11)
+    kw = dict(temperature=1.1, vocab_start=0, tp_group=None, entropy=entropy, vocab_chunk=384)
+    first = _run(triton_linear_logprob, case, case["hidden"], case["weight"], **kw)
+    errors = _max_errors(first, _reference(case, entropy=entropy, temperature=1.1))
+    assert max(errors.values()) <= 2e-5, errors
+    again = _run(triton_linear_logprob, case, case["hidden"], case["weight"], **kw)
+    for key in ("dH", "dW"):
+        assert torch.equal(first[key], again[key]), key
+
+
+def test_forward_split_combine_matches_one_split() -> None:
+    from dapo_megatron.kernels.triton_logprob import _combine_splits
+
+    # Partial statistics of 3 vocab ranges (one empty: m = -1e30, zero sums) against the
+    # statistics of the whole range, computed in float64.
+    gen = torch.Generator().manual_seed(2)
+    z = torch.randn(5, 40, generator=gen, dtype=torch.float64) * 4
+    parts = []
+    for lo, hi in ((0, 25), (25, 40), (40, 40)):
+        zs = z[:, lo:hi]
+        m = zs.amax(dim=1) if hi > lo else torch.full((5,), -1e30, dtype=torch.float64)
+        e = torch.exp(zs - m[:, None])
+        # The target is column 0, in the first range.
+        target = z[:, 0] if lo == 0 else torch.zeros(5, dtype=torch.float64)
+        parts.append(torch.stack([m, e.sum(1), (e * (zs - m[:, None])).sum(1), target]))
+    m, s, sz, zt = _combine_splits(torch.stack(parts, dim=1).float())
+    e = torch.exp(z - z.amax(dim=1, keepdim=True))
+    torch.testing.assert_close(m.double(), z.amax(dim=1))
+    torch.testing.assert_close(s.double(), e.sum(1), rtol=1e-6, atol=0)
+    want_sz = (e * (z - z.amax(dim=1, keepdim=True))).sum(1)
+    torch.testing.assert_close(sz.double(), want_sz, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(zt.double(), z[:, 0])
 
 
 def test_same_numbers_as_chunked() -> None:
