@@ -18,6 +18,13 @@ training step::
 Groups are opaque (picklable) Python objects, one per prompt; the caller passes per-sample
 tensors alongside them. Valid groups beyond the batch can be carried into later steps.
 
+Staleness is counted in policy versions (the version of a step is the number of optimizer
+updates before it; the synchronous loop's step index): every kept group records the version
+that generated it, and a group more than ``max_carry_age`` versions behind the step is never
+returned. The synchronous loop generates at the step's own version, so only carried groups
+age; overlapped rollouts (``streaming=True``) feed groups of older versions as they complete,
+and the same bound (``rollout.max_staleness``) applies to them: one mechanism.
+
 Shape suffixes: ``_GN`` is G groups x N samples per group.
 """
 
@@ -40,9 +47,9 @@ __all__ = [
 
 G = TypeVar("G")
 
-_STATE_FORMAT_VERSION = 1
+_STATE_FORMAT_VERSION = 2
 _SURPLUS_POLICIES = ("carry", "discard")
-_CARRY_ITEM_KEYS = frozenset({"group", "age", "reward_sum", "num_samples"})
+_CARRY_ITEM_KEYS = frozenset({"group", "version", "reward_sum", "num_samples"})
 _TOTAL_KEYS = (
     "num_steps",
     "num_gen_batches",
@@ -155,7 +162,7 @@ class _Entry(Generic[G]):
     group: G
     reward_sum: float
     num_samples: int
-    age: int = 0  # steps spent in the carry cache; only meaningful there
+    version: int  # the policy version that generated the group
 
 
 def _check_int(name: str, value: Any, minimum: int | None = None) -> None:
@@ -171,7 +178,7 @@ class DynamicSampler(Generic[G]):
     Within a step, kept groups accumulate until ``num_prompts_per_step`` are available:
     first groups carried over from earlier steps (oldest first), then new groups in generation
     order. ``finish_step`` returns exactly ``num_prompts_per_step`` groups; the valid surplus
-    is either carried (age 0, usable for ``max_carry_age`` later steps) or discarded.
+    is either carried (usable while at most ``max_carry_age`` versions behind) or discarded.
 
     ``batch_multiplier`` is public and may be changed between steps; it is validated on
     assignment. With ``auto_max_multiplier`` the sampler sets it itself (``batch_multiplier:
@@ -191,6 +198,7 @@ class DynamicSampler(Generic[G]):
         enabled: bool = True,
         group_size: int,
         auto_max_multiplier: float | None = None,
+        streaming: bool = False,
     ) -> None:
         """Configure the sampler.
 
@@ -200,14 +208,18 @@ class DynamicSampler(Generic[G]):
             max_gen_batches: at most this many generation rounds per step; <= 0 is unlimited.
             surplus: what to do with valid groups beyond the batch: "carry" them into later
                 steps or "discard" them.
-            max_carry_age: a carried group is dropped once it has waited more than this many
-                steps (>= 1).
+            max_carry_age: a group is dropped once the step's policy version is more than this
+                many versions past the one that generated it (>= 1).
             enabled: when False every group is kept and a step is a single round of exactly
                 ``num_prompts_per_step`` prompts (plain GRPO batching).
             group_size: samples per group N (>= 1); every round's tensors must be ``[G, N]``.
             auto_max_multiplier: when given (>= 1), adapt ``batch_multiplier`` to the observed
                 keep rate (class docstring), up to this value; ``batch_multiplier`` is the
                 first step's. None keeps ``batch_multiplier`` fixed.
+            streaming: groups arrive per request as they complete (overlapped rollouts), not
+                per round: ``max_gen_batches`` then bounds the prompts a step consumes to
+                ``max_gen_batches`` full rounds' worth, ``ceil(batch_multiplier *
+                num_prompts_per_step)`` prompts each (``num_gen_batches`` counts such rounds).
 
         Raises:
             ValueError: naming the first bad argument.
@@ -230,7 +242,9 @@ class DynamicSampler(Generic[G]):
         if auto_max_multiplier is not None and not auto_max_multiplier >= 1.0:
             raise ValueError(f"auto_max_multiplier must be >= 1, got {auto_max_multiplier!r}")
         self.auto_max_multiplier = auto_max_multiplier
+        self.streaming = bool(streaming)
         self._keep_rate_ema: float | None = None
+        self._version = 0  # the current (or last) step's policy version
 
         self._carry: list[_Entry[G]] = []
         self._totals: dict[str, int] = dict.fromkeys(_TOTAL_KEYS, 0)
@@ -294,33 +308,54 @@ class DynamicSampler(Generic[G]):
                 f"DynamicSampler.{method}() called outside a step; call start_step()"
             )
 
-    def start_step(self) -> None:
-        """Begin a step: age the carry cache, drop stale groups, pre-fill from the rest.
+    @property
+    def version(self) -> int:
+        """The policy version of the current (or last) step."""
+        return self._version
 
-        Every carried group ages by one; those now older than ``max_carry_age`` are dropped and
+    def is_stale(self, version: int) -> bool:
+        """Whether a group generated by policy ``version`` is too old for the current step."""
+        return self._version - version > self.max_carry_age
+
+    def start_step(self, version: int | None = None) -> None:
+        """Begin the step trained at policy ``version``: drop stale carried groups, pre-fill
+        from the rest.
+
+        Carried groups more than ``max_carry_age`` versions behind ``version`` are dropped and
         their samples counted in ``num_discarded_valid_samples``. When enabled, up to
         ``num_prompts_per_step`` of the remaining groups, oldest first, move into the step's
         batch; the others stay cached. When disabled nothing is pre-filled.
 
+        Args:
+            version: the step's policy version; None = the number of finished steps (the
+                synchronous loop's step index).
+
         Raises:
             RuntimeError: if a step is already in progress.
+            ValueError: if ``version`` is older than the previous step's.
         """
         if self._in_step:
             raise RuntimeError("DynamicSampler.start_step() called twice; call finish_step() first")
-        if self.enabled and self.auto_max_multiplier is not None and self._keep_rate_ema is not None:
+        if (
+            self.enabled
+            and self.auto_max_multiplier is not None
+            and self._keep_rate_ema is not None
+        ):
             self.batch_multiplier = auto_batch_multiplier(
                 self._keep_rate_ema, max_multiplier=self.auto_max_multiplier
             )
+        version = self._totals["num_steps"] if version is None else version
+        _check_int("version", version, minimum=self._version)
+        self._version = version
         self._reset_step_state()
         survivors: list[_Entry[G]] = []
         for entry in self._carry:
-            entry.age += 1
-            if entry.age > self.max_carry_age:
+            if self.is_stale(entry.version):
                 self._discarded_samples += entry.num_samples
             else:
                 survivors.append(entry)
-        # Stable sort: equal ages keep their generation order.
-        survivors.sort(key=lambda entry: -entry.age)
+        # Stable sort: groups of one version keep their generation order.
+        survivors.sort(key=lambda entry: entry.version)
         if self.enabled:
             self._kept = survivors[: self.num_prompts_per_step]
             self._carry = survivors[self.num_prompts_per_step :]
@@ -363,8 +398,20 @@ class DynamicSampler(Generic[G]):
             raise RuntimeError(
                 f"DynamicSampler.{method}() called on a complete step; call finish_step()"
             )
-        if 0 < self.max_gen_batches <= self._rounds:
+        if self._rounds_exhausted():
             raise self._exhausted_error()
+
+    def _rounds_exhausted(self) -> bool:
+        if self.max_gen_batches <= 0:
+            return False
+        if self.streaming:  # full rounds' worth of prompts, not requests
+            return self._prompts_generated >= self.max_gen_batches * self.round_prompts()
+        return self._rounds >= self.max_gen_batches
+
+    def round_prompts(self) -> int:
+        """Prompts in one full round at the current multiplier (the streaming unit of
+        ``max_gen_batches``)."""
+        return max(1, math.ceil(round(self.batch_multiplier * self.num_prompts_per_step, 9)))
 
     def prompts_for_next_round(self) -> int:
         """Number of NEW prompts to generate in the next round.
@@ -402,15 +449,22 @@ class DynamicSampler(Generic[G]):
             raise ValueError("reward_GN must be finite (found NaN or inf)")
 
     def add_round(
-        self, groups: Sequence[G], metric_GN: torch.Tensor, reward_GN: torch.Tensor
+        self,
+        groups: Sequence[G],
+        metric_GN: torch.Tensor,
+        reward_GN: torch.Tensor,
+        version: int | None = None,
     ) -> None:
-        """Record one generation round and keep its groups with a varying metric.
+        """Record one generation round (streaming: one completed request) and keep its
+        groups with a varying metric.
 
         Args:
             groups: the round's G groups, in generation order.
             metric_GN: raw verifier metric per sample, ``[G, group_size]``; decides keeping.
             reward_GN: shaped reward per sample, ``[G, group_size]``; only feeds
                 ``filtered_reward``.
+            version: the policy version that generated the groups (None = the step's); the
+                caller checks ``is_stale`` first (a stale round raises ValueError).
 
         Raises:
             ValueError: on shapes other than ``[len(groups), group_size]`` or non-finite values
@@ -421,6 +475,13 @@ class DynamicSampler(Generic[G]):
         """
         self._check_can_generate("add_round")
         self._validate_round(groups, metric_GN, reward_GN)
+        version = self._version if version is None else version
+        _check_int("version", version)
+        if version > self._version or self.is_stale(version):
+            raise ValueError(
+                f"a round of policy version {version} cannot train at version {self._version} "
+                f"(at most {self.max_carry_age} behind)"
+            )
         if self.enabled:
             keep_G = groups_with_variance(metric_GN)
         else:
@@ -429,15 +490,18 @@ class DynamicSampler(Generic[G]):
         keep_flags = keep_G.tolist()
         reward_sums = reward_GN.detach().to(torch.float64).sum(dim=1).tolist()
 
-        self._rounds += 1
         self._prompts_generated += len(groups)
+        if self.streaming:
+            self._rounds = math.ceil(self._prompts_generated / self.round_prompts())
+        else:
+            self._rounds += 1
         self._samples_generated += len(groups) * self.group_size
         for group, keep, reward_sum in zip(groups, keep_flags, reward_sums, strict=True):
             if keep:
-                self._kept.append(_Entry(group, float(reward_sum), self.group_size))
+                self._kept.append(_Entry(group, float(reward_sum), self.group_size, version))
                 self._kept_generated += 1
 
-        if not self.is_complete() and 0 < self.max_gen_batches <= self._rounds:
+        if not self.is_complete() and self._rounds_exhausted():
             raise self._exhausted_error()
 
     def finish_step(self) -> tuple[list[G], DynamicSamplingStats]:
@@ -446,7 +510,7 @@ class DynamicSampler(Generic[G]):
         Returns:
             Exactly ``num_prompts_per_step`` groups (carried ones first, then new ones in
             generation order) and the step's ``DynamicSamplingStats``. Surplus valid groups
-            enter the carry cache with age 0 (``surplus="carry"``) or are discarded and their
+            enter the carry cache (``surplus="carry"``) or are discarded and their
             samples counted (``surplus="discard"``).
 
         Raises:
@@ -461,8 +525,6 @@ class DynamicSampler(Generic[G]):
         batch = self._kept[: self.num_prompts_per_step]
         surplus = self._kept[self.num_prompts_per_step :]
         if self.surplus == "carry":
-            for entry in surplus:
-                entry.age = 0
             self._carry.extend(surplus)
         else:
             self._discarded_samples += sum(entry.num_samples for entry in surplus)
@@ -509,7 +571,7 @@ class DynamicSampler(Generic[G]):
             "carry": [
                 {
                     "group": entry.group,
-                    "age": entry.age,
+                    "version": entry.version,
                     "reward_sum": entry.reward_sum,
                     "num_samples": entry.num_samples,
                 }
@@ -528,24 +590,13 @@ class DynamicSampler(Generic[G]):
         """
         if self._in_step:
             raise RuntimeError("DynamicSampler.load_state_dict() called during a step")
-        version = state.get("format_version") if isinstance(state, dict) else None
-        if version != _STATE_FORMAT_VERSION:
+        fmt = state.get("format_version") if isinstance(state, dict) else None
+        if fmt not in (1, _STATE_FORMAT_VERSION):
             raise ValueError(
-                f"state['format_version'] must be {_STATE_FORMAT_VERSION}, got {version!r}"
+                f"state['format_version'] must be {_STATE_FORMAT_VERSION} (or 1), got {fmt!r}"
             )
         if not isinstance(state.get("carry"), list) or not isinstance(state.get("totals"), dict):
             raise ValueError("state must hold a 'carry' list and a 'totals' dict")
-        carry: list[_Entry[G]] = []
-        for index, item in enumerate(state["carry"]):
-            where = f"state['carry'][{index}]"
-            if not isinstance(item, dict) or set(item) != _CARRY_ITEM_KEYS:
-                raise ValueError(f"{where} must be a dict with keys {sorted(_CARRY_ITEM_KEYS)}")
-            _check_int(f"{where}['age']", item["age"], minimum=0)
-            _check_int(f"{where}['num_samples']", item["num_samples"], minimum=1)
-            reward_sum = item["reward_sum"]
-            if isinstance(reward_sum, bool) or not isinstance(reward_sum, (int, float)):
-                raise ValueError(f"{where}['reward_sum'] must be a number, got {reward_sum!r}")
-            carry.append(_Entry(item["group"], float(reward_sum), item["num_samples"], item["age"]))
         totals = state["totals"]
         if set(totals) != set(_TOTAL_KEYS):
             raise ValueError(
@@ -553,6 +604,26 @@ class DynamicSampler(Generic[G]):
             )
         for key in _TOTAL_KEYS:
             _check_int(f"state['totals'][{key!r}]", totals[key], minimum=0)
+        steps = int(totals["num_steps"])
+        item_keys = _CARRY_ITEM_KEYS if fmt == 2 else (_CARRY_ITEM_KEYS - {"version"}) | {"age"}
+        carry: list[_Entry[G]] = []
+        for index, item in enumerate(state["carry"]):
+            where = f"state['carry'][{index}]"
+            if not isinstance(item, dict) or set(item) != item_keys:
+                raise ValueError(f"{where} must be a dict with keys {sorted(item_keys)}")
+            if fmt == 1:
+                # Saved between steps of the synchronous loop: a group carried for ``age``
+                # steps was generated by the step before those, version steps - 1 - age.
+                _check_int(f"{where}['age']", item["age"], minimum=0)
+                item = {**item, "version": steps - 1 - item["age"]}
+            _check_int(f"{where}['version']", item["version"])
+            _check_int(f"{where}['num_samples']", item["num_samples"], minimum=1)
+            reward_sum = item["reward_sum"]
+            if isinstance(reward_sum, bool) or not isinstance(reward_sum, (int, float)):
+                raise ValueError(f"{where}['reward_sum'] must be a number, got {reward_sum!r}")
+            carry.append(
+                _Entry(item["group"], float(reward_sum), item["num_samples"], item["version"])
+            )
         ema = state.get("keep_rate_ema")  # absent in states saved before it was kept here
         if ema is not None and (
             isinstance(ema, bool) or not isinstance(ema, (int, float)) or not 0.0 <= ema <= 1.0
@@ -560,4 +631,5 @@ class DynamicSampler(Generic[G]):
             raise ValueError(f"state['keep_rate_ema'] must be None or in [0, 1], got {ema!r}")
         self._carry = carry
         self._totals = {key: int(totals[key]) for key in _TOTAL_KEYS}
+        self._version = max(steps - 1, 0)  # the last finished step's
         self._keep_rate_ema = None if ema is None else float(ema)

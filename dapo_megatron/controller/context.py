@@ -225,6 +225,7 @@ def make_dynamic_sampler(config: DapoMegatronConfig) -> DynamicSampler[RolloutGr
     """The step's dynamic sampler. "auto" starts at 2 (capped by the maximum) before any keep
     rate is observed; the loop sets it from the observed keep rate after the first step."""
     ds = config.dapo.dynamic_sampling
+    staleness = config.rollout.max_staleness
     multiplier = (
         min(2.0, ds.max_batch_multiplier) if ds.batch_multiplier == "auto" else ds.batch_multiplier
     )
@@ -233,10 +234,12 @@ def make_dynamic_sampler(config: DapoMegatronConfig) -> DynamicSampler[RolloutGr
         batch_multiplier=float(multiplier),
         max_gen_batches=ds.max_gen_batches,
         surplus=ds.surplus,
-        max_carry_age=ds.max_carry_age,
+        # One bound for carried and (overlapped) fresh groups: K when rollouts overlap.
+        max_carry_age=staleness if staleness > 0 else ds.max_carry_age,
         enabled=ds.enabled,
         group_size=config.dapo.num_generations_per_prompt,
         auto_max_multiplier=ds.max_batch_multiplier if ds.batch_multiplier == "auto" else None,
+        streaming=staleness > 0,
     )
 
 

@@ -152,9 +152,17 @@ class GenerationGroup:
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
     ) -> list[list[Sample]]:
         """n samples per prompt, prompts spread over the engines (module docstring)."""
+        return self.results(self.submit(prompts, sampling))
+
+    def submit(
+        self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> list[ray.ObjectRef[Any]]:
+        """Start ``generate`` without waiting: one pending call per engine that has prompts,
+        in engine order (``results`` collects them). Calls from one submitter run in the
+        order submitted on each engine actor (Ray's actor task ordering)."""
         self.wake()
         bounds = shard_bounds(len(prompts), len(self.workers))
-        refs = [
+        return [
             w.generate.remote(
                 [list(p) for p in prompts[a:b]],
                 dataclasses.replace(sampling, seed=engine_seed(sampling.seed, e)),
@@ -162,6 +170,9 @@ class GenerationGroup:
             for e, (w, (a, b)) in enumerate(zip(self.workers, bounds, strict=True))
             if b > a
         ]
+
+    def results(self, refs: Sequence[ray.ObjectRef[Any]]) -> list[list[Sample]]:
+        """The groups of a ``submit``, in prompt order (waits for them)."""
         parts: list[list[list[Sample]]] = self._gather(refs)
         return [group for part in parts for group in part]
 

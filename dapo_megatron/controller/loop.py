@@ -23,7 +23,8 @@ from dapo_megatron.controller.context import RunContext, Workers, build_context
 from dapo_megatron.controller.generation_group import build_engines
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied
-from dapo_megatron.controller.rollout import rollout_metrics
+from dapo_megatron.controller.rollout import rollout_metrics, staleness_metrics
+from dapo_megatron.controller.rollouts import Rollouts, make_rollouts
 from dapo_megatron.logging import MetricsLogger, StepProgress
 
 
@@ -44,11 +45,12 @@ def _resume(ctx: RunContext, policy: PolicyGroup) -> dict[str, Any]:
     return state
 
 
-def _save(ctx: RunContext, policy: PolicyGroup, step: int) -> None:
+def _save(ctx: RunContext, policy: PolicyGroup, step: int, rollouts: Rollouts) -> None:
     state = {
         "step": step,
         "sampler": ctx.sampler.state_dict(),
         "dynamic": ctx.dynamic.state_dict(),  # carry cache, counters, keep-rate average
+        "rollout": rollouts.state(),  # overlapped: prompts drawn but not trained
     }
     policy.save(str(ctx.checkpoint_dir), step, state)
     prune_checkpoints(ctx.checkpoint_dir, ctx.config.checkpointing.keep_last)
@@ -78,13 +80,22 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
     progress = StepProgress(
         d.max_num_steps, start_step=start_step, enabled=config.logger.progress_bar
     )
+    # The policy version of a step is its index: the optimizer updates before it.
+    rollouts = make_rollouts(
+        ctx,
+        engines,
+        version=start_step,
+        pending_prompts=state.get("rollout", {}).get("pending_prompts", ()),
+    )
     try:
         for step in range(start_step, d.max_num_steps):
             started = time.perf_counter()
-            groups, ds_stats, gen_metrics = steps.collect_rollouts(ctx, engines, step)
-            engines.sleep()  # colocated engines give their memory to the training phase
+            busy_before = rollouts.engine_busy_s()
+            groups, ds_stats, gen_metrics = rollouts.take(step)
+            gen_metrics["timing/rollout_wait_s"] = time.perf_counter() - started
             batch = steps.make_batch(ctx, groups)
             metrics = {**gen_metrics, **ds_stats.to_metrics(), **rollout_metrics(groups, config)}
+            metrics.update(staleness_metrics(groups, step))
             if steps.needs_old_logprob_pass(
                 len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
             ):
@@ -94,14 +105,16 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
             if config.dapo.loss.kl_coef > 0:  # KL penalty vs the start-of-training policy
                 metrics.update(steps.reference_logprobs(policy, batch))
             metrics.update(steps.train_on_batch(ctx, policy, batch, step))
-            metrics["timing/refit_s"] = engines.refit(policy)
+            metrics.update(rollouts.refit(policy, step + 1))
             metrics.update(engines.refit_metrics())
             metrics["dynamic_sampling/batch_multiplier"] = ctx.dynamic.batch_multiplier
             metrics["generated_per_trained"] = ds_stats.num_samples_generated / len(batch)
             done = step + 1
             if config.validation.val_period and done % config.validation.val_period == 0:
-                metrics.update(steps.validate(ctx, engines, done))
+                with rollouts.paused():
+                    metrics.update(steps.validate(ctx, engines, done))
             metrics["timing/step_s"] = time.perf_counter() - started
+            metrics.update(_idle_fractions(metrics, rollouts.engine_busy_s() - busy_before))
             metrics["tokens_per_s"] = metrics["num_generated_tokens"] / metrics["timing/step_s"]
             logger.log(done, metrics)
             progress.update(done, metrics)
@@ -109,12 +122,25 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
             if config.checkpointing.enabled and (
                 done % config.checkpointing.save_period == 0 or last
             ):
-                _save(ctx, policy, done)
+                with rollouts.paused():
+                    _save(ctx, policy, done, rollouts)
     finally:
+        rollouts.close()  # overlapped: no new requests once the loop has stopped
         progress.close()  # on every exit path: a crash must not leave the bar drawn
     if config.checkpointing.export_hf:
         _export_final(ctx, policy, d.max_num_steps)
     return metrics
+
+
+def _idle_fractions(metrics: dict[str, float], engine_busy_s: float) -> dict[str, float]:
+    """Shares of the step the trainer waited (for its batch, and for a refit to start) and
+    the engines had no training rollout to generate."""
+    step_s = metrics["timing/step_s"]
+    waited = metrics["timing/rollout_wait_s"] + metrics.get("timing/refit_wait_s", 0.0)
+    return {
+        "timing/trainer_idle_frac": min(1.0, waited / step_s),
+        "timing/engine_idle_frac": max(0.0, 1.0 - engine_busy_s / step_s),
+    }
 
 
 def _export_final(ctx: RunContext, policy: PolicyGroup, step: int) -> None:

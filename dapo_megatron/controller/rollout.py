@@ -42,6 +42,8 @@ class RolloutGroup:
     """Shaped reward per sample: scaled score plus the soft overlong penalty."""
     penalties: list[float]
     """The overlong penalty part of each reward (<= 0)."""
+    version: int = 0
+    """The policy version that generated the samples (optimizer updates before it)."""
 
 
 def shape_rewards(
@@ -76,6 +78,7 @@ def make_groups(
     samples: Sequence[Sequence[Sample]],
     scores: Sequence[float],
     config: DapoMegatronConfig,
+    version: int = 0,
 ) -> list[RolloutGroup]:
     """Attach scores (flat, prompt-major) and shaped rewards to each prompt's samples."""
     flat = [s for group in samples for s in group]
@@ -92,6 +95,7 @@ def make_groups(
                 list(scores[start:end]),
                 rewards[start:end].tolist(),
                 penalties[start:end].tolist(),
+                version,
             )
         )
         start = end
@@ -133,6 +137,16 @@ def build_policy_batch(
         rollout_logprobs=rollout_lp,
         lengths=torch.tensor([len(p) + s.response_length for p, s in rows]),
     )
+
+
+def staleness_metrics(groups: Sequence[RolloutGroup], version: int) -> dict[str, float]:
+    """How many policy versions behind ``version`` (the one trained) the groups were
+    generated: mean and max over the groups."""
+    lags = [version - g.version for g in groups]
+    return {
+        "rollout/staleness_mean": statistics.fmean(lags),
+        "rollout/staleness_max": float(max(lags)),
+    }
 
 
 def rollout_metrics(groups: Sequence[RolloutGroup], config: DapoMegatronConfig) -> dict[str, float]:

@@ -1,0 +1,225 @@
+"""Overlapped rollouts (controller/rollout_stream.py) with scripted engines: no Ray, no
+Megatron. The fake engine knows which weights it holds and stamps them into every sample,
+so a test can check the version the stream recorded against the one that generated."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from dapo_megatron.config.loader import load_config
+from dapo_megatron.controller.context import RunContext, make_dynamic_sampler, make_sampler
+from dapo_megatron.controller.rollout_stream import RolloutStream
+from dapo_megatron.data.datasets import EncodedPrompts, PromptRecord
+from dapo_megatron.generation.base import Sample
+
+REPO = Path(__file__).resolve().parents[2]
+N = 4  # samples per prompt
+PROMPTS = 400
+WEIGHTS_TOKEN = 10  # a sample's first token is WEIGHTS_TOKEN + the engine's weight version
+
+
+class ScriptedEngines:
+    """Split-mode engines: ``submit`` records the prompts, ``results`` answers them with the
+    weights held at that moment; ``refit`` loads the next version and checks that nothing
+    is being generated (the stream lets the request in flight finish first)."""
+
+    def __init__(self, fail_on_request: int | None = None) -> None:
+        self.weights = 0
+        self.submitted: list[list[int]] = []
+        self.active = 0
+        self.refits_while_active = 0
+        self.fail_on_request = fail_on_request
+        self.lock = threading.Lock()
+
+    def submit(self, prompts, sampling):
+        with self.lock:
+            self.submitted.append([p[0] for p in prompts])
+            self.active += 1
+            return (len(self.submitted) - 1, [p[0] for p in prompts], sampling.n)
+
+    def results(self, refs):
+        index, prompts, n = refs
+        if index == self.fail_on_request:
+            raise RuntimeError("engine 0 raised: scripted failure")
+        token = WEIGHTS_TOKEN + self.weights
+        with self.lock:
+            self.active -= 1
+        # Prompt p's samples alternate right/wrong: every group varies (keep rate 1).
+        return [[Sample([token, 2], [-0.5, -0.1], "stop") for _ in range(n)] for _ in prompts]
+
+    def refit(self, policy) -> float:
+        with self.lock:
+            self.refits_while_active += self.active > 0
+            self.weights += 1
+        return 0.0
+
+    def refit_metrics(self):
+        return {}
+
+
+class AlternatingVerifier:
+    def score_batch(self, texts, truths):
+        return SimpleNamespace(
+            scores=[float(j % 2) for j in range(len(texts))], metrics={"reward/timeouts": 0.0}
+        )
+
+
+def _ctx(*overrides: str) -> RunContext:
+    config = load_config(
+        REPO / "recipes" / "dapo-tiny-cpu.yaml",
+        [
+            f"dapo.num_generations_per_prompt={N}",
+            "dapo.num_prompts_per_step=4",
+            "policy.train_global_batch_size=16",
+            "policy.train_micro_batch_size=8",
+            "data.shuffle=false",
+            "cluster.colocated=false",
+            "cluster.generation_num_devices=1",
+            "rollout.max_staleness=1",
+            "rollout.prompts_per_request=2",
+            *overrides,
+        ],
+    ).config
+    records = [PromptRecord(prompt=str(i), ground_truth="1", metadata={}) for i in range(PROMPTS)]
+    train = EncodedPrompts(input_ids=[[i] for i in range(PROMPTS)], records=records, num_too_long=0)
+    tokenizer = SimpleNamespace(
+        decode=lambda ids, skip_special_tokens: str(ids), eos_token_id=2, pad_token_id=0
+    )
+    return RunContext(
+        config=config,
+        run_dir=Path("."),
+        checkpoint_dir=Path("."),
+        tokenizer=tokenizer,
+        train=train,
+        val=None,
+        sampler=make_sampler(config, PROMPTS),
+        dynamic=make_dynamic_sampler(config),
+        verifier=AlternatingVerifier(),
+    )
+
+
+def _settle(stream: RolloutStream) -> None:
+    """Wait until the engines have generated all the budget allows: training that takes
+    longer than generation, without timing anything."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with stream._cond:
+            if stream._in_flight is None and not stream._scoring and not stream._can_submit():
+                return
+        time.sleep(0.001)
+    raise AssertionError("the stream kept generating")
+
+
+def _run(stream: RolloutStream, steps: range) -> list[dict]:
+    """Take each step's batch, "train" (let generation settle), refit, as the loop does;
+    per step, what was trained."""
+    out = []
+    for step in steps:
+        _settle(stream)
+        groups, stats, metrics = stream.take(step)
+        generated_by = [g.samples[0].response_token_ids[0] - WEIGHTS_TOKEN for g in groups]
+        out.append({"groups": groups, "generated_by": generated_by, "metrics": metrics})
+        _settle(stream)
+        stream.refit(None, step + 1)
+    _settle(stream)
+    return out
+
+
+def test_versions_are_the_generating_weights_and_lag_one_step_at_k1():
+    # Fixed multiplier 1: a step's worth is 4 prompts (2 requests). At version w the stream
+    # keeps (w + K + 1 - next_step) steps' worth outstanding, so after the first step every
+    # batch was generated exactly one version earlier and nothing goes stale.
+    ctx = _ctx("dapo.dynamic_sampling.batch_multiplier=1.0")
+    engines = ScriptedEngines()
+    stream = RolloutStream(ctx, engines, version=0)
+    try:
+        steps = _run(stream, range(6))
+    finally:
+        stream.close()
+    for s in steps:
+        assert [g.version for g in s["groups"]] == s["generated_by"]
+        assert s["metrics"]["rollout/stale_groups_dropped"] == 0
+    assert [max(step - v for v in s["generated_by"]) for step, s in enumerate(steps)] == [
+        0,
+        1,
+        1,
+        1,
+        1,
+        1,
+    ]
+    assert engines.refits_while_active == 0
+    # Every prompt drawn once, in order: 8 prompts at version 0, then 4 per refit.
+    drawn = [p for request in engines.submitted for p in request]
+    assert drawn == list(range(len(drawn)))
+    assert len(drawn) == 8 + 4 * 6
+
+
+@pytest.mark.parametrize("policy", ["drop", "regenerate"])
+@pytest.mark.parametrize("k", [1, 2])
+def test_no_trained_group_exceeds_k_and_every_generated_group_is_accounted_for(k, policy):
+    # The auto multiplier starts at 2 with a keep rate of 1: the first steps over-generate,
+    # so old groups go stale and are dropped (or their prompts generated again).
+    ctx = _ctx(f"rollout.max_staleness={k}", f"rollout.stale_groups={policy}")
+    engines = ScriptedEngines()
+    stream = RolloutStream(ctx, engines, version=0)
+    try:
+        steps = _run(stream, range(8))
+        with stream.paused():
+            queued = stream.state()["pending_prompts"]
+            submitted = [p for request in engines.submitted for p in request]
+    finally:
+        stream.close()
+    trained = [g.prompt_ids[0] for s in steps for g in s["groups"]]
+    dropped = sum(s["metrics"]["rollout/stale_groups_dropped"] for s in steps)
+    for step, s in enumerate(steps):
+        assert [g.version for g in s["groups"]] == s["generated_by"]
+        assert all(0 <= step - v <= k for v in s["generated_by"])
+        assert s["metrics"]["rollout/stale_groups_dropped"] >= 0
+    carried = ctx.dynamic.num_carried_groups
+    assert len(submitted) == len(trained) + dropped + carried + len(queued)
+    assert len(set(trained)) == len(trained)  # no prompt trained twice
+    if policy == "regenerate" and dropped:
+        # Dropped prompts come back (until resubmitted they wait in the retry queue).
+        assert len(submitted) > len(set(submitted)) or queued
+    if policy == "drop":
+        assert len(submitted) == len(set(submitted))
+
+
+def test_state_lists_the_prompts_drawn_but_not_trained_and_a_new_stream_generates_them_first():
+    ctx = _ctx("dapo.dynamic_sampling.batch_multiplier=1.0")
+    engines = ScriptedEngines()
+    stream = RolloutStream(ctx, engines, version=0)
+    try:
+        steps = _run(stream, range(2))
+        with stream.paused():
+            pending = stream.state()["pending_prompts"]
+    finally:
+        stream.close()
+    trained = {g.prompt_ids[0] for s in steps for g in s["groups"]}
+    submitted = [p for request in engines.submitted for p in request]
+    assert pending and set(pending) == set(submitted) - trained
+    # A resumed run: the pending prompts are the first ones generated.
+    resumed = ScriptedEngines()
+    again = RolloutStream(_ctx(), resumed, version=2, pending_prompts=pending)
+    try:
+        groups, _, _ = again.take(2)
+    finally:
+        again.close()
+    first = [p for request in resumed.submitted for p in request][: len(pending)]
+    assert first == pending
+    assert {g.version for g in groups} == {2}
+
+
+def test_an_engine_failure_reaches_the_training_thread():
+    ctx = _ctx()
+    stream = RolloutStream(ctx, ScriptedEngines(fail_on_request=0), version=0)
+    try:
+        with pytest.raises(RuntimeError, match="scripted failure"):
+            stream.take(0)
+    finally:
+        stream.close()
