@@ -97,4 +97,10 @@ def make_rollouts(
     if not isinstance(engines, GenerationGroup):
         # Validation requires split mode for K >= 1; colocated engines cannot overlap.
         raise TypeError("overlapped rollouts need split-mode engines (a GenerationGroup)")
+    if pending_prompts:
+        print(
+            f"[resume] {len(pending_prompts)} prompts drawn but not trained before the "
+            "checkpoint are generated again first (their samples are not checkpointed)",
+            flush=True,
+        )
     return RolloutStream(ctx, engines, version=version, pending_prompts=pending_prompts)
