@@ -46,6 +46,7 @@ def _config(model_dir: Path, precision: str, distributed_optimizer: bool):
         f"policy.megatron.use_distributed_optimizer={str(distributed_optimizer).lower()}",
         "policy.train_micro_batch_size=2",
         "policy.logprob_micro_batch_size=2",
+        "policy.max_tokens_per_microbatch=null",  # the padded micro-batches the model predicts
     ]
     return load_config(TINY, overrides, validate=False)
 

@@ -132,6 +132,7 @@ def _config(hf_dir: Path, dims: ParallelDims, micro: int, recompute: str = "none
         "policy.scheduler.lr_decay_style=constant",
         f"policy.train_micro_batch_size={micro}",
         "policy.logprob_micro_batch_size=3",
+        "policy.max_tokens_per_microbatch=null",  # padded micro-batches (packed: test_packed_*)
         f"generation.temperature={TEMPERATURE}",
         "policy.megatron.use_distributed_optimizer=false",
     ]

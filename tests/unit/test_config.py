@@ -218,7 +218,8 @@ def test_type_errors_name_key_and_type(override, expected):
         ("policy.megatron.pipeline_model_parallel_size=4", "policy.megatron", "must divide"),
         ("dapo.loss.clip_ratio_c=0.9", "dapo.loss.clip_ratio_c", "> 1"),
         (
-            "policy.train_global_batch_size=48",
+            # 256 is not a multiple of 3 x DP2 (the tiny recipe packs, but the check holds)
+            "policy.train_micro_batch_size=3",
             "policy.train_global_batch_size",
             "train_micro_batch_size * data_parallel_size",
         ),
