@@ -159,6 +159,7 @@ def _policy_config(hf_dir: str):
         "policy.scheduler.lr_decay_style=constant",
         "policy.train_micro_batch_size=4",
         "policy.logprob_micro_batch_size=4",
+        "policy.max_tokens_per_microbatch=null",  # padded: the separate engine's model is too
         f"generation.temperature={REFIT_T}",
         "policy.megatron.use_distributed_optimizer=false",
     ]
