@@ -59,15 +59,17 @@ def _options(
 
 
 def policy_placements(
-    group: PlacementGroup, world_size: int, resources: RankResources
+    group: PlacementGroup, world_size: int, resources: RankResources, split_engines: int = 0
 ) -> list[ActorPlacement]:
-    """One placement per policy rank, rank r on bundle r."""
+    """One placement per policy rank, rank r on bundle r; ``split_engines``: the devices
+    (processes, on CPU) of split-mode engines running beside the ranks."""
     threads = max(1, int(resources.num_cpus))
     if not resources.num_gpus:
-        # On CPU the ranks share the machine's cores: an equal share of intra-op threads
-        # each (one thread per rank when ranks >= cores avoids oversubscription; a single
-        # rank on a 2-core machine gets both cores, not one).
-        threads = max(1, int(cluster_cpus()) // max(1, world_size))
+        # On CPU the ranks share the machine's cores with the split engines' processes: an
+        # equal share of intra-op threads each (one thread per process when processes >=
+        # cores avoids oversubscription; a single rank on a 2-core machine gets both cores,
+        # but only one when an engine generates on the other, overlapped or not).
+        threads = max(1, int(cluster_cpus()) // max(1, world_size + split_engines))
     return [
         ActorPlacement(_options(resources.num_cpus, resources.num_gpus, group, r), threads, None)
         for r in range(world_size)

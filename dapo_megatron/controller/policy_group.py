@@ -65,7 +65,14 @@ class PolicyGroup:
             actor.options(**p.options).remote(
                 plan, rank=rank, world_size=world, num_threads=p.num_threads
             )
-            for rank, p in enumerate(policy_placements(self.placement, world, resources))
+            for rank, p in enumerate(
+                policy_placements(
+                    self.placement,
+                    world,
+                    resources,
+                    split_engines=0 if plan.config.cluster.colocated else plan.generation_devices,
+                )
+            )
         ]
         self.layouts: list[dict[str, int]] = [{"rank": r} for r in range(world)]
         address: tuple[str, int] = self._gather([self.workers[0].address.remote()])[0]
