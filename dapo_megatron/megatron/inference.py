@@ -57,6 +57,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.generation.base import Sample, SamplingParams
+from dapo_megatron.megatron.context_parallel import ContextParallelAttention
 from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
 from dapo_megatron.megatron.model import build_model, unwrap_model
 
@@ -99,8 +100,17 @@ def _honours_padding_mask(model: torch.nn.Module) -> bool:
     Megatron's local ``DotProductAttention`` masks with the given tensor whenever one is
     passed (torch softmax path). Transformer Engine drops masks once decoding (its mask
     type becomes no_mask) and the fused causal softmax kernel ignores them.
+
+    A model built with ``packed=True`` (the policy's own model when colocated) has our
+    ``ContextParallelAttention``, which at CP == 1 hands every unpacked call, so every
+    prefill and decode step here, to an inner ``DotProductAttention``: that module decides.
+    (Judging by the outer type sent such a model down the one-prompt-length-per-batch
+    path: other batches than a plain model's, hence other sampling draws and RoPE offsets,
+    so the colocated rollouts differed from those of a plain model with the same weights.)
     """
     core = model.decoder.layers[0].self_attention.core_attention
+    if isinstance(core, ContextParallelAttention) and core._unpacked is not None:
+        core = core._unpacked
     fused = model.config.masked_softmax_fusion and torch.cuda.is_available()
     return type(core) is DotProductAttention and not fused
 

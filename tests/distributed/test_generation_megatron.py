@@ -16,6 +16,9 @@ returns its outputs; the pytest process checks them against HF:
   MegatronPolicy after an SFT step through ``update_weights(policy.export_weights())`` and
   then generates what an engine sharing the policy's model generates, with logprobs equal
   to the policy's own scoring (mean |exp(lp_engine - lp_policy) - 1| < 1e-6).
+  The policy packs (the tiny recipe's token budget, as in the main job), so its model's
+  core attention is ContextParallelAttention; the separate model is a plain local spec:
+  both engines must still batch and compute alike (bit-identical samples).
 
 Megatron is imported inside the rank functions only.
 """
@@ -159,7 +162,6 @@ def _policy_config(hf_dir: str):
         "policy.scheduler.lr_decay_style=constant",
         "policy.train_micro_batch_size=4",
         "policy.logprob_micro_batch_size=4",
-        "policy.max_tokens_per_microbatch=null",  # padded: the separate engine's model is too
         f"generation.temperature={REFIT_T}",
         "policy.megatron.use_distributed_optimizer=false",
     ]
@@ -210,7 +212,12 @@ def _refit(policy, dims: ParallelDims) -> dict:
     separate.update_weights(policy.export_weights())
     shared.update_weights(policy.export_weights())  # shares the parameters: a no-op
 
-    out = {"before": before}
+    # The policy's model is built for packing (ContextParallelAttention around Megatron's
+    # DotProductAttention), the separate one plain: both must batch rows alike (padded).
+    out = {
+        "before": before,
+        "padding_mask_ok": (shared._padding_mask_ok, separate._padding_mask_ok),
+    }
     for name, params in (("greedy", greedy), ("sampled", sampled)):
         groups = {
             "shared": shared.generate(PROMPTS, params),
@@ -429,8 +436,33 @@ def test_weight_specs_list_the_export(results, family):
     assert results[family]["specs_match_export"]
 
 
+def _engine_difference(shared: list[list[tuple]], separate: list[list[tuple]]) -> str:
+    """Where two engines' samples first differ, and their largest logprob difference over
+    the tokens they share (before the first differing token of each sample)."""
+    first, worst = None, 0.0
+    for i, (g_a, g_b) in enumerate(zip(shared, separate, strict=True)):
+        for j, ((tok_a, lp_a, _), (tok_b, lp_b, _)) in enumerate(zip(g_a, g_b, strict=True)):
+            same = 0
+            while same < min(len(tok_a), len(tok_b)) and tok_a[same] == tok_b[same]:
+                same += 1
+            if same < max(len(tok_a), len(tok_b)) and first is None:
+                first = f"prompt {i} sample {j} token {same}"
+            # The logprob of the first differing token is still comparable (same prefix).
+            n = min(same + 1, len(lp_a), len(lp_b))
+            if n:
+                diff = (torch.tensor(lp_a[:n]) - torch.tensor(lp_b[:n])).abs().max().item()
+                worst = max(worst, diff)
+    return f"first differing token: {first or 'none'}, max |logprob diff| = {worst:.3e}"
+
+
 def test_refit_matches_policy(results):
     refit = results["refit"]
+    assert refit["padding_mask_ok"] == (True, True)
+    for name in ("greedy", "sampled"):
+        print(
+            f"refit {name} shared vs separate: "
+            f"{_engine_difference(refit[name]['shared'], refit[name]['separate'])}"
+        )
     for name in ("greedy", "sampled"):
         assert refit[name]["shared"] == refit[name]["separate"], name
     assert refit["before"] != refit["greedy"]["separate"]  # the refit changed something
