@@ -12,19 +12,23 @@ steps.needs_old_logprob_pass); then the generation engines receive the new weigh
 
 from __future__ import annotations
 
+import threading
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
+from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
 from dapo_megatron.checkpoint_dirs import find_resumable, latest_checkpoint, prune_checkpoints
 from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.cluster import start_ray
 from dapo_megatron.controller.context import RunContext, Workers, build_context
 from dapo_megatron.controller.generation_group import build_engines
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied
-from dapo_megatron.controller.rollout import rollout_metrics, staleness_metrics
+from dapo_megatron.controller.rollout import RolloutGroup, rollout_metrics, staleness_metrics
 from dapo_megatron.controller.rollouts import Rollouts, make_rollouts
+from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.logging import MetricsLogger, StepProgress
 
 
@@ -87,13 +91,12 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
         version=start_step,
         pending_prompts=state.get("rollout", {}).get("pending_prompts", ()),
     )
+    prepared: _Prepared | None = None  # overlapped: the next batch, taken while training
     try:
         for step in range(start_step, d.max_num_steps):
             started = time.perf_counter()
             busy_before = rollouts.engine_busy_s()
-            groups, ds_stats, gen_metrics = rollouts.take(step)
-            gen_metrics["timing/rollout_wait_s"] = time.perf_counter() - started
-            batch = steps.make_batch(ctx, groups)
+            groups, ds_stats, gen_metrics, batch = prepared or _prepare(ctx, rollouts, step)
             metrics = {**gen_metrics, **ds_stats.to_metrics(), **rollout_metrics(groups, config)}
             metrics.update(staleness_metrics(groups, step))
             if steps.needs_old_logprob_pass(
@@ -104,12 +107,16 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
                 metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
             if config.dapo.loss.kl_coef > 0:  # KL penalty vs the start-of-training policy
                 metrics.update(steps.reference_logprobs(policy, batch))
-            metrics.update(steps.train_on_batch(ctx, policy, batch, step))
+            done = step + 1
+            if _prepares_next(config, done):
+                train_metrics, prepared = _train_and_prepare(ctx, policy, rollouts, batch, step)
+                metrics.update(train_metrics)
+            else:
+                metrics.update(steps.train_on_batch(ctx, policy, batch, step))
+                prepared = None
             metrics.update(rollouts.refit(policy, step + 1))
             metrics.update(engines.refit_metrics())
-            metrics["dynamic_sampling/batch_multiplier"] = ctx.dynamic.batch_multiplier
             metrics["generated_per_trained"] = ds_stats.num_samples_generated / len(batch)
-            done = step + 1
             if config.validation.val_period and done % config.validation.val_period == 0:
                 with rollouts.paused():
                     metrics.update(steps.validate(ctx, engines, done))
@@ -130,6 +137,63 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
     if config.checkpointing.export_hf:
         _export_final(ctx, policy, d.max_num_steps)
     return metrics
+
+
+class _Prepared(NamedTuple):
+    """A step's rollouts and batch, with the generation metrics."""
+
+    groups: list[RolloutGroup]
+    stats: DynamicSamplingStats
+    metrics: dict[str, float]
+    batch: PolicyBatch
+
+
+def _prepare(ctx: RunContext, rollouts: Rollouts, step: int) -> _Prepared:
+    """Take the step's rollouts (waiting for them: ``timing/rollout_wait_s``) and build its
+    batch."""
+    started = time.perf_counter()
+    groups, stats, metrics = rollouts.take(step)
+    metrics["timing/rollout_wait_s"] = time.perf_counter() - started
+    metrics["dynamic_sampling/batch_multiplier"] = ctx.dynamic.batch_multiplier
+    return _Prepared(groups, stats, metrics, steps.make_batch(ctx, groups))
+
+
+def _prepares_next(config: DapoMegatronConfig, done: int) -> bool:
+    """Overlapped rollouts take the next step's batch while this step trains, except
+    before a checkpoint (which must not hold a batch taken but not trained) and at the
+    end."""
+    if config.rollout.max_staleness == 0 or done >= config.dapo.max_num_steps:
+        return False
+    ckpt = config.checkpointing
+    return not (ckpt.enabled and done % ckpt.save_period == 0)
+
+
+def _train_and_prepare(
+    ctx: RunContext, policy: PolicyGroup, rollouts: Rollouts, batch: PolicyBatch, step: int
+) -> tuple[dict[str, float], _Prepared]:
+    """Train step ``step`` while the main thread takes the batch of ``step + 1`` (so the
+    controller's work between two train calls is off the trainer's path). The next step's
+    ``timing/rollout_wait_s`` is the time the trainer had finished and still waited."""
+    outcome: dict[str, Any] = {}
+
+    def train() -> None:
+        try:
+            outcome["metrics"] = steps.train_on_batch(ctx, policy, batch, step)
+        except BaseException as error:  # noqa: BLE001 - re-raised by the main thread
+            outcome["error"] = error
+        outcome["done"] = time.perf_counter()
+
+    trainer = threading.Thread(target=train, name="train-step", daemon=True)
+    trainer.start()
+    try:
+        prepared = _prepare(ctx, rollouts, step + 1)
+    finally:
+        trainer.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    taken = time.perf_counter()
+    prepared.metrics["timing/rollout_wait_s"] = max(0.0, taken - outcome["done"])
+    return outcome["metrics"], prepared
 
 
 def _idle_fractions(metrics: dict[str, float], engine_busy_s: float) -> dict[str, float]:

@@ -106,6 +106,7 @@ class RolloutStream:
         self._retry: deque[int] = deque(int(i) for i in pending_prompts)
         self._in_flight: _Request | None = None
         self._scoring = 0  # prompts of a finished request being scored
+        self._in_hand = 0  # prompts of a popped request not yet given to dynamic sampling
         self._paused = False
         self._stopping = False
         self._error: BaseException | None = None
@@ -128,7 +129,7 @@ class RolloutStream:
         in_flight = len(self._in_flight.prompt_indices) if self._in_flight else 0
         queued = sum(len(c.prompt_indices) for c in self._completed)
         kept = dynamic.num_carried_groups + dynamic.num_kept_groups
-        return in_flight + self._scoring + queued + kept * per_group
+        return in_flight + self._scoring + queued + self._in_hand + kept * per_group
 
     def _can_submit(self) -> bool:
         if self._stopping or self._paused or self._in_flight is not None:
@@ -173,7 +174,7 @@ class RolloutStream:
                     while not self._stopping and self._in_flight is None:
                         self._top_up()
                         if self._in_flight is None:
-                            self._cond.wait()
+                            self._cond.wait(_POLL_S)
                     if self._stopping:
                         return
                     current = self._in_flight
@@ -215,11 +216,26 @@ class RolloutStream:
             raise self._error
 
     def _pop(self) -> _Completed:
+        """The oldest completed request; tops up before waiting (consuming, or dropping a
+        stale request, changes the budget, and the generation thread only re-checks it
+        when woken)."""
         with self._cond:
             while not self._completed:
                 self._raise_error()
-                self._cond.wait(_POLL_S)
-            return self._completed.popleft()
+                self._top_up()
+                if not self._completed:
+                    self._cond.wait(_POLL_S)
+            item = self._completed.popleft()
+            self._in_hand = len(item.prompt_indices)
+            return item
+
+    def _release(self, regenerate: Sequence[int] = ()) -> None:
+        """The popped request is counted by dynamic sampling now (or dropped as stale):
+        the generation thread may re-check its budget."""
+        with self._cond:
+            self._in_hand = 0
+            self._retry.extend(regenerate)
+            self._cond.notify_all()
 
     def take(self, step: int) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]:
         """The batch of the step trained at policy version ``step``: completed groups, in
@@ -237,15 +253,16 @@ class RolloutStream:
                 item = self._pop()
                 if dynamic.is_stale(item.version):
                     stale += len(item.groups)
-                    if self.regenerate:
-                        with self._cond:
-                            self._retry.extend(item.prompt_indices)
+                    self._release(item.prompt_indices if self.regenerate else ())
                     continue
                 for key, value in item.metrics.items():
                     totals[key] = totals.get(key, 0.0) + value
                 scores = torch.tensor([g.scores for g in item.groups])
                 rewards = torch.tensor([g.rewards for g in item.groups])
-                dynamic.add_round(item.groups, scores, rewards, version=item.version)
+                try:
+                    dynamic.add_round(item.groups, scores, rewards, version=item.version)
+                finally:
+                    self._release()
         finally:
             with self._cond:
                 self._next_step, self._waiting = step + 1, False
