@@ -489,37 +489,24 @@ def compile_specs(arch: int) -> list[KernelSpec]:
                 a_ptr=ptr, b_ptr=ptr, c_ptr=ptr, M=chunk, N=h, K=n, stride_am=1,
                 stride_ak=chunk, stride_bk=h, stride_bn=1, stride_cm=h,
             )  # fmt: skip
-            label = f"logprob_dW{tag}"
-            specs.append(
-                _spec(
-                    label,
-                    "_matmul_kernel",
-                    arch,
-                    dt,
-                    dw_vals,
-                    dict(consts, ACCUMULATE=False),
-                    t,
-                    prod,
-                )
-            )
             # dH (fp32) += dz @ W[chunk].
             dh_vals = dict(
                 a_ptr=ptr, b_ptr=ptr, c_ptr="*fp32", M=n, N=h, K=chunk, stride_am=chunk,
                 stride_ak=1, stride_bk=h, stride_bn=1, stride_cm=h,
             )  # fmt: skip
-            label = f"logprob_dH{tag}"
-            specs.append(
-                _spec(
-                    label,
-                    "_matmul_kernel",
-                    arch,
-                    dt,
-                    dh_vals,
-                    dict(consts, ACCUMULATE=True),
-                    t,
-                    prod,
+            for name, vals, accumulate in (("dW", dw_vals, False), ("dH", dh_vals, True)):
+                specs.append(
+                    _spec(
+                        f"logprob_{name}{tag}",
+                        "_matmul_kernel",
+                        arch,
+                        dt,
+                        vals,
+                        dict(consts, ACCUMULATE=accumulate),
+                        t,
+                        prod,
+                    )
                 )
-            )
     return specs
 
 

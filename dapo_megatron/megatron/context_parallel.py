@@ -51,7 +51,6 @@ own sequence at positions ``<=`` its own, never across sequence boundaries.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import math
@@ -71,6 +70,7 @@ from megatron.core.utils import divide
 from torch import Tensor
 
 from dapo_megatron.data.packing import local_order
+from dapo_megatron.megatron.thd_buckets import thd_buckets
 
 
 def _check_split(seq_len: int, cp_rank: int, cp_size: int) -> int:
@@ -360,55 +360,6 @@ class _AllGatherSequence(torch.autograd.Function):
         grad = grad.contiguous().clone()
         dist.all_reduce(grad, group=ctx.group)
         return grad.narrow(0, ctx.rank * ctx.rows, ctx.rows), None
-
-
-@dataclasses.dataclass(frozen=True)
-class _Bucket:
-    """Sequences of one power-of-two length bucket, attended as one padded batch."""
-
-    index: Tensor
-    """``[w, n]`` packed position of token ``j`` of member ``r`` (``w``: the longest member);
-    a shorter member's padding repeats its first position (masked, outputs dropped)."""
-    causal_mask: Tensor
-    """``[w, w]`` True where key position > query position."""
-
-
-@dataclasses.dataclass(frozen=True)
-class _BucketPlan:
-    buckets: tuple[_Bucket, ...]
-    inverse: Tensor
-    """``[t]``: row of each packed token in the concatenation of the buckets' flattened
-    ``[w * n]`` outputs."""
-
-
-@functools.lru_cache(maxsize=8)
-def _thd_buckets(bounds: tuple[int, ...], device: torch.device) -> _BucketPlan:
-    """The gather and scatter indices of ``ContextParallelAttention._thd_bucketed`` for one
-    pack (cached: a pack passes through every layer, forward and backward, with the same
-    boundaries; do not modify the tensors)."""
-    lengths = [end - start for start, end in itertools.pairwise(bounds)]
-    members: dict[int, list[int]] = {}
-    for i, length in enumerate(lengths):
-        if length:
-            members.setdefault((length - 1).bit_length(), []).append(i)
-    buckets, flat_index, flat_real = [], [], []
-    for rows in members.values():
-        width = max(lengths[i] for i in rows)
-        offsets = torch.arange(width)
-        starts = torch.tensor([bounds[i] for i in rows])
-        ends = torch.tensor([bounds[i] + lengths[i] for i in rows])
-        index = starts[None, :] + offsets[:, None]
-        real = index < ends[None, :]
-        index = torch.where(real, index, starts[None, :])
-        causal = offsets[None, :] > offsets[:, None]
-        buckets.append(_Bucket(index.to(device), causal.to(device)))
-        flat_index.append(index.reshape(-1))
-        flat_real.append(real.reshape(-1))
-    inverse = torch.empty(bounds[-1], dtype=torch.long)
-    if buckets:
-        position, real = torch.cat(flat_index), torch.cat(flat_real)
-        inverse[position[real]] = torch.arange(position.numel())[real]
-    return _BucketPlan(tuple(buckets), inverse.to(device))
 
 
 class ContextParallelAttention(MegatronModule):
@@ -716,9 +667,9 @@ class ContextParallelAttention(MegatronModule):
         a bucket pads each sequence to at most twice its length, in attention only (the
         projections and MLP stay packed). Padding is at the end of each row, so causal
         masking keeps it from every real query; its own outputs are dropped. The gather
-        indices depend only on the pack, so they are built once per pack (``_thd_buckets``)
+        indices depend only on the pack, so they are built once per pack (``thd_buckets``)
         and every layer, forward and backward, reuses them."""
-        plan = _thd_buckets(bounds, query.device)
+        plan = thd_buckets(bounds, query.device)
         causal = mask_type in (AttnMaskType.causal, AttnMaskType.padding_causal)
         contexts = []
         for bucket in plan.buckets:

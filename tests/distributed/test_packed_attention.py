@@ -186,16 +186,16 @@ def test_thd_rope_cache_follows_the_table_and_the_pack() -> None:
 
 
 def test_attention_buckets_cover_every_packed_token_once() -> None:
-    from dapo_megatron.megatron.context_parallel import _thd_buckets
+    from dapo_megatron.megatron.thd_buckets import thd_buckets
 
     bounds = (0, 3, 3, 11, 12, 20, 37)  # lengths 3, 0, 8, 1, 8, 17
-    plan = _thd_buckets(bounds, torch.device("cpu"))
+    plan = thd_buckets(bounds, torch.device("cpu"))
     assert [tuple(b.index.shape) for b in plan.buckets] == [(3, 1), (8, 2), (1, 1), (17, 1)]
     flat = torch.cat([b.index.reshape(-1) for b in plan.buckets])
     # The inverse picks, for each packed position, the bucket row holding that very token.
     assert torch.equal(flat[plan.inverse], torch.arange(37))
     assert plan.buckets[1].causal_mask.tolist()[0] == [False] + [True] * 7
-    assert _thd_buckets(bounds, torch.device("cpu")) is plan  # one plan per pack
+    assert thd_buckets(bounds, torch.device("cpu")) is plan  # one plan per pack
 
 
 # ------------------------------------------------------------------------ model checks
