@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from fake_context import fake_context
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller import steps
-from dapo_megatron.controller.context import RunContext, make_dynamic_sampler, make_sampler
+from dapo_megatron.controller.context import RunContext
 from dapo_megatron.controller.rollout import build_policy_batch, make_groups
-from dapo_megatron.data.datasets import EncodedPrompts, PromptRecord
 from dapo_megatron.generation.base import Sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -60,23 +60,7 @@ def _ctx(pattern, *overrides) -> tuple[RunContext, FakeEngines]:
             *overrides,
         ],
     ).config
-    prompts = [[i] for i in range(30)]
-    records = [PromptRecord(prompt=str(i), ground_truth=str(i), metadata={}) for i in range(30)]
-    train = EncodedPrompts(input_ids=prompts, records=records, num_too_long=0)
-    tokenizer = SimpleNamespace(
-        decode=lambda ids, skip_special_tokens: str(ids), eos_token_id=2, pad_token_id=0
-    )
-    return RunContext(
-        config=config,
-        run_dir=Path("."),
-        checkpoint_dir=Path("."),
-        tokenizer=tokenizer,
-        train=train,
-        val=None,
-        sampler=make_sampler(config, 30),
-        dynamic=make_dynamic_sampler(config),
-        verifier=FakeVerifier(pattern),
-    ), FakeEngines()
+    return fake_context(config, 30, FakeVerifier(pattern)), FakeEngines()
 
 
 def test_all_equal_groups_exhaust_after_exactly_max_gen_batches_rounds():

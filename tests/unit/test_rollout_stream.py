@@ -10,11 +10,11 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+from fake_context import fake_context
 
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.controller.context import RunContext, make_dynamic_sampler, make_sampler
+from dapo_megatron.controller.context import RunContext
 from dapo_megatron.controller.rollout_stream import RolloutStream
-from dapo_megatron.data.datasets import EncodedPrompts, PromptRecord
 from dapo_megatron.generation.base import Sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,22 +85,7 @@ def _ctx(*overrides: str) -> RunContext:
             *overrides,
         ],
     ).config
-    records = [PromptRecord(prompt=str(i), ground_truth="1", metadata={}) for i in range(PROMPTS)]
-    train = EncodedPrompts(input_ids=[[i] for i in range(PROMPTS)], records=records, num_too_long=0)
-    tokenizer = SimpleNamespace(
-        decode=lambda ids, skip_special_tokens: str(ids), eos_token_id=2, pad_token_id=0
-    )
-    return RunContext(
-        config=config,
-        run_dir=Path("."),
-        checkpoint_dir=Path("."),
-        tokenizer=tokenizer,
-        train=train,
-        val=None,
-        sampler=make_sampler(config, PROMPTS),
-        dynamic=make_dynamic_sampler(config),
-        verifier=AlternatingVerifier(),
-    )
+    return fake_context(config, PROMPTS, AlternatingVerifier(), ground_truth=lambda i: "1")
 
 
 def _settle(stream: RolloutStream) -> None:
