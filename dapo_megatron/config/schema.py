@@ -322,9 +322,10 @@ class RolloutConfig:
     """K >= 1: what happens to a group that arrives more than K versions behind: drop it
     (counted), or drop it and generate its prompt again with the current weights."""
     prompts_per_request: int | None
-    """K >= 1: prompts per generation request (spread over the engines); a refit waits for
-    the request in flight to finish, so smaller requests shorten that wait and larger ones
-    batch better. null = half of dapo.num_prompts_per_step (at least 1)."""
+    """K >= 1: the most prompts one generation request may hold (spread over the engines).
+    A request asks for what the generate-ahead budget lacks (about a step's prompts at the
+    running keep rate, plus a little headroom); a refit waits for the request in flight to
+    finish, so a cap shortens that wait and larger requests batch better. null = no cap."""
 
 
 @dataclass

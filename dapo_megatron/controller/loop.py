@@ -12,6 +12,7 @@ steps.needs_old_logprob_pass); then the generation engines receive the new weigh
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from typing import Any, NamedTuple
@@ -114,12 +115,13 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
             else:
                 metrics.update(steps.train_on_batch(ctx, policy, batch, step))
                 prepared = None
-            metrics.update(rollouts.refit(policy, step + 1))
+            # Validation runs on the refitted engines before they take the next request.
+            validate = None
+            if config.validation.val_period and done % config.validation.val_period == 0:
+                validate = functools.partial(steps.validate, ctx, engines, done)
+            metrics.update(rollouts.refit(policy, step + 1, then=validate))
             metrics.update(engines.refit_metrics())
             metrics["generated_per_trained"] = ds_stats.num_samples_generated / len(batch)
-            if config.validation.val_period and done % config.validation.val_period == 0:
-                with rollouts.paused():
-                    metrics.update(steps.validate(ctx, engines, done))
             metrics["timing/step_s"] = time.perf_counter() - started
             metrics.update(_idle_fractions(metrics, rollouts.engine_busy_s() - busy_before))
             metrics["tokens_per_s"] = metrics["num_generated_tokens"] / metrics["timing/step_s"]

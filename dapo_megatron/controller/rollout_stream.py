@@ -2,24 +2,28 @@
 policy trains.
 
 A background thread keeps one generation request in flight on the split-mode engines
-(``prompts_per_request`` prompts spread over them), scores each request as it completes
-and queues its groups, tagged with the policy version of the weights that generated them.
-The training loop takes a batch per step (``take``): groups are fed to dynamic sampling as
-they arrive, and a group more than K versions behind the step is dropped (counted) or its
-prompt generated again (``rollout.stale_groups``). The dynamic sampler's carry cache
-applies the same bound to carried groups: one mechanism.
+(spread over them), scores each request as it completes and queues its groups, tagged with
+the policy version of the weights that generated them. The training loop takes a batch per
+step (``take``): groups are fed to dynamic sampling as they arrive, and a group more than K
+versions behind the step is dropped (counted) or its prompt generated again
+(``rollout.stale_groups``). The dynamic sampler's carry cache applies the same bound to
+carried groups: one mechanism.
 
 How much is generated ahead: data generated at engine version w can train steps w .. w+K,
-so the thread keeps at most ``(w + K + 1 - next_step)`` steps' worth of prompts outstanding
-(completed but not yet trained, or in flight), a step's worth being a full round at the
-dynamic sampler's multiplier (``batch_multiplier: auto`` follows the keep rate, so a keep
-rate of 0.3 asks for ~4x the prompts). A step that waits with nothing coming always gets a
-request, whatever the budget.
+so the budget is ``(w + K + 1 - next_step)`` steps' groups, counting the kept groups not
+yet trained and the groups expected (at the running keep rate) from prompts drawn but not
+yet filtered. When that falls short, the next request asks for the shortfall over the keep
+rate plus two binomial standard deviations (``_prompts_for``), capped by
+``prompts_per_request``: a keep rate of 0.3 draws ~3.3x the prompts, and requests shrink
+near the end of a step instead of overshooting it (a surplus more than K versions old is
+lost). A step that waits with nothing coming always gets a request for what it lacks.
 
 Weight updates happen between requests: ``refit`` stops new submissions, lets the request
 in flight FINISH (its samples are kept, tagged with the old version), then refits and
 resumes. The cost is the trainer waiting for the rest of that one request (reported as
-``timing/refit_wait_s``); smaller requests shorten it. Aborting and resubmitting would
+``timing/refit_wait_s``). At K = 1 there is usually none: the budget closes once the
+next step's groups are generated, before the trainer finishes; larger K (or a smaller
+``prompts_per_request``) trades more requests for shorter waits. Aborting and resubmitting would
 waste the partial generation instead, and the megatron backend cannot abort mid-request.
 
 Ordering: the refit is submitted only after the request in flight has returned, so no
@@ -33,7 +37,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -50,6 +54,21 @@ from dapo_megatron.generation.base import Sample, SamplingParams
 _POLL_S = 0.5
 # Seeds of overlapped requests live apart from the synchronous rounds' (round_seed).
 _REQUEST_SEED_OFFSET = 20_000
+# The lowest keep rate the budget plans for: below it a step waits for top-up requests
+# rather than the stream drawing ever more prompts ahead.
+_MIN_KEEP = 0.05
+# Standard deviations of the keep count a request plans for (~2% of steps come up short).
+_HEADROOM_SD = 2.0
+
+
+def _prompts_for(groups: float, keep: float) -> float:
+    """Prompts to draw for ``groups`` kept groups at keep rate ``keep``: the expected number
+    plus ``_HEADROOM_SD`` standard deviations of the binomial keep count, so that a step is
+    rarely short. Unlike a synchronous round's headroom (``batch_multiplier: auto``) this
+    stays small: a surplus more than K versions old is lost, while a short step only waits
+    for one more (small) request."""
+    expected = groups / keep
+    return expected + _HEADROOM_SD * math.sqrt(expected * keep * (1.0 - keep)) / keep
 
 
 class StreamEngines(Protocol):
@@ -98,9 +117,8 @@ class RolloutStream:
         self.engines = engines
         self.max_staleness = config.rollout.max_staleness
         self.regenerate = config.rollout.stale_groups == "regenerate"
-        self.request_size = config.rollout.prompts_per_request or max(
-            1, math.ceil(config.dapo.num_prompts_per_step / 2)
-        )
+        # None: no cap, a request is the budget's whole shortfall (about a step's prompts).
+        self.request_size: int | None = config.rollout.prompts_per_request
         self._cond = threading.Condition()
         self._completed: deque[_Completed] = deque()
         self._retry: deque[int] = deque(int(i) for i in pending_prompts)
@@ -120,31 +138,57 @@ class RolloutStream:
 
     # ------------------------------------------------------------------ generation thread
 
-    def _outstanding(self) -> float:
-        """Prompts generated (or being generated) but not yet trained on, counting each
-        kept group (carried, or already in the batch being assembled) as the prompts it took
-        to find one."""
+    def _keep_estimate(self) -> float:
+        """Expected share of prompts that yield a kept group: the dynamic sampler's running
+        keep rate (before any step, its multiplier's guess), at least ``_MIN_KEEP``."""
         dynamic = self.ctx.dynamic
-        per_group = dynamic.round_prompts() / dynamic.num_prompts_per_step
+        if not dynamic.enabled:
+            return 1.0
+        ema = dynamic.keep_rate_ema
+        keep = ema if ema is not None else dynamic.num_prompts_per_step / dynamic.round_prompts()
+        return max(keep, _MIN_KEEP)
+
+    def _expected_groups(self, keep: float) -> float:
+        """Kept groups not yet trained on, or expected from prompts drawn but not yet given
+        to dynamic sampling (in flight, being scored, queued, in the training thread's
+        hand) at keep rate ``keep``."""
+        dynamic = self.ctx.dynamic
         in_flight = len(self._in_flight.prompt_indices) if self._in_flight else 0
         queued = sum(len(c.prompt_indices) for c in self._completed)
-        kept = dynamic.num_carried_groups + dynamic.num_kept_groups
-        return in_flight + self._scoring + queued + self._in_hand + kept * per_group
+        drawn = in_flight + self._scoring + queued + self._in_hand
+        return dynamic.num_carried_groups + dynamic.num_kept_groups + drawn * keep
+
+    def _next_request_size(self) -> int:
+        """Prompts of the next request (0 = none now).
+
+        The budget is ``(w + K + 1 - next_step)`` steps' groups; when the groups expected
+        fall short of it, a request asks for the shortfall (``_prompts_for``: with a
+        little headroom), up to ``prompts_per_request``. So requests shrink near the end
+        of a step instead of overshooting it. A step that waits with nothing coming asks
+        for the groups it still lacks, whatever the budget.
+        """
+        if self._stopping or self._paused or self._in_flight is not None:
+            return 0
+        dynamic = self.ctx.dynamic
+        keep = self._keep_estimate()
+        steps_ahead = self._engine_version + self.max_staleness + 1 - self._next_step
+        deficit = steps_ahead * dynamic.num_prompts_per_step - self._expected_groups(keep)
+        if self._waiting and not (self._completed or self._scoring or self._in_hand):
+            deficit = max(deficit, dynamic.num_prompts_per_step - dynamic.num_kept_groups, 1)
+        if deficit <= 1e-6:
+            return 0
+        size = max(1, math.ceil(_prompts_for(deficit, keep) - 1e-6))
+        return size if self.request_size is None else min(self.request_size, size)
 
     def _can_submit(self) -> bool:
-        if self._stopping or self._paused or self._in_flight is not None:
-            return False
-        if self._waiting and not self._completed and not self._scoring:
-            return True  # a step waits and nothing is coming
-        steps_ahead = self._engine_version + self.max_staleness + 1 - self._next_step
-        return self._outstanding() < steps_ahead * self.ctx.dynamic.round_prompts()
+        return self._next_request_size() > 0
 
-    def _start_request(self) -> _Request:
-        """Draw the next prompts and submit them (under the lock)."""
+    def _start_request(self, size: int) -> _Request:
+        """Draw the next ``size`` prompts and submit them (under the lock)."""
         ctx, config = self.ctx, self.ctx.config
-        indices = [self._retry.popleft() for _ in range(min(self.request_size, len(self._retry)))]
-        if len(indices) < self.request_size:
-            indices += ctx.sampler.next_indices(self.request_size - len(indices))
+        indices = [self._retry.popleft() for _ in range(min(size, len(self._retry)))]
+        if len(indices) < size:
+            indices += ctx.sampler.next_indices(size - len(indices))
         sampling = SamplingParams.from_generation_config(
             config.generation,
             n=config.dapo.num_generations_per_prompt,
@@ -162,8 +206,9 @@ class RolloutStream:
         """Submit the next request if the budget allows (under the lock). Called by whichever
         thread changes what the budget depends on, so a refit or a waiting step submits at
         once rather than when the generation thread next runs."""
-        if self._can_submit():
-            self._start_request()
+        size = self._next_request_size()
+        if size:
+            self._start_request(size)
             self._cond.notify_all()
 
     def _run(self) -> None:
@@ -242,12 +287,12 @@ class RolloutStream:
         completion order, through dynamic sampling until it is full (waiting for more when
         needed)."""
         dynamic = self.ctx.dynamic
-        with self._cond:
-            self._next_step, self._waiting = step, True
-            self._top_up()
         totals = {"timing/generate_s": 0.0, "timing/reward_s": 0.0, "num_generated_tokens": 0.0}
         stale = 0
-        dynamic.start_step(version=step)
+        with self._cond:  # the generation thread sizes requests from the sampler's state
+            dynamic.start_step(version=step)
+            self._next_step, self._waiting = step, True
+            self._top_up()
         try:
             while not dynamic.is_complete():
                 item = self._pop()
@@ -260,14 +305,19 @@ class RolloutStream:
                 scores = torch.tensor([g.scores for g in item.groups])
                 rewards = torch.tensor([g.rewards for g in item.groups])
                 try:
-                    dynamic.add_round(item.groups, scores, rewards, version=item.version)
+                    with self._cond:
+                        dynamic.add_round(item.groups, scores, rewards, version=item.version)
                 finally:
                     self._release()
-        finally:
+        except BaseException:
             with self._cond:
                 self._next_step, self._waiting = step + 1, False
                 self._cond.notify_all()
-        groups, stats = dynamic.finish_step()
+            raise
+        with self._cond:  # the batch leaves the budget as the next step enters it
+            groups, stats = dynamic.finish_step()
+            self._next_step, self._waiting = step + 1, False
+            self._cond.notify_all()
         totals["rollout/stale_groups_dropped"] = float(stale)
         return groups, stats, totals
 
@@ -299,14 +349,23 @@ class RolloutStream:
         finally:
             self._resume()
 
-    def refit(self, policy: PolicyGroup, version: int) -> dict[str, float]:
-        """Give the engines the weights of ``version`` between two requests."""
+    def refit(
+        self,
+        policy: PolicyGroup,
+        version: int,
+        then: Callable[[], dict[str, float]] | None = None,
+    ) -> dict[str, float]:
+        """Give the engines the weights of ``version`` between two requests, and run
+        ``then`` (validation) on them before the next request: one pause for both, so
+        validation never waits for a request submitted just after the refit."""
         waited = self._pause()
         try:
-            refit_s = self.engines.refit(policy)
+            metrics = {"timing/refit_s": self.engines.refit(policy), "timing/refit_wait_s": waited}
+            if then is not None:
+                metrics.update(then())
         finally:
             self._resume(version)
-        return {"timing/refit_s": refit_s, "timing/refit_wait_s": waited}
+        return metrics
 
     def engine_busy_s(self) -> float:
         """Cumulative engine time with a request in flight."""

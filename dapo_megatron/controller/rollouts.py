@@ -11,7 +11,7 @@ interface either way.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
@@ -31,8 +31,15 @@ class Rollouts(Protocol):
         statistics and generation metrics."""
         ...
 
-    def refit(self, policy: PolicyGroup, version: int) -> dict[str, float]:
-        """Give the engines the policy's weights (policy version ``version``); timings."""
+    def refit(
+        self,
+        policy: PolicyGroup,
+        version: int,
+        then: Callable[[], dict[str, float]] | None = None,
+    ) -> dict[str, float]:
+        """Give the engines the policy's weights (policy version ``version``) and run
+        ``then`` (validation) on them before they generate anything else; timings and
+        ``then``'s metrics."""
         ...
 
     def paused(self) -> contextlib.AbstractContextManager[None]:
@@ -64,8 +71,14 @@ class SyncRollouts:
         self._busy_s += metrics["timing/generate_s"]
         return groups, stats, metrics
 
-    def refit(self, policy: PolicyGroup, version: int) -> dict[str, float]:
-        return {"timing/refit_s": self.engines.refit(policy)}
+    def refit(
+        self,
+        policy: PolicyGroup,
+        version: int,
+        then: Callable[[], dict[str, float]] | None = None,
+    ) -> dict[str, float]:
+        metrics = {"timing/refit_s": self.engines.refit(policy)}
+        return {**metrics, **then()} if then is not None else metrics
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

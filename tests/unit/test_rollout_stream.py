@@ -4,6 +4,7 @@ so a test can check the version the stream recorded against the one that generat
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from pathlib import Path
@@ -14,7 +15,7 @@ from fake_context import fake_context
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller.context import RunContext
-from dapo_megatron.controller.rollout_stream import RolloutStream
+from dapo_megatron.controller.rollout_stream import RolloutStream, _prompts_for
 from dapo_megatron.generation.base import Sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,7 +70,16 @@ class AlternatingVerifier:
         )
 
 
-def _ctx(*overrides: str) -> RunContext:
+class HalfVerifier:
+    """Prompts whose ground truth is "vary" get alternating scores (a kept group), the
+    others all zeros (filtered out): with prompts drawn in order, a keep rate of 0.5."""
+
+    def score_batch(self, texts, truths):
+        scores = [float(j % 2) if t == "vary" else 0.0 for j, t in enumerate(truths)]
+        return SimpleNamespace(scores=scores, metrics={"reward/timeouts": 0.0})
+
+
+def _ctx(*overrides: str, verifier=None) -> RunContext:
     config = load_config(
         REPO / "recipes" / "dapo-tiny-cpu.yaml",
         [
@@ -85,7 +95,11 @@ def _ctx(*overrides: str) -> RunContext:
             *overrides,
         ],
     ).config
-    return fake_context(config, PROMPTS, AlternatingVerifier(), ground_truth=lambda i: "1")
+    if verifier is None:
+        return fake_context(config, PROMPTS, AlternatingVerifier(), ground_truth=lambda i: "1")
+    return fake_context(
+        config, PROMPTS, verifier, ground_truth=lambda i: "vary" if i % 2 == 0 else "flat"
+    )
 
 
 def _settle(stream: RolloutStream) -> None:
@@ -208,3 +222,66 @@ def test_an_engine_failure_reaches_the_training_thread():
             stream.take(0)
     finally:
         stream.close()
+
+
+def test_without_a_request_cap_each_request_is_the_budget_shortfall():
+    # Keep rate 1 (no headroom at p = 1): at version 0 the budget is two steps (steps 0
+    # and 1 may train version-0 data at K = 1), then each refit opens exactly one step.
+    ctx = _ctx("dapo.dynamic_sampling.batch_multiplier=1.0", "rollout.prompts_per_request=null")
+    engines = ScriptedEngines()
+    stream = RolloutStream(ctx, engines, version=0)
+    try:
+        _run(stream, range(6))
+    finally:
+        stream.close()
+    assert [len(r) for r in engines.submitted] == [8, 4, 4, 4, 4, 4, 4]
+    assert ctx.dynamic.totals["num_discarded_valid_samples"] == 0
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_at_keep_rate_half_requests_track_the_need_without_a_stale_surplus(k):
+    # Half the prompts give a kept group. The budget asks for a step's groups over the keep
+    # rate plus a little headroom, so what is generated is what is trained, give or take
+    # that headroom: nothing expires, and no step runs dry.
+    ctx = _ctx(
+        f"rollout.max_staleness={k}",
+        "dapo.dynamic_sampling.batch_multiplier=2.0",  # the first steps' guess: keep 0.5
+        "rollout.prompts_per_request=null",
+        verifier=HalfVerifier(),
+    )
+    engines = ScriptedEngines()
+    stream = RolloutStream(ctx, engines, version=0)
+    num_steps = 12
+    try:
+        steps = _run(stream, range(num_steps))
+    finally:
+        stream.close()
+    drawn = sum(len(r) for r in engines.submitted)
+    trained = sum(len(s["groups"]) for s in steps)
+    assert trained == num_steps * 4
+    assert sum(s["metrics"]["rollout/stale_groups_dropped"] for s in steps) == 0
+    # Two prompts per trained group at keep 0.5; at most a step's budget per step,
+    # _prompts_for(4, 0.5) = 8 + 2 * sqrt(8 * 0.25) / 0.5 = 13.66 prompts, counting the K
+    # steps generated ahead of the last one.
+    assert 2 * trained <= drawn <= (num_steps + k) * 13.66
+    assert all(0 <= step - g.version <= k for step, s in enumerate(steps) for g in s["groups"])
+
+
+@pytest.mark.parametrize(
+    ("groups", "keep"), [(32, 0.9), (32, 0.5), (32, 0.3), (4, 0.5), (1, 0.9), (256, 0.1)]
+)
+def test_request_headroom_rarely_leaves_a_step_short_and_stays_small(groups, keep):
+    # Independent check with the exact binomial: drawing ceil(_prompts_for(G, p)) prompts,
+    # the chance of fewer than G kept groups is small, and the headroom over G / p is at
+    # most three binomial standard deviations (in prompts).
+    n = math.ceil(_prompts_for(groups, keep))
+    short = sum(
+        math.exp(
+            math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)
+            + i * math.log(keep) + (n - i) * math.log1p(-keep)
+        )
+        for i in range(groups)
+    )  # fmt: skip
+    assert short <= 0.06
+    expected = groups / keep
+    assert expected <= n <= expected + 3 * math.sqrt(expected * keep * (1 - keep)) / keep + 1
