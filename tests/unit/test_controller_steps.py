@@ -134,6 +134,43 @@ def test_policy_batch_layout_and_overlong_filtering():
     assert batch.advantages.tolist() == pytest.approx([1.5, -0.5, -0.5, -0.5], abs=1e-5)
 
 
+def test_policy_batch_of_ragged_rows_matches_a_row_by_row_reference():
+    # Prompts of different lengths, empty responses and a truncated one, over two groups:
+    # each row is written at its own offsets, nothing leaks into its neighbours.
+    ctx, _ = _ctx(lambda prompt, j: float(j % 2), "dapo.overlong_filtering=false")
+    gen = torch.Generator().manual_seed(3)
+    prompts = [[11, 12, 13], [21]]
+    samples = []
+    for _ in prompts:
+        group = []
+        for j in range(N):
+            r = int(torch.randint(0, 5, (1,), generator=gen)) if j else 0
+            toks = torch.randint(30, 60, (r,), generator=gen).tolist()
+            lps = (-torch.rand(r, generator=gen)).tolist()
+            group.append(Sample(toks, lps, "length" if r == 4 else "stop"))
+        samples.append(group)
+    groups = make_groups(prompts, ["x", "y"], samples, [0.0, 1.0] * N, ctx.config)
+    batch = build_policy_batch(groups, ctx.config, pad_id=0)
+    rows = [(p, smp) for p, group in zip(prompts, samples, strict=True) for smp in group]
+    width = max(len(p) + smp.response_length for p, smp in rows)
+    for i, (p, smp) in enumerate(rows):
+        r = smp.response_length
+        pad = [0] * (width - len(p) - r)
+        assert batch.input_ids[i].tolist() == p + smp.response_token_ids + pad
+        assert batch.loss_mask[i].tolist() == [0.0] * len(p) + [1.0] * r + [0.0] * len(pad)
+        expected_lp = torch.tensor([0.0] * len(p) + smp.logprobs + [0.0] * len(pad))
+        assert torch.equal(batch.rollout_logprobs[i], expected_lp)
+        assert int(batch.lengths[i]) == len(p) + r
+
+
+def test_policy_batch_refuses_samples_without_logprobs():
+    ctx, _ = _ctx(lambda prompt, j: float(j == 0))
+    samples = [[Sample([5, 2], [-1.0, -2.0], "stop")] * (N - 1) + [Sample([5, 2], [], "stop")]]
+    groups = make_groups([[1]], ["x"], samples, [1.0, 0.0, 0.0, 0.0], ctx.config)
+    with pytest.raises(ValueError, match="sample 3 of the batch has 0 logprobs for 2"):
+        build_policy_batch(groups, ctx.config, pad_id=0)
+
+
 def test_old_logprob_pass_runs_only_when_the_batch_needs_several_updates():
     from dapo_megatron.controller.steps import needs_old_logprob_pass
 

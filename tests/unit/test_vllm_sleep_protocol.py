@@ -43,7 +43,8 @@ def _backend(llm: RecordingLLM) -> VllmGenerationBackend:
     backend._sleep_supported = True
     backend._in_process = False
     backend._worker = SimpleNamespace(
-        RECEIVE_WEIGHTS="dapo_receive_weights", RELOAD_SERIALISED="dapo_reload_serialised_weights",
+        RECEIVE_WEIGHTS="dapo_receive_weights",
+        RELOAD_SERIALISED="dapo_reload_serialised_weights",
         serialise_weights=lambda weights: list(weights),
     )
     return backend
