@@ -5,7 +5,9 @@ one Megatron generation engine (the other core, generating), so the synchronous 
 (K = 0) leaves one of them idle at any time and the overlapped loop (K >= 1) can keep both
 busy. Every (K, seed) is one ``dapo-train`` run, one after the other (each uses the whole
 machine), in a fresh run directory with its own model (the seed draws the initial
-weights), all in this one invocation, so the ratios compare runs of the same machine state.
+weights), all in this one invocation, so the ratios compare runs of the same machine state;
+each seed rotates the order of the K values, so a drift of the machine's speed during the
+invocation does not favour one K.
 
   samples/s      trained samples (dapo.num_prompts_per_step x group size per step) over the
                  steps' wall time, validation excluded, the first --skip steps left out
@@ -107,8 +109,10 @@ def main(argv: list[str] | None = None) -> int:
 
     per_run: dict[int, list[dict]] = {k: [] for k in ks}
     with tempfile.TemporaryDirectory(prefix="async-bench-") as tmp:
-        for seed in seeds:
-            for k in ks:
+        for i, seed in enumerate(seeds):
+            # The machine's speed drifts over minutes (shared host): each seed runs the
+            # K values in a rotated order, so every K takes each position once in 3 seeds.
+            for k in ks[i % len(ks) :] + ks[: i % len(ks)]:
                 result = run_once(Path(tmp) / f"k{k}-s{seed}", seed, k, args.steps, args.overrides)
                 summary = summarise(result["rows"], args.skip, samples_per_step)
                 summary.update(seed=seed, k=k, wall_s=result["wall_s"])
