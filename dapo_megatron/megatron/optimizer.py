@@ -52,7 +52,35 @@ def build_optimizer(
         params_dtype=PRECISION_DTYPES[precision],
         use_distributed_optimizer=use_distributed_optimizer,
     )
-    return get_megatron_optimizer(megatron_cfg, model_chunks)
+    optimizer = get_megatron_optimizer(megatron_cfg, model_chunks)
+    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+        # Megatron builds SGD without a state initialiser, yet calls it unconditionally
+        # when describing a checkpoint to load (FP32Optimizer.sharded_state_dict): every
+        # SGD resume failed with "'NoneType' object is not callable".
+        if getattr(sub, "init_state_fn", False) is None and isinstance(
+            getattr(sub, "optimizer", None), torch.optim.SGD
+        ):
+            sub.init_state_fn = init_sgd_state
+    return optimizer
+
+
+def init_sgd_state(optimizer: torch.optim.SGD, config: object = None) -> None:
+    """Zero momentum buffers for the parameters that have none (with momentum only).
+
+    A checkpoint is described from the optimizer's current state, so a fresh optimizer must
+    hold the buffers a saved one has. torch's first SGD step starts a buffer as a copy of
+    the gradient; from a zero buffer it computes ``0 * momentum + (1 - dampening) * grad``,
+    the same value with Megatron's dampening of 0, so this changes no result.
+    """
+    for group in optimizer.param_groups:
+        if group["momentum"] == 0:
+            continue
+        for param in group["params"]:
+            state = optimizer.state[param]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(
+                    param, memory_format=torch.preserve_format
+                )
 
 
 def build_scheduler(

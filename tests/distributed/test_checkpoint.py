@@ -118,7 +118,13 @@ def tiny(tmp_path_factory: pytest.TempPathFactory) -> TinyModel:
 class _Policy:
     """One rank's DDP model, optimizer and scheduler, built from the HF checkpoint."""
 
-    def __init__(self, tiny: TinyModel, dims: ParallelDims, distributed_optimizer: bool):
+    def __init__(
+        self,
+        tiny: TinyModel,
+        dims: ParallelDims,
+        distributed_optimizer: bool,
+        optimizer_name: str = "adam",
+    ):
         from dapo_megatron.megatron.hf_weights import load_hf_checkpoint
         from dapo_megatron.megatron.model import build_model
         from dapo_megatron.megatron.optimizer import build_optimizer, build_scheduler, wrap_ddp
@@ -130,7 +136,10 @@ class _Policy:
             wrap_ddp(module, module.config, use_distributed_optimizer=distributed_optimizer)
         ]
         self.optimizer = build_optimizer(
-            self.model, OPTIMIZER, precision="fp32", use_distributed_optimizer=distributed_optimizer
+            self.model,
+            dataclasses.replace(OPTIMIZER, name=optimizer_name),
+            precision="fp32",
+            use_distributed_optimizer=distributed_optimizer,
         )
         self.scheduler = build_scheduler(
             self.optimizer, OPTIMIZER, SCHEDULER, total_optimizer_steps=TOTAL_STEPS
@@ -232,7 +241,9 @@ def _init(dims: ParallelDims) -> None:
 
 # ----------------------------------------------------------------- bit-exact resume
 
-OPTIMIZER_KINDS = {"plain": False, "distributed": True}
+# kind -> (DistributedOptimizer, optimizer name). SGD: Megatron gives it no state
+# initialiser, which every load needs (megatron/optimizer.py: init_sgd_state).
+OPTIMIZER_KINDS = {"plain": (False, "adam"), "distributed": (True, "adam"), "sgd": (False, "sgd")}
 
 
 def _save(policy: _Policy, directory: Path, step: int, note: str) -> Path:
@@ -256,15 +267,15 @@ def _train_and_save_worker(tiny: TinyModel, root: str) -> dict:
     _init(_layout(dp=2))
     start_rng = capture_rng_state()
     results = {}
-    for kind, distributed in OPTIMIZER_KINDS.items():
+    for kind, (distributed, optimizer_name) in OPTIMIZER_KINDS.items():
         # Both runs start from the same RNG state, as two fresh processes would.
         restore_rng_state(start_rng)
-        policy = _Policy(tiny, _layout(dp=2), distributed)
+        policy = _Policy(tiny, _layout(dp=2), distributed, optimizer_name)
         reference = [policy.train_step(s) for s in range(1, TOTAL_STEPS + 1)]
         reference_weights = policy.hf_weights()
 
         restore_rng_state(start_rng)
-        policy = _Policy(tiny, _layout(dp=2), distributed)
+        policy = _Policy(tiny, _layout(dp=2), distributed, optimizer_name)
         # Before any step the optimizer has no state yet: a checkpoint must still work.
         _save(policy, Path(root) / f"{kind}-step0", 0, kind)
         losses = [policy.train_step(s) for s in range(1, SAVE_AT + 1)]
@@ -293,10 +304,10 @@ def _resume_worker(tiny: TinyModel, root: str) -> dict:
 
     _init(_layout(dp=2))
     results = {}
-    for kind, distributed in OPTIMIZER_KINDS.items():
+    for kind, (distributed, optimizer_name) in OPTIMIZER_KINDS.items():
         for name in (kind, f"{kind}-step0"):
             # The HF weights, not the checkpoint's: a load that misses something shows.
-            policy = _Policy(tiny, _layout(dp=2), distributed)
+            policy = _Policy(tiny, _layout(dp=2), distributed, optimizer_name)
             _scramble_rng()
             path = latest_checkpoint(Path(root) / name)
             started = time.monotonic()
