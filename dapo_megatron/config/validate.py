@@ -230,6 +230,23 @@ def _check_generation(c: _Checker) -> None:
             "must be 1 for the megatron backend in split mode (use generation.backend=vllm "
             "for tensor-parallel engines)",
         )
+    if g.backend == "megatron" and c.loaded.config.cluster.colocated:
+        # Colocated, the policy ranks generate on their own layout, and Megatron generation
+        # has no pipeline or context parallelism: refused here, not by the engine once the
+        # workers (and an SFT warm-up) have run.
+        m = c.loaded.config.policy.megatron
+        for key, size in (
+            ("pipeline_model_parallel_size", m.pipeline_model_parallel_size),
+            ("context_parallel_size", m.context_parallel_size),
+        ):
+            c.require(
+                size == 1,
+                f"policy.megatron.{key}",
+                "must be 1 when the policy ranks generate (generation.backend=megatron with "
+                "cluster.colocated=true): Megatron generation has tensor parallelism only; "
+                "use cluster.colocated=false with cluster.generation_num_devices, or "
+                "generation.backend=vllm",
+            )
     if g.backend == "vllm" and c.loaded.config.cluster.colocated:
         # A colocated vLLM engine is a second process on a policy rank's GPU.
         c.require(

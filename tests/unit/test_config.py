@@ -427,3 +427,25 @@ def test_the_run_directory_keeps_a_resolved_config_that_loads_back(tmp_path):
     )
     assert again == expected and again.dapo.loss.clip_ratio_high == 0.3
     assert not list((tmp_path / "run").glob("*.tmp"))
+
+
+@pytest.mark.parametrize(
+    "key", ["policy.megatron.pipeline_model_parallel_size", "policy.megatron.context_parallel_size"]
+)
+def test_colocated_megatron_generation_refuses_pipeline_and_context_parallelism(key):
+    # The policy ranks would generate on a layout Megatron generation cannot run: refused
+    # before any worker starts, naming the key and the ways out.
+    msg = error_of(TINY, f"{key}=2")
+    assert f"{key} = 2" in msg and "cluster.colocated=false" in msg
+    # Split engines have a layout of their own: the same policy layout is accepted.
+    plan = load_config(
+        TINY,
+        [
+            f"{key}=2",
+            "cluster.gpus_per_node=3",
+            "cluster.colocated=false",
+            "cluster.generation_num_devices=1",
+            "policy.train_micro_batch_size=32",
+        ],
+    )
+    assert plan.config.cluster.colocated is False
