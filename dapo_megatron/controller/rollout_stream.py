@@ -23,8 +23,9 @@ in flight FINISH (its samples are kept, tagged with the old version), then refit
 resumes. The cost is the trainer waiting for the rest of that one request (reported as
 ``timing/refit_wait_s``). At K = 1 there is usually none: the budget closes once the
 next step's groups are generated, before the trainer finishes; larger K (or a smaller
-``prompts_per_request``) trades more requests for shorter waits. Aborting and resubmitting would
-waste the partial generation instead, and the megatron backend cannot abort mid-request.
+``prompts_per_request``) trades more requests for shorter waits. Aborting and
+resubmitting would waste the partial generation instead, and the megatron backend cannot
+abort mid-request.
 
 Ordering: the refit is submitted only after the request in flight has returned, so no
 engine ever generates a request with weights other than the version it is tagged with.

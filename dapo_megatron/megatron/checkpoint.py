@@ -53,7 +53,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 from megatron.core.dist_checkpointing.strategies import filesystem_async
-from megatron.core.optimizer import ChainedOptimizer, MegatronOptimizer
+from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.distributed.checkpoint import CheckpointException
@@ -73,6 +73,7 @@ from dapo_megatron.checkpoint_dirs import (
     write_marker,
 )
 from dapo_megatron.megatron.model import unwrap_model
+from dapo_megatron.megatron.optimizer import sub_optimizers
 
 __all__ = [
     "CheckpointSaveError",
@@ -145,14 +146,8 @@ def _layout() -> dict[str, int]:
     }
 
 
-def _sub_optimizers(optimizer: MegatronOptimizer) -> list[MegatronOptimizer]:
-    if isinstance(optimizer, ChainedOptimizer):
-        return list(optimizer.chained_optimizers)
-    return [optimizer]
-
-
 def _is_distributed(optimizer: MegatronOptimizer) -> bool:
-    return any(isinstance(o, DistributedOptimizer) for o in _sub_optimizers(optimizer))
+    return any(isinstance(o, DistributedOptimizer) for o in sub_optimizers(optimizer))
 
 
 @contextlib.contextmanager
@@ -227,7 +222,7 @@ def _init_optimizer_state(optimizer: MegatronOptimizer) -> None:
     for. Zero moments at step 0 are exactly what Adam's first step would create, so this
     changes no result.
     """
-    for sub in _sub_optimizers(optimizer):
+    for sub in sub_optimizers(optimizer):
         inner = getattr(sub, "optimizer", None)
         if inner is None or sub.init_state_fn is None:
             continue
@@ -263,7 +258,7 @@ def _saved_adam_steps(optimizer: MegatronOptimizer, loaded: Any) -> list[float |
     first step: Megatron saves their shared Adam step as 'common_step' only when it is
     non-zero, and torch's Adam refuses to load a state without one.
     """
-    subs = _sub_optimizers(optimizer)
+    subs = sub_optimizers(optimizer)
     if len(subs) == 1:
         per_sub = [loaded]
     else:
@@ -298,7 +293,7 @@ def _restore_adam_steps(optimizer: MegatronOptimizer, steps: list[float | None])
     optimizer restores its steps itself, except for a checkpoint taken before the first
     step (no step saved): those states get step 0, like a fresh Adam state.
     """
-    for sub, step in zip(_sub_optimizers(optimizer), steps, strict=True):
+    for sub, step in zip(sub_optimizers(optimizer), steps, strict=True):
         inner = getattr(sub, "optimizer", None)
         if inner is not None:
             _give_each_param_a_step(inner, step)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
-from megatron.core.optimizer import MegatronOptimizer, get_megatron_optimizer
+from megatron.core.optimizer import ChainedOptimizer, MegatronOptimizer, get_megatron_optimizer
 from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
@@ -53,15 +53,22 @@ def build_optimizer(
         use_distributed_optimizer=use_distributed_optimizer,
     )
     optimizer = get_megatron_optimizer(megatron_cfg, model_chunks)
-    for sub in getattr(optimizer, "chained_optimizers", [optimizer]):
+    for sub in sub_optimizers(optimizer):
         # Megatron builds SGD without a state initialiser, yet calls it unconditionally
         # when describing a checkpoint to load (FP32Optimizer.sharded_state_dict): every
         # SGD resume failed with "'NoneType' object is not callable".
-        if getattr(sub, "init_state_fn", False) is None and isinstance(
+        if sub.init_state_fn is None and isinstance(
             getattr(sub, "optimizer", None), torch.optim.SGD
         ):
             sub.init_state_fn = init_sgd_state
     return optimizer
+
+
+def sub_optimizers(optimizer: MegatronOptimizer) -> list[MegatronOptimizer]:
+    """The optimizers a (possibly chained) Megatron optimizer is made of."""
+    if isinstance(optimizer, ChainedOptimizer):
+        return list(optimizer.chained_optimizers)
+    return [optimizer]
 
 
 def init_sgd_state(optimizer: torch.optim.SGD, config: object = None) -> None:
