@@ -11,8 +11,10 @@ invocation does not favour one K.
 
   samples/s      trained samples (dapo.num_prompts_per_step x group size per step) over the
                  steps' wall time, validation excluded, the first --skip steps left out
-  trainer idle   mean share of a step the trainer waited for its batch or for a refit
-  engine idle    mean share of a step the engine had no training rollout to generate
+  trainer idle   mean share of a step the policy rank was not in a train step (its own
+                 time: waiting for a batch, in the refit, between calls all count as idle)
+  engine idle    mean share of a step the engine was not generating training rollouts
+                 (its own time per request)
   final acc      mean of the last three greedy validation accuracies (400 held-out
                  problems); every run trains the same number of samples
 

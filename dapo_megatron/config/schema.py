@@ -324,8 +324,9 @@ class RolloutConfig:
     prompts_per_request: int | None
     """K >= 1: the most prompts one generation request may hold (spread over the engines).
     A request asks for what the generate-ahead budget lacks (about a step's prompts at the
-    running keep rate, plus a little headroom); a refit waits for the request in flight to
-    finish, so a cap shortens that wait and larger requests batch better. null = no cap."""
+    running keep rate, plus a little headroom); the new weights are queued behind the
+    requests in flight, so a cap lets the transfer start sooner and the controller score a
+    step's groups as they come, while larger requests batch better. null = no cap."""
 
 
 @dataclass

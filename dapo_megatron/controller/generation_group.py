@@ -110,6 +110,42 @@ class PolicyEngines:
         """The policy group owns the engines."""
 
 
+class PendingRefit:
+    """A weight transfer submitted to the policy ranks and the engines
+    (``GenerationGroup.start_refit``); ``finish`` waits for it."""
+
+    def __init__(
+        self,
+        group: GenerationGroup,
+        policy: PolicyGroup,
+        refs: list[ray.ObjectRef[Any]],
+        senders: int,
+        started: float,
+    ) -> None:
+        self._group = group
+        self._policy = policy
+        self._refs = refs
+        self._senders = senders  # the first refs are the policy ranks' sends
+        self._started = started
+
+    def finish(self) -> float:
+        """Wait for the transfer; the policy's seconds in it: rank 0's own time sending
+        (the controller's wait may hold a queued train step), or, for the object-store
+        fallback, the controller's."""
+        if self._senders:
+            results = self._group._gather_refit(self._policy, self._refs)
+        else:
+            results = self._group._gather(self._refs)
+        counts: list[dict[str, int]] = results[self._senders :]  # cumulative, per engine
+        self._group._refit_metrics = {
+            "refit/engine_bytes_received": float(sum(c["bytes_received"] for c in counts)),
+            "refit/engine_collective_loads": float(sum(c["collective"] for c in counts)),
+            "refit/engine_object_store_loads": float(sum(c["object_store"] for c in counts)),
+        }
+        sent = [r["seconds"] for r in results[: self._senders] if r and "seconds" in r]
+        return max(sent) if sent else time.perf_counter() - self._started
+
+
 class GenerationGroup:
     """Engine actors: in a placement group of their own (split), or on the policy's."""
 
@@ -163,7 +199,7 @@ class GenerationGroup:
         self.wake()
         bounds = shard_bounds(len(prompts), len(self.workers))
         return [
-            w.generate.remote(
+            w.generate_timed.remote(
                 [list(p) for p in prompts[a:b]],
                 dataclasses.replace(sampling, seed=engine_seed(sampling.seed, e)),
             )
@@ -173,32 +209,47 @@ class GenerationGroup:
 
     def results(self, refs: Sequence[ray.ObjectRef[Any]]) -> list[list[Sample]]:
         """The groups of a ``submit``, in prompt order (waits for them)."""
-        parts: list[list[list[Sample]]] = self._gather(refs)
-        return [group for part in parts for group in part]
+        return self.timed_results(refs)[0]
+
+    def timed_results(self, refs: Sequence[ray.ObjectRef[Any]]) -> tuple[list[list[Sample]], float]:
+        """``results`` and the engines' own generation seconds (the slowest engine's: they
+        generate side by side), without time spent queued behind other calls."""
+        parts: list[tuple[list[list[Sample]], float]] = self._gather(refs)
+        groups = [group for samples, _ in parts for group in samples]
+        return groups, max((seconds for _, seconds in parts), default=0.0)
 
     def refit(self, policy: PolicyGroup) -> float:
         """Give every engine the policy's current weights; returns seconds."""
+        return self.start_refit(policy).finish()
+
+    @property
+    def queues_refits(self) -> bool:
+        """``start_refit`` only submits calls (the collective transports); the object-store
+        fallback's export waits for the policy."""
+        return self.transport != "object_store"
+
+    def start_refit(self, policy: PolicyGroup) -> PendingRefit:
+        """Submit the transfer of the policy's weights without waiting for it.
+
+        Each side runs it after the calls already submitted to it (Ray runs one
+        submitter's calls to an actor in order): the policy ranks send once their queued
+        train step is done, each engine receives once its queued requests are generated,
+        and a request submitted after this call is generated with the new weights. The
+        object-store fallback exports (a gather) first, so it only starts when the policy
+        is idle.
+        """
         start = time.perf_counter()
-        counts: list[dict[str, int]]  # each engine's cumulative refit counters
         if self.transport == "object_store":
             self.wake()
             weights = policy.export_weights()
-            counts = self._gather([w.update_weights.remote([weights]) for w in self.workers])
+            refs = [w.update_weights.remote([weights]) for w in self.workers]
             del weights  # the stored copy is freed once no reference is left
-        else:
-            plan = self._join_weight_group(policy)
-            shared = self.transport == "ipc"
-            refs = policy.call("send_weights_shared" if shared else "send_weights", plan)
-            refs += [w.receive_weights.remote(plan, shared) for w in self.workers]
-            results = self._gather_refit(policy, refs)
-            counts = results[len(policy.workers) :]
-        elapsed = time.perf_counter() - start
-        self._refit_metrics = {
-            "refit/engine_bytes_received": float(sum(c["bytes_received"] for c in counts)),
-            "refit/engine_collective_loads": float(sum(c["collective"] for c in counts)),
-            "refit/engine_object_store_loads": float(sum(c["object_store"] for c in counts)),
-        }
-        return elapsed
+            return PendingRefit(self, policy, refs, 0, start)
+        plan = self._join_weight_group(policy)
+        shared = self.transport == "ipc"
+        refs = policy.call("send_weights_shared" if shared else "send_weights", plan)
+        refs += [w.receive_weights.remote(plan, shared) for w in self.workers]
+        return PendingRefit(self, policy, refs, len(policy.workers), start)
 
     def refit_metrics(self) -> dict[str, float]:
         return dict(self._refit_metrics)

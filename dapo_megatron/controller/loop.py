@@ -13,9 +13,10 @@ steps.needs_old_logprob_pass); then the generation engines receive the new weigh
 from __future__ import annotations
 
 import functools
-import threading
 import time
 from typing import Any, NamedTuple
+
+import torch
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
 from dapo_megatron.checkpoint_dirs import find_resumable, latest_checkpoint, prune_checkpoints
@@ -93,6 +94,7 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
         pending_prompts=state.get("rollout", {}).get("pending_prompts", ()),
     )
     prepared: _Prepared | None = None  # overlapped: the next batch, taken while training
+    queued: steps.PendingTrain | None = None  # overlapped: its train step, behind the refit
     try:
         for step in range(start_step, d.max_num_steps):
             started = time.perf_counter()
@@ -100,26 +102,36 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
             groups, ds_stats, gen_metrics, batch = prepared or _prepare(ctx, rollouts, step)
             metrics = {**gen_metrics, **ds_stats.to_metrics(), **rollout_metrics(groups, config)}
             metrics.update(staleness_metrics(groups, step))
-            if steps.needs_old_logprob_pass(
-                len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
-            ):
-                metrics.update(steps.old_logprobs(policy, batch))
+            if queued is None:
+                metrics.update(_passes_before_training(ctx, policy, batch))
+                queued = steps.start_train(ctx, policy, batch, step)
             else:
-                metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
-            if config.dapo.loss.kl_coef > 0:  # KL penalty vs the start-of-training policy
-                metrics.update(steps.reference_logprobs(policy, batch))
+                metrics["timing/logprob_s"] = 0.0  # queued only when no pass is needed
+            training, queued = queued, None
             done = step + 1
-            if _prepares_next(config, done):
-                train_metrics, prepared = _train_and_prepare(ctx, policy, rollouts, batch, step)
-                metrics.update(train_metrics)
-            else:
-                metrics.update(steps.train_on_batch(ctx, policy, batch, step))
-                prepared = None
             # Validation runs on the refitted engines before they take the next request.
             validate = None
             if config.validation.val_period and done % config.validation.val_period == 0:
                 validate = functools.partial(steps.validate, ctx, engines, done)
-            metrics.update(rollouts.refit(policy, step + 1, then=validate))
+            # Overlapped: the transfer of the new weights may be queued behind the train
+            # step as soon as the engines are done with their current ones.
+            rollouts.arm_refit(policy, done, hold=validate is not None)
+            refit = None
+            prepared = None
+            if _prepares_next(config, done):
+                # Overlapped: while this step trains, take the next batch, queue the refit
+                # behind the train step and the next train step behind the refit, so the
+                # policy goes from one to the next without a controller round trip.
+                prepared = _prepare(ctx, rollouts, done)
+                refit = rollouts.start_refit(policy, done, hold=validate is not None, early=True)
+                if refit is not None:
+                    queued = _queue_training(ctx, policy, prepared, done)
+            metrics.update(training.result())
+            if refit is None:
+                refit = rollouts.start_refit(policy, done, hold=validate is not None)
+                if prepared is not None:
+                    queued = _queue_training(ctx, policy, prepared, done)
+            metrics.update(rollouts.finish_refit(refit, then=validate))
             metrics.update(engines.refit_metrics())
             metrics["generated_per_trained"] = ds_stats.num_samples_generated / len(batch)
             metrics["timing/step_s"] = time.perf_counter() - started
@@ -150,6 +162,38 @@ class _Prepared(NamedTuple):
     batch: PolicyBatch
 
 
+def _passes_before_training(
+    ctx: RunContext, policy: PolicyGroup, batch: PolicyBatch
+) -> dict[str, float]:
+    """The forward passes a batch needs before its train step: old logprobs (only when
+    it is more than one optimizer step) and the KL reference's logprobs."""
+    config = ctx.config
+    metrics: dict[str, float] = {}
+    if steps.needs_old_logprob_pass(
+        len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
+    ):
+        metrics.update(steps.old_logprobs(policy, batch))
+    else:
+        metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
+    if config.dapo.loss.kl_coef > 0:  # KL penalty vs the start-of-training policy
+        metrics.update(steps.reference_logprobs(policy, batch))
+    return metrics
+
+
+def _queue_training(
+    ctx: RunContext, policy: PolicyGroup, prepared: _Prepared, step: int
+) -> steps.PendingTrain | None:
+    """Submit the next step's training now (it runs after the refit just submitted) when
+    its batch needs no pass first; else None (the loop runs the passes, then trains)."""
+    config = ctx.config
+    batch = prepared.batch
+    if config.dapo.loss.kl_coef > 0 or steps.needs_old_logprob_pass(
+        len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
+    ):
+        return None
+    return steps.start_train(ctx, policy, batch, step)
+
+
 def _prepare(ctx: RunContext, rollouts: Rollouts, step: int) -> _Prepared:
     """Take the step's rollouts (waiting for them: ``timing/rollout_wait_s``) and build its
     batch."""
@@ -170,41 +214,18 @@ def _prepares_next(config: DapoMegatronConfig, done: int) -> bool:
     return not (ckpt.enabled and done % ckpt.save_period == 0)
 
 
-def _train_and_prepare(
-    ctx: RunContext, policy: PolicyGroup, rollouts: Rollouts, batch: PolicyBatch, step: int
-) -> tuple[dict[str, float], _Prepared]:
-    """Train step ``step`` while the main thread takes the batch of ``step + 1`` (so the
-    controller's work between two train calls is off the trainer's path). The next step's
-    ``timing/rollout_wait_s`` is the time the trainer had finished and still waited."""
-    outcome: dict[str, Any] = {}
-
-    def train() -> None:
-        try:
-            outcome["metrics"] = steps.train_on_batch(ctx, policy, batch, step)
-        except BaseException as error:  # noqa: BLE001 - re-raised by the main thread
-            outcome["error"] = error
-        outcome["done"] = time.perf_counter()
-
-    trainer = threading.Thread(target=train, name="train-step", daemon=True)
-    trainer.start()
-    try:
-        prepared = _prepare(ctx, rollouts, step + 1)
-    finally:
-        trainer.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    taken = time.perf_counter()
-    prepared.metrics["timing/rollout_wait_s"] = max(0.0, taken - outcome["done"])
-    return outcome["metrics"], prepared
-
-
 def _idle_fractions(metrics: dict[str, float], engine_busy_s: float) -> dict[str, float]:
-    """Shares of the step the trainer waited (for its batch, and for a refit to start) and
-    the engines had no training rollout to generate."""
+    """Shares of the step the policy ranks did not compute (their own time in the train
+    step and the passes before it: waiting for a batch, in the refit, between calls count
+    as idle) and the engines did not generate training rollouts (their own time)."""
     step_s = metrics["timing/step_s"]
-    waited = metrics["timing/rollout_wait_s"] + metrics.get("timing/refit_wait_s", 0.0)
+    busy = (
+        metrics["timing/train_s"]
+        + metrics.get("timing/logprob_s", 0.0)
+        + metrics.get("timing/ref_logprob_s", 0.0)
+    )
     return {
-        "timing/trainer_idle_frac": min(1.0, waited / step_s),
+        "timing/trainer_idle_frac": min(1.0, max(0.0, 1.0 - busy / step_s)),
         "timing/engine_idle_frac": max(0.0, 1.0 - engine_busy_s / step_s),
     }
 
@@ -242,6 +263,10 @@ def train(plan: RunPlan) -> dict[str, float]:
     when a worker dies."""
     config, run_dir = plan.config, plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
+    # The controller's tensor work (batches of a few MB) gains nothing from intra-op
+    # threads, and their spinning OpenMP barriers steal the cores the policy ranks and
+    # engines compute on (on CPU runs the same cores), slowing the controller too.
+    torch.set_num_threads(1)
     ctx = build_context(plan)
     restarts = 0
     try:

@@ -96,14 +96,23 @@ class PolicyGroup:
     def _gather(self, refs: Sequence[ray.ObjectRef[Any]]) -> list[Any]:
         return gather(refs, self._describe)
 
-    def _call_sharded(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
-        """Call `method(shard_of_my_replica, *args)` on every worker; replica leaders' results."""
-        refs = [
+    def _start_sharded(
+        self, method: str, shards: Sequence[Any], *args: Any
+    ) -> list[ray.ObjectRef[Any]]:
+        """Start `method(shard_of_my_replica, *args)` on every worker; the pending refs."""
+        return [
             getattr(w, method).remote(shards[self.layouts[r]["dp_rank"]], *args)
             for r, w in enumerate(self.workers)
         ]
+
+    def _finish_sharded(self, refs: Sequence[ray.ObjectRef[Any]]) -> list[Any]:
+        """The replica leaders' results of a ``_start_sharded`` call (waits for all ranks)."""
         results = self._gather(refs)
         return [results[leader] for leader in self.leaders]
+
+    def _call_sharded(self, method: str, shards: Sequence[Any], *args: Any) -> list[Any]:
+        """Call `method(shard_of_my_replica, *args)` on every worker; replica leaders' results."""
+        return self._finish_sharded(self._start_sharded(method, shards, *args))
 
     def _shard_rows(self, batch: PolicyBatch) -> list[list[int]]:
         """Rows of each DP shard: dealt by tokens when micro-batches are packed (the ranks
@@ -167,9 +176,17 @@ class PolicyGroup:
 
     def train_step(self, mini_batch: PolicyBatch) -> dict[str, float]:
         """One optimizer step on a mini-batch (split evenly over DP ranks)."""
-        metrics: dict[str, float] = self._call_sharded(
-            "train_step", self._batch_shards(mini_batch)
-        )[0]
+        return self.train_step_result(self.submit_train_step(mini_batch))
+
+    def submit_train_step(self, mini_batch: PolicyBatch) -> list[ray.ObjectRef[Any]]:
+        """Start ``train_step`` without waiting: it runs on each rank after the calls
+        already submitted to it (Ray runs one submitter's calls to an actor in order), so a
+        step can be queued behind a refit's send; ``train_step_result`` collects it."""
+        return self._start_sharded("train_step", self._batch_shards(mini_batch))
+
+    def train_step_result(self, refs: Sequence[ray.ObjectRef[Any]]) -> dict[str, float]:
+        """The metrics of a submitted train step (rank 0's; identical on every rank)."""
+        metrics: dict[str, float] = self._finish_sharded(refs)[0]
         return metrics
 
     def sft_step(self, batch: PolicyBatch, *, lr: float | None = None) -> dict[str, float]:

@@ -18,17 +18,23 @@ rate plus two binomial standard deviations (``_prompts_for``), capped by
 near the end of a step instead of overshooting it (a surplus more than K versions old is
 lost). A step that waits with nothing coming always gets a request for what it lacks.
 
-Weight updates happen between requests: ``refit`` stops new submissions, lets the request
-in flight FINISH (its samples are kept, tagged with the old version), then refits and
-resumes. The cost is the trainer waiting for the rest of that one request (reported as
-``timing/refit_wait_s``). At K = 1 there is usually none: the budget closes once the
-next step's groups are generated, before the trainer finishes; larger K (or a smaller
-``prompts_per_request``) trades more requests for shorter waits. Aborting and
-resubmitting would waste the partial generation instead, and the megatron backend cannot
-abort mid-request.
+Weight updates happen between requests, pipelined: ``start_refit`` submits the transfer
+without waiting for anything. Ray runs one submitter's calls to an actor in order, so the
+policy ranks send as soon as their queued train step is done, each engine receives as
+soon as the requests queued before it are FINISHED (their samples are kept, tagged with
+the old version), and the request the stream submits next, right behind the receive, is
+generated with the new weights; the loop queues the next train step behind the send. So
+neither side waits for a controller round trip between a train step, the transfer and its
+next piece of work. Requests are never aborted: in-flight work is finished, and aborting
+would waste the partial generation (the megatron backend cannot abort mid-request).
+``finish_refit`` waits for the transfer (and runs validation on the new weights before any
+training request when asked to).
 
-Ordering: the refit is submitted only after the request in flight has returned, so no
-engine ever generates a request with weights other than the version it is tagged with.
+Ordering: every submission (requests, the transfer) is made while new requests are held,
+so the queue order on each engine is the version order: no engine generates a request with
+weights other than the version it is tagged with. At most one request per version is in
+flight; a request submitted behind a refit may wait there for the trainer, so the engines'
+busy time is their own (``GenerationGroup.timed_results``), not the time since submission.
 """
 
 from __future__ import annotations
@@ -72,16 +78,36 @@ def _prompts_for(groups: float, keep: float) -> float:
     return expected + _HEADROOM_SD * math.sqrt(expected * keep * (1.0 - keep)) / keep
 
 
+class PendingTransfer(Protocol):
+    """A submitted weight transfer (generation_group.PendingRefit)."""
+
+    def finish(self) -> float: ...
+
+
 class StreamEngines(Protocol):
     """What the stream needs of split-mode engines (GenerationGroup)."""
 
     def submit(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Any]: ...
 
-    def results(self, refs: Sequence[Any]) -> list[list[Sample]]: ...
+    def timed_results(self, refs: Sequence[Any]) -> tuple[list[list[Sample]], float]: ...
 
-    def refit(self, policy: PolicyGroup) -> float: ...
+    def start_refit(self, policy: PolicyGroup) -> PendingTransfer: ...
+
+    @property
+    def queues_refits(self) -> bool:
+        """Whether ``start_refit`` only submits calls (else it waits for the policy)."""
+        ...
 
     def refit_metrics(self) -> dict[str, float]: ...
+
+
+@dataclass
+class StreamRefit:
+    """A refit started by ``RolloutStream.start_refit``; pass it to ``finish_refit``."""
+
+    transfer: PendingTransfer
+    hold: bool
+    """No request is submitted until ``finish_refit`` (validation runs first)."""
 
 
 @dataclass
@@ -123,17 +149,21 @@ class RolloutStream:
         self._cond = threading.Condition()
         self._completed: deque[_Completed] = deque()
         self._retry: deque[int] = deque(int(i) for i in pending_prompts)
-        self._in_flight: _Request | None = None
-        self._scoring = 0  # prompts of a finished request being scored
-        self._in_hand = 0  # prompts of a popped request not yet given to dynamic sampling
+        self._in_flight: deque[_Request] = deque()  # in engine queue order
+        self._scoring: _Request | None = None  # a finished request being scored
+        self._in_hand: _Completed | None = None  # popped, not yet given to dynamic sampling
         self._paused = False
+        # A refit whose weights the submitted train step is making (policy, version, hold),
+        # and the one submitted (its transfer queued), until finish_refit.
+        self._armed: tuple[PolicyGroup, int, bool] | None = None
+        self._fired: StreamRefit | None = None
         self._stopping = False
         self._error: BaseException | None = None
         self._engine_version = version
         self._next_step = version
         self._waiting = False
         self._requests = 0
-        self._busy_s = 0.0  # engine time with a request in flight, cumulative
+        self._busy_s = 0.0  # the engines' own generation seconds, cumulative
         self._thread = threading.Thread(target=self._run, name="rollout-stream", daemon=True)
         self._thread.start()
 
@@ -150,14 +180,27 @@ class RolloutStream:
         return max(keep, _MIN_KEEP)
 
     def _expected_groups(self, keep: float) -> float:
-        """Kept groups not yet trained on, or expected from prompts drawn but not yet given
-        to dynamic sampling (in flight, being scored, queued, in the training thread's
-        hand) at keep rate ``keep``."""
+        """Groups the budget counts: kept (or carried) groups not yet trained on, and those
+        expected at keep rate ``keep`` from prompts drawn but not yet given to dynamic
+        sampling (in flight, being scored, queued, in the training thread's hand).
+
+        Data of version v trains steps up to v + K only, so each version counts up to the
+        slots left in the steps it can still fill: a surplus beyond the last of them (or
+        data already too old for the next step) will be dropped, and budgeting it as if
+        it could wait would leave a later step short."""
         dynamic = self.ctx.dynamic
-        in_flight = len(self._in_flight.prompt_indices) if self._in_flight else 0
-        queued = sum(len(c.prompt_indices) for c in self._completed)
-        drawn = in_flight + self._scoring + queued + self._in_hand
-        return dynamic.num_carried_groups + dynamic.num_kept_groups + drawn * keep
+        pending: list[_Request | _Completed] = [*self._in_flight, *self._completed]
+        pending += [r for r in (self._scoring, self._in_hand) if r is not None]
+        by_version: dict[int, float] = {}
+        for r in pending:
+            by_version[r.version] = by_version.get(r.version, 0.0) + len(r.prompt_indices) * keep
+        filled = float(dynamic.num_carried_groups + dynamic.num_kept_groups)
+        for version in sorted(by_version):
+            slots = (
+                version + self.max_staleness + 1 - self._next_step
+            ) * dynamic.num_prompts_per_step
+            filled = max(filled, min(slots, filled + by_version[version]))
+        return filled
 
     def _next_request_size(self) -> int:
         """Prompts of the next request (0 = none now).
@@ -168,18 +211,26 @@ class RolloutStream:
         of a step instead of overshooting it. A step that waits with nothing coming asks
         for the groups it still lacks, whatever the budget.
         """
-        if self._stopping or self._paused or self._in_flight is not None:
+        if self._stopping or self._paused or (self._fired is not None and self._fired.hold):
             return 0
-        dynamic = self.ctx.dynamic
+        if any(r.version == self._engine_version for r in self._in_flight):
+            return 0  # one request per version in flight: the next is sized on its results
         keep = self._keep_estimate()
-        steps_ahead = self._engine_version + self.max_staleness + 1 - self._next_step
-        deficit = steps_ahead * dynamic.num_prompts_per_step - self._expected_groups(keep)
-        if self._waiting and not (self._completed or self._scoring or self._in_hand):
-            deficit = max(deficit, dynamic.num_prompts_per_step - dynamic.num_kept_groups, 1)
+        deficit = self._deficit(keep)
         if deficit <= 1e-6:
             return 0
         size = max(1, math.ceil(_prompts_for(deficit, keep) - 1e-6))
         return size if self.request_size is None else min(self.request_size, size)
+
+    def _deficit(self, keep: float) -> float:
+        """Groups the budget still lacks at the engines' version (``_next_request_size``)."""
+        dynamic = self.ctx.dynamic
+        steps_ahead = self._engine_version + self.max_staleness + 1 - self._next_step
+        deficit = steps_ahead * dynamic.num_prompts_per_step - self._expected_groups(keep)
+        nothing_coming = not (self._in_flight or self._completed)
+        if self._waiting and nothing_coming and self._scoring is None and self._in_hand is None:
+            deficit = max(deficit, dynamic.num_prompts_per_step - dynamic.num_kept_groups, 1)
+        return deficit
 
     def _can_submit(self) -> bool:
         return self._next_request_size() > 0
@@ -200,8 +251,9 @@ class RolloutStream:
         )
         self._requests += 1
         refs = self.engines.submit([ctx.train.input_ids[i] for i in indices], sampling)
-        self._in_flight = _Request(indices, self._engine_version, refs, time.perf_counter())
-        return self._in_flight
+        request = _Request(indices, self._engine_version, refs, time.perf_counter())
+        self._in_flight.append(request)
+        return request
 
     def _top_up(self) -> None:
         """Submit the next request if the budget allows (under the lock). Called by whichever
@@ -210,27 +262,31 @@ class RolloutStream:
         size = self._next_request_size()
         if size:
             self._start_request(size)
-            self._cond.notify_all()
+        armed = self._armed is not None and self._fired is None
+        if armed and self.engines.queues_refits and self._budget_met():
+            self._fire()
+            size = self._next_request_size()  # the next request, behind the transfer
+            if size:
+                self._start_request(size)
+        self._cond.notify_all()
 
     def _run(self) -> None:
-        """Wait for the request in flight, queue its scored groups; repeat."""
+        """Wait for the oldest request in flight, queue its scored groups; repeat."""
         try:
             while True:
                 with self._cond:
-                    while not self._stopping and self._in_flight is None:
+                    while not self._stopping and not self._in_flight:
                         self._top_up()
-                        if self._in_flight is None:
+                        if not self._in_flight:
                             self._cond.wait(_POLL_S)
                     if self._stopping:
                         return
-                    current = self._in_flight
-                    assert current is not None
-                samples = self.engines.results(current.refs)
-                finished = time.perf_counter()
+                    current = self._in_flight[0]
+                samples, seconds = self.engines.timed_results(current.refs)
                 with self._cond:
-                    self._busy_s += finished - current.submitted
-                    self._in_flight = None
-                    self._scoring = len(current.prompt_indices)
+                    self._busy_s += seconds
+                    self._in_flight.popleft()
+                    self._scoring = current
                     # The next request starts before this one is scored: the engines do
                     # not wait for the verifier.
                     self._top_up()
@@ -238,7 +294,7 @@ class RolloutStream:
                 groups, metrics = steps.score_groups(
                     self.ctx, self.ctx.train, current.prompt_indices, samples, current.version
                 )
-                metrics["timing/generate_s"] = finished - current.submitted
+                metrics["timing/generate_s"] = seconds
                 metrics["num_generated_tokens"] = float(
                     sum(s.response_length for g in samples for s in g)
                 )
@@ -246,13 +302,13 @@ class RolloutStream:
                     self._completed.append(
                         _Completed(current.prompt_indices, current.version, groups, metrics)
                     )
-                    self._scoring = 0
+                    self._scoring = None
                     self._cond.notify_all()
         except BaseException as error:  # noqa: BLE001 - handed to the training thread
             with self._cond:
                 self._error = error
-                self._in_flight = None
-                self._scoring = 0
+                self._in_flight.clear()
+                self._scoring = None
                 self._cond.notify_all()
 
     # -------------------------------------------------------------------- training thread
@@ -272,14 +328,14 @@ class RolloutStream:
                 if not self._completed:
                     self._cond.wait(_POLL_S)
             item = self._completed.popleft()
-            self._in_hand = len(item.prompt_indices)
+            self._in_hand = item
             return item
 
     def _release(self, regenerate: Sequence[int] = ()) -> None:
         """The popped request is counted by dynamic sampling now (or dropped as stale):
         the generation thread may re-check its budget."""
         with self._cond:
-            self._in_hand = 0
+            self._in_hand = None
             self._retry.extend(regenerate)
             self._cond.notify_all()
 
@@ -327,7 +383,7 @@ class RolloutStream:
         started = time.perf_counter()
         with self._cond:
             self._paused = True
-            while self._in_flight is not None or self._scoring:
+            while self._in_flight or self._scoring is not None:
                 self._raise_error()
                 self._cond.wait(_POLL_S)
             self._raise_error()
@@ -350,31 +406,80 @@ class RolloutStream:
         finally:
             self._resume()
 
+    def arm_refit(self, policy: PolicyGroup, version: int, *, hold: bool = False) -> None:
+        """The policy's weights become ``version`` once the train step just submitted is
+        done: queue their transfer as soon as the engines have nothing left to generate with
+        their current weights (the budget at their version is met, counting what is in
+        flight), so it follows the last such request on each engine without waiting for the
+        controller to score it. ``hold``: validation runs on the new weights first."""
+        with self._cond:
+            self._armed = (policy, version, hold)
+            self._top_up()
+
+    def _budget_met(self) -> bool:
+        return self._deficit(self._keep_estimate()) <= 1e-6
+
+    def _fire(self) -> StreamRefit:
+        """Submit the armed transfer (under the lock, so no request is submitted between
+        its calls: the queue order on every engine is the version order)."""
+        assert self._armed is not None
+        policy, version, hold = self._armed
+        self._armed = None
+        self._fired = StreamRefit(self.engines.start_refit(policy), hold)
+        self._engine_version = version
+        return self._fired
+
+    def start_refit(
+        self, policy: PolicyGroup, version: int, *, hold: bool = False, early: bool = False
+    ) -> StreamRefit | None:
+        """The refit to ``version``: the one already queued, or queue it now (and the next
+        request behind it unless ``hold``). ``early`` (the policy still trains): None, and
+        nothing submitted, while the budget at the current version is open, as the engines
+        would rather keep generating with it (K >= 2) than wait behind the transfer."""
+        with self._cond:
+            self._raise_error()
+            if self._fired is None:
+                if self._armed is None:
+                    self._armed = (policy, version, hold)
+                if early and not (self.engines.queues_refits and self._budget_met()):
+                    return None
+                self._fire()
+                self._top_up()
+            assert self._engine_version == version, "a refit to another version is queued"
+            return self._fired
+
+    def finish_refit(
+        self, refit: StreamRefit, then: Callable[[], dict[str, float]] | None = None
+    ) -> dict[str, float]:
+        """Wait for a started refit's transfer; run ``then`` (validation) on the new
+        weights, before any training request when the refit was started with ``hold``."""
+        try:
+            metrics = {"timing/refit_s": refit.transfer.finish()}
+            if then is not None:
+                metrics.update(then())
+        finally:
+            with self._cond:
+                self._fired = None
+                self._top_up()
+        return metrics
+
     def refit(
         self,
         policy: PolicyGroup,
         version: int,
         then: Callable[[], dict[str, float]] | None = None,
     ) -> dict[str, float]:
-        """Give the engines the weights of ``version`` between two requests, and run
-        ``then`` (validation) on them before the next request: one pause for both, so
-        validation never waits for a request submitted just after the refit."""
-        waited = self._pause()
-        try:
-            metrics = {"timing/refit_s": self.engines.refit(policy), "timing/refit_wait_s": waited}
-            if then is not None:
-                metrics.update(then())
-        finally:
-            self._resume(version)
-        return metrics
+        """Give the engines the weights of ``version`` and run ``then`` (validation) on them
+        before the next training request (``start_refit`` then ``finish_refit``)."""
+        started = self.start_refit(policy, version, hold=then is not None)
+        assert started is not None  # not early: always started
+        return self.finish_refit(started, then)
 
     def engine_busy_s(self) -> float:
-        """Cumulative engine time with a request in flight."""
+        """The engines' own seconds generating training rollouts, cumulative (a request
+        counts when it completes)."""
         with self._cond:
-            busy = self._busy_s
-            if self._in_flight is not None:
-                busy += time.perf_counter() - self._in_flight.submitted
-            return busy
+            return self._busy_s
 
     def state(self) -> dict[str, Any]:
         """For a checkpoint (while paused): the prompts drawn but not trained on. Their

@@ -31,15 +31,26 @@ class Rollouts(Protocol):
         statistics and generation metrics."""
         ...
 
-    def refit(
-        self,
-        policy: PolicyGroup,
-        version: int,
-        then: Callable[[], dict[str, float]] | None = None,
+    def arm_refit(self, policy: PolicyGroup, version: int, *, hold: bool = False) -> None:
+        """The train step just submitted makes the weights of ``version``: their transfer
+        may be queued behind it whenever the engines are done with their current weights
+        (``hold``: validation on the new weights before any training request)."""
+        ...
+
+    def start_refit(
+        self, policy: PolicyGroup, version: int, *, hold: bool = False, early: bool = False
+    ) -> Any:
+        """Start giving the engines the policy's weights (policy version ``version``),
+        queued behind the train step submitted before; ``hold``: they generate nothing
+        until ``finish_refit``. ``early`` (while the policy still trains): None when the
+        engines would rather keep generating with their current weights; start it later."""
+        ...
+
+    def finish_refit(
+        self, refit: Any, then: Callable[[], dict[str, float]] | None = None
     ) -> dict[str, float]:
-        """Give the engines the policy's weights (policy version ``version``) and run
-        ``then`` (validation) on them before they generate anything else; timings and
-        ``then``'s metrics."""
+        """Wait for a started refit, then run ``then`` (validation) on the new weights
+        before the engines generate anything else; timings and ``then``'s metrics."""
         ...
 
     def paused(self) -> contextlib.AbstractContextManager[None]:
@@ -71,13 +82,19 @@ class SyncRollouts:
         self._busy_s += metrics["timing/generate_s"]
         return groups, stats, metrics
 
-    def refit(
-        self,
-        policy: PolicyGroup,
-        version: int,
-        then: Callable[[], dict[str, float]] | None = None,
+    def arm_refit(self, policy: PolicyGroup, version: int, *, hold: bool = False) -> None:
+        """Nothing runs in the background: the refit happens in ``finish_refit``."""
+
+    def start_refit(
+        self, policy: PolicyGroup, version: int, *, hold: bool = False, early: bool = False
+    ) -> PolicyGroup | None:
+        """Nothing runs in the background: the refit happens in ``finish_refit``."""
+        return None if early else policy
+
+    def finish_refit(
+        self, refit: Any, then: Callable[[], dict[str, float]] | None = None
     ) -> dict[str, float]:
-        metrics = {"timing/refit_s": self.engines.refit(policy)}
+        metrics = {"timing/refit_s": self.engines.refit(refit)}
         return {**metrics, **then()} if then is not None else metrics
 
     @contextlib.contextmanager

@@ -13,6 +13,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -145,25 +146,50 @@ def reference_logprobs(policy: PolicyGroup, batch: PolicyBatch) -> dict[str, flo
     return {"timing/ref_logprob_s": time.perf_counter() - start}
 
 
-def train_on_batch(
+class PendingTrain:
+    """The optimizer steps of one batch, submitted to the policy ranks (``start_train``)."""
+
+    def __init__(self, policy: PolicyGroup, refs: list[list[Any]]) -> None:
+        self._policy = policy
+        self._refs = refs
+
+    def result(self) -> dict[str, float]:
+        """Wait for every step; metrics averaged over them. ``timing/train_s`` is the ranks'
+        own time in the steps (summed): queued behind other calls, the controller's wait
+        is longer."""
+        per_step = [self._policy.train_step_result(refs) for refs in self._refs]
+        metrics = {k: statistics.fmean(m[k] for m in per_step) for k in per_step[0]}
+        metrics["grad_norm_max"] = max(m["grad_norm"] for m in per_step)
+        metrics["lr"] = per_step[-1]["lr"]
+        metrics["num_optimizer_steps"] = float(len(per_step))
+        metrics["timing/train_s"] = sum(m["timing/train_s"] for m in per_step)
+        return metrics
+
+
+def start_train(
     ctx: RunContext, policy: PolicyGroup, batch: PolicyBatch, step: int
-) -> dict[str, float]:
-    """Shuffle samples, then one optimizer step per mini-batch; averaged metrics."""
+) -> PendingTrain:
+    """Shuffle samples, then submit one optimizer step per mini-batch, without waiting:
+    the ranks run them in order, after whatever was submitted to them before."""
     size = ctx.config.policy.train_global_batch_size
     order = torch.randperm(
         len(batch),
         generator=torch.Generator().manual_seed(round_seed(ctx.config.run.seed, step, -1)),
     )
-    start = time.perf_counter()
-    per_step = [
-        policy.train_step(batch.select(order[i : i + size])) for i in range(0, len(batch), size)
-    ]
-    metrics = {k: statistics.fmean(m[k] for m in per_step) for k in per_step[0]}
-    metrics["grad_norm_max"] = max(m["grad_norm"] for m in per_step)
-    metrics["lr"] = per_step[-1]["lr"]
-    metrics["num_optimizer_steps"] = float(len(per_step))
-    metrics["timing/train_s"] = time.perf_counter() - start
-    return metrics
+    return PendingTrain(
+        policy,
+        [
+            policy.submit_train_step(batch.select(order[i : i + size]))
+            for i in range(0, len(batch), size)
+        ],
+    )
+
+
+def train_on_batch(
+    ctx: RunContext, policy: PolicyGroup, batch: PolicyBatch, step: int
+) -> dict[str, float]:
+    """Shuffle samples, then one optimizer step per mini-batch; averaged metrics."""
+    return start_train(ctx, policy, batch, step).result()
 
 
 def validation_sampling(

@@ -26,6 +26,7 @@ so it can run in-process for debugging.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -153,6 +154,15 @@ class GenerationWorker:
             if _engine_died(error):
                 _exit_worker(error, "generation")
             raise
+
+    def generate_timed(
+        self, prompts_token_ids: Sequence[Sequence[int]], sampling: SamplingParams
+    ) -> tuple[list[list[Sample]], float]:
+        """``generate`` and the engine's own seconds in it (the caller's wait also holds
+        queueing behind earlier calls, such as a refit waiting for the trainer)."""
+        started = time.perf_counter()
+        samples = self.generate(prompts_token_ids, sampling)
+        return samples, time.perf_counter() - started
 
     def weight_ranks(self) -> int:
         """Members this engine adds to the weight-update group."""

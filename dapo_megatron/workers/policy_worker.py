@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -113,7 +114,11 @@ class PolicyWorker:
         return self._require_policy().ref_logprobs(batch)
 
     def train_step(self, batch: PolicyBatch) -> dict[str, float]:
-        return self._require_policy().train_step(batch)
+        started = time.perf_counter()
+        metrics = self._require_policy().train_step(batch)
+        # The rank's own time: the controller's wait also holds queueing and transfers.
+        metrics["timing/train_s"] = time.perf_counter() - started
+        return metrics
 
     def sft_step(self, batch: PolicyBatch, lr: float | None = None) -> dict[str, float]:
         return self._require_policy().sft_step(batch, lr=lr)

@@ -4,6 +4,7 @@ so a test can check the version the stream recorded against the one that generat
 
 from __future__ import annotations
 
+import itertools
 import math
 import threading
 import time
@@ -15,7 +16,7 @@ from fake_context import fake_context
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller.context import RunContext
-from dapo_megatron.controller.rollout_stream import RolloutStream, _prompts_for
+from dapo_megatron.controller.rollout_stream import RolloutStream, _prompts_for, _Request
 from dapo_megatron.generation.base import Sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,39 +26,46 @@ WEIGHTS_TOKEN = 10  # a sample's first token is WEIGHTS_TOKEN + the engine's wei
 
 
 class ScriptedEngines:
-    """Split-mode engines: ``submit`` records the prompts, ``results`` answers them with the
-    weights held at that moment; ``refit`` loads the next version and checks that nothing
-    is being generated (the stream lets the request in flight finish first)."""
+    """Split-mode engines as Ray actors run them: calls execute in the order submitted, so
+    a request is generated with the weights of the transfers submitted before it, whatever
+    the stream believes. ``submit`` records the prompts and that version (the transfers
+    queued so far); ``timed_results`` answers with it; ``start_refit`` queues a transfer.
+    ``in_flight_at_refit`` counts transfers queued behind an unfinished request."""
 
     def __init__(self, fail_on_request: int | None = None) -> None:
-        self.weights = 0
+        self.weights = 0  # transfers submitted: the version of the next request
         self.submitted: list[list[int]] = []
+        self.versions: list[int] = []  # the weights each request is generated with
         self.active = 0
-        self.refits_while_active = 0
+        self.in_flight_at_refit = 0
         self.fail_on_request = fail_on_request
         self.lock = threading.Lock()
 
     def submit(self, prompts, sampling):
         with self.lock:
             self.submitted.append([p[0] for p in prompts])
+            self.versions.append(self.weights)
             self.active += 1
-            return (len(self.submitted) - 1, [p[0] for p in prompts], sampling.n)
+            return (len(self.submitted) - 1, [p[0] for p in prompts], sampling.n, self.weights)
 
-    def results(self, refs):
-        index, prompts, n = refs
+    def timed_results(self, refs):
+        index, prompts, n, weights = refs
         if index == self.fail_on_request:
             raise RuntimeError("engine 0 raised: scripted failure")
-        token = WEIGHTS_TOKEN + self.weights
         with self.lock:
             self.active -= 1
         # Prompt p's samples alternate right/wrong: every group varies (keep rate 1).
-        return [[Sample([token, 2], [-0.5, -0.1], "stop") for _ in range(n)] for _ in prompts]
+        token = WEIGHTS_TOKEN + weights
+        groups = [[Sample([token, 2], [-0.5, -0.1], "stop") for _ in range(n)] for _ in prompts]
+        return groups, 0.001 * len(prompts)
 
-    def refit(self, policy) -> float:
+    queues_refits = True
+
+    def start_refit(self, policy):
         with self.lock:
-            self.refits_while_active += self.active > 0
+            self.in_flight_at_refit += self.active > 0
             self.weights += 1
-        return 0.0
+        return SimpleNamespace(finish=lambda: 0.0)
 
     def refit_metrics(self):
         return {}
@@ -108,7 +116,7 @@ def _settle(stream: RolloutStream) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with stream._cond:
-            if stream._in_flight is None and not stream._scoring and not stream._can_submit():
+            if not stream._in_flight and stream._scoring is None and not stream._can_submit():
                 return
         time.sleep(0.001)
     raise AssertionError("the stream kept generating")
@@ -151,11 +159,88 @@ def test_versions_are_the_generating_weights_and_lag_one_step_at_k1():
         1,
         1,
     ]
-    assert engines.refits_while_active == 0
+    assert engines.in_flight_at_refit == 0  # generation settled before each refit
     # Every prompt drawn once, in order: 8 prompts at version 0, then 4 per refit.
     drawn = [p for request in engines.submitted for p in request]
     assert drawn == list(range(len(drawn)))
     assert len(drawn) == 8 + 4 * 6
+
+
+def _run_pipelined(stream: RolloutStream, engines: ScriptedEngines, steps: range) -> dict:
+    """The training loop's overlapped order, with generation free to run at any time:
+    step s's train step is submitted (the refit to s + 1 armed: the stream may queue it
+    once the engines are done with version s), the batch of s + 1 is taken, the refit
+    started early (None while the budget is still open) or once "training" is done, then
+    finished."""
+    trained, early, behind = [], [], []
+    taken = stream.take(steps.start)
+    for step in steps:
+        groups, _, metrics = taken
+        generated_by = [g.samples[0].response_token_ids[0] - WEIGHTS_TOKEN for g in groups]
+        trained.append({"groups": groups, "generated_by": generated_by, "metrics": metrics})
+        stream.arm_refit(None, step + 1)  # its train step was just submitted
+        taken = stream.take(step + 1)
+        refit = stream.start_refit(None, step + 1, early=True)
+        early.append(refit is not None)
+        if refit is None:
+            refit = stream.start_refit(None, step + 1)
+        # The next request is queued right behind the transfer, before it is finished.
+        with engines.lock:
+            behind.append(engines.versions[-1] == step + 1)
+        stream.finish_refit(refit)
+    return {"steps": trained, "early": early, "queued_behind_refit": behind}
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_pipelined_refits_keep_versions_exact_and_queue_the_next_request_behind(k):
+    # Keep rate 1/2 and a request cap: requests are often still in flight when a refit is
+    # queued behind them. Every trained group must carry the weights that generated it.
+    ctx = _ctx(
+        f"rollout.max_staleness={k}",
+        "dapo.dynamic_sampling.batch_multiplier=2.0",
+        verifier=HalfVerifier(),
+    )
+    engines = ScriptedEngines()
+    stream = RolloutStream(ctx, engines, version=0)
+    try:
+        run = _run_pipelined(stream, engines, range(10))
+    finally:
+        stream.close()
+    for step, s in enumerate(run["steps"]):
+        assert [g.version for g in s["groups"]] == s["generated_by"]
+        assert all(0 <= step - v <= k for v in s["generated_by"])
+        assert len(s["groups"]) == 4
+    if k == 1:
+        # Once step s + 1's batch is taken, version s has nothing left to generate at
+        # K = 1: the refit is always queued while the trainer trains, and the next
+        # request behind it.
+        assert all(run["early"])
+        assert all(run["queued_behind_refit"])
+    assert all(v1 <= v2 for v1, v2 in itertools.pairwise(engines.versions))
+
+
+def test_budget_counts_each_version_only_for_the_steps_it_can_still_train():
+    # K = 1, 4 groups a step, keep rate 1, next step 5, engines at version 5 (budget: steps
+    # 5 and 6 = 8 groups). Version 3 is too old for step 5: nothing. Version 4 can only fill
+    # step 5: 10 prompts count 4 (its surplus would expire). Version 5 fills the rest: 3
+    # prompts -> 7 in all, so the deficit is 1 group, not 8 - 13 - 2 < 0.
+    ctx = _ctx("dapo.dynamic_sampling.batch_multiplier=1.0")
+    stream = RolloutStream(ctx, ScriptedEngines(), version=5)
+    stream.close()
+    stream._thread.join(timeout=10)
+    with stream._cond:
+        stream._in_flight.clear()  # whatever the thread generated before it stopped
+        stream._completed.clear()
+        stream._scoring = stream._in_hand = None
+        stream._next_step = 5
+        for version, prompts in [(3, 2), (4, 10), (5, 3)]:
+            stream._in_flight.append(_Request(list(range(prompts)), version, [], 0.0))
+        assert stream._expected_groups(1.0) == 7
+        assert stream._deficit(1.0) == 1
+        # Step 5 taken: version 4 is too old now; version 5 may fill steps 6 only.
+        stream._next_step = 6
+        assert stream._expected_groups(1.0) == 3
+        assert stream._deficit(1.0) == 1  # budget at version 5, K = 1: step 6 alone
 
 
 @pytest.mark.parametrize("policy", ["drop", "regenerate"])
