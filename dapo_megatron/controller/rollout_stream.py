@@ -1,8 +1,8 @@
 """Overlapped rollouts (``rollout.max_staleness = K >= 1``): engines generate while the
 policy trains.
 
-A background thread keeps one generation request in flight on the split-mode engines
-(spread over them), scores each request as it completes and queues its groups, tagged with
+A background thread keeps generation requests in flight on the split-mode engines (spread
+over them; at most one per weight version), scores each request as it completes and queues its groups, tagged with
 the policy version of the weights that generated them. The training loop takes a batch per
 step (``take``): groups are fed to dynamic sampling as they arrive, and a group more than K
 versions behind the step is dropped (counted) or its prompt generated again
@@ -18,8 +18,13 @@ rate plus two binomial standard deviations (``_prompts_for``), capped by
 near the end of a step instead of overshooting it (a surplus more than K versions old is
 lost). A step that waits with nothing coming always gets a request for what it lacks.
 
-Weight updates happen between requests, pipelined: ``start_refit`` submits the transfer
-without waiting for anything. Ray runs one submitter's calls to an actor in order, so the
+Weight updates happen between requests, pipelined. The loop arms a refit once it has
+submitted the train step that makes the new weights (``arm_refit``); the stream submits
+the transfer as soon as the engines have nothing left to generate with their current
+weights (the budget at their version is met, counting what is in flight), or when the loop
+asks for it (``start_refit``), without waiting for anything. Ray runs one submitter's
+calls to an actor in order (docs.ray.io, "Actor Task Execution Order": synchronous,
+single-threaded actors without task retries, as ours are), so the
 policy ranks send as soon as their queued train step is done, each engine receives as
 soon as the requests queued before it are FINISHED (their samples are kept, tagged with
 the old version), and the request the stream submits next, right behind the receive, is
@@ -30,11 +35,11 @@ would waste the partial generation (the megatron backend cannot abort mid-reques
 ``finish_refit`` waits for the transfer (and runs validation on the new weights before any
 training request when asked to).
 
-Ordering: every submission (requests, the transfer) is made while new requests are held,
-so the queue order on each engine is the version order: no engine generates a request with
-weights other than the version it is tagged with. At most one request per version is in
-flight; a request submitted behind a refit may wait there for the trainer, so the engines'
-busy time is their own (``GenerationGroup.timed_results``), not the time since submission.
+Ordering: every submission (requests, the transfer) is made under the stream's lock, so
+the queue order on each engine is the version order: no engine generates a request with
+weights other than the version it is tagged with. A request submitted behind a refit may
+wait there for the trainer, so the engines' busy time is their own
+(``GenerationGroup.timed_results``), not the time since submission.
 """
 
 from __future__ import annotations
