@@ -324,12 +324,9 @@ class RolloutConfig:
     prompts_per_request: int | None
     """K >= 1: the most prompts one generation request may hold (spread over the engines).
     A request asks for what the generate-ahead budget lacks (about a step's prompts at the
-    running keep rate, plus a little headroom); two requests of a weight version may be
-    queued at once. The new weights are queued behind the requests in flight, so a cap
-    lets the transfer start sooner and the controller score a step's groups as they come
-    (one engine wave per request suits fixed-wave engines such as the megatron backend),
-    while larger requests keep a continuously batching engine (vLLM) fuller. null = no
-    cap."""
+    running keep rate, plus a little headroom); the new weights are queued behind the
+    requests in flight, so a cap lets the transfer start sooner and the controller score a
+    step's groups as they come, while larger requests batch better. null = no cap."""
 
 
 @dataclass

@@ -2,8 +2,7 @@
 policy trains.
 
 A background thread keeps generation requests in flight on the split-mode engines (spread
-over them; at most two per weight version, so they generate the next while the controller
-scores the last), scores each request as it completes and queues its groups, tagged with
+over them; at most one per weight version), scores each request as it completes and queues its groups, tagged with
 the policy version of the weights that generated them. The training loop takes a batch per
 step (``take``): groups are fed to dynamic sampling as they arrive, and a group more than K
 versions behind the step is dropped (counted) or its prompt generated again
@@ -72,9 +71,6 @@ _REQUEST_SEED_OFFSET = 20_000
 _MIN_KEEP = 0.05
 # Standard deviations of the keep count a request plans for (~2% of steps come up short).
 _HEADROOM_SD = 2.0
-# Requests of one weight version queued on the engines at once: the engines generate the
-# next while the controller scores the last (with prompts_per_request capping requests).
-_IN_FLIGHT_PER_VERSION = 2
 
 
 def _prompts_for(groups: float, keep: float) -> float:
@@ -222,9 +218,8 @@ class RolloutStream:
         """
         if self._stopping or self._paused or (self._fired is not None and self._fired.hold):
             return 0
-        same_version = sum(r.version == self._engine_version for r in self._in_flight)
-        if same_version >= _IN_FLIGHT_PER_VERSION:
-            return 0  # the next is sized on the results of those in flight
+        if any(r.version == self._engine_version for r in self._in_flight):
+            return 0  # one request per version in flight: the next is sized on its results
         keep = self._keep_estimate()
         deficit = self._deficit(keep)
         if deficit <= 1e-6:
@@ -266,20 +261,19 @@ class RolloutStream:
         return request
 
     def _top_up(self) -> None:
-        """Submit the requests the budget allows (under the lock), then the armed refit once
-        the budget at the engines' version is met, and the requests it opens behind it.
-        Called by whichever thread changes what the budget depends on, so a refit or a
-        waiting step submits at once rather than when the generation thread next runs."""
-        self._submit_allowed()
+        """Submit the next request if the budget allows (under the lock). Called by whichever
+        thread changes what the budget depends on, so a refit or a waiting step submits at
+        once rather than when the generation thread next runs."""
+        size = self._next_request_size()
+        if size:
+            self._start_request(size)
         armed = self._armed is not None and self._fired is None
         if armed and self.engines.queues_refits and self._budget_met():
             self._fire()
-            self._submit_allowed()  # queued behind the transfer: the new weights
+            size = self._next_request_size()  # the next request, behind the transfer
+            if size:
+                self._start_request(size)
         self._cond.notify_all()
-
-    def _submit_allowed(self) -> None:
-        while size := self._next_request_size():
-            self._start_request(size)
 
     def _run(self) -> None:
         """Wait for the oldest request in flight, queue its scored groups; repeat."""
