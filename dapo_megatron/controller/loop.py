@@ -169,9 +169,7 @@ def _passes_before_training(
     it is more than one optimizer step) and the KL reference's logprobs."""
     config = ctx.config
     metrics: dict[str, float] = {}
-    if steps.needs_old_logprob_pass(
-        len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
-    ):
+    if _needs_old_logprobs(config, batch):
         metrics.update(steps.old_logprobs(policy, batch))
     else:
         metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
@@ -185,13 +183,15 @@ def _queue_training(
 ) -> steps.PendingTrain | None:
     """Submit the next step's training now (it runs after the refit just submitted) when
     its batch needs no pass first; else None (the loop runs the passes, then trains)."""
-    config = ctx.config
-    batch = prepared.batch
-    if config.dapo.loss.kl_coef > 0 or steps.needs_old_logprob_pass(
-        len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
-    ):
+    if ctx.config.dapo.loss.kl_coef > 0 or _needs_old_logprobs(ctx.config, prepared.batch):
         return None
-    return steps.start_train(ctx, policy, batch, step)
+    return steps.start_train(ctx, policy, prepared.batch, step)
+
+
+def _needs_old_logprobs(config: DapoMegatronConfig, batch: PolicyBatch) -> bool:
+    return steps.needs_old_logprob_pass(
+        len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
+    )
 
 
 def _prepare(ctx: RunContext, rollouts: Rollouts, step: int) -> _Prepared:

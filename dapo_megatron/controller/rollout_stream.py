@@ -2,8 +2,8 @@
 policy trains.
 
 A background thread keeps generation requests in flight on the split-mode engines (spread
-over them; at most one per weight version), scores each request as it completes and queues its groups, tagged with
-the policy version of the weights that generated them. The training loop takes a batch per
+over them; at most one per weight version), scores each request as it completes and
+queues its groups, tagged with the policy version of the weights that generated them. The training loop takes a batch per
 step (``take``): groups are fed to dynamic sampling as they arrive, and a group more than K
 versions behind the step is dropped (counted) or its prompt generated again
 (``rollout.stale_groups``). The dynamic sampler's carry cache applies the same bound to
@@ -120,7 +120,6 @@ class _Request:
     prompt_indices: list[int]
     version: int
     refs: list[Any]
-    submitted: float
 
 
 @dataclass
@@ -256,7 +255,7 @@ class RolloutStream:
         )
         self._requests += 1
         refs = self.engines.submit([ctx.train.input_ids[i] for i in indices], sampling)
-        request = _Request(indices, self._engine_version, refs, time.perf_counter())
+        request = _Request(indices, self._engine_version, refs)
         self._in_flight.append(request)
         return request
 
@@ -264,16 +263,17 @@ class RolloutStream:
         """Submit the next request if the budget allows (under the lock). Called by whichever
         thread changes what the budget depends on, so a refit or a waiting step submits at
         once rather than when the generation thread next runs."""
-        size = self._next_request_size()
-        if size:
-            self._start_request(size)
+        self._submit_next()
         armed = self._armed is not None and self._fired is None
         if armed and self.engines.queues_refits and self._budget_met():
             self._fire()
-            size = self._next_request_size()  # the next request, behind the transfer
-            if size:
-                self._start_request(size)
+            self._submit_next()  # queued behind the transfer: the new weights
         self._cond.notify_all()
+
+    def _submit_next(self) -> None:
+        size = self._next_request_size()
+        if size:
+            self._start_request(size)
 
     def _run(self) -> None:
         """Wait for the oldest request in flight, queue its scored groups; repeat."""

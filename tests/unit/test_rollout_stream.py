@@ -234,7 +234,7 @@ def test_budget_counts_each_version_only_for_the_steps_it_can_still_train():
         stream._scoring = stream._in_hand = None
         stream._next_step = 5
         for version, prompts in [(3, 2), (4, 10), (5, 3)]:
-            stream._in_flight.append(_Request(list(range(prompts)), version, [], 0.0))
+            stream._in_flight.append(_Request(list(range(prompts)), version, []))
         assert stream._expected_groups(1.0) == 7
         assert stream._deficit(1.0) == 1
         # Step 5 taken: version 4 is too old now; version 5 may fill steps 6 only.
