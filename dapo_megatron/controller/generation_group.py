@@ -305,6 +305,9 @@ class GenerationGroup:
             )
             j += count
         self._gather(refs)
+        # Every engine worker has mapped its buffer: the files' names can go, so a process
+        # killed later leaves no file in /dev/shm (the mappings keep the memory).
+        self._gather_with(policy, policy.call("unlink_shared_buffer"))
 
     def _gather_refit(self, policy: PolicyGroup, refs: Sequence[ray.ObjectRef[Any]]) -> list[Any]:
         """``_gather_with`` for the transfer itself. When a member dies mid-transfer, the

@@ -86,6 +86,13 @@ class SharedBuffer:
             rebuild_args[_STORAGE_DEVICE_ARG] = _local_device_index(uuid_)
             return cls(rebuild(*rebuild_args), handle, None)
         path, nbytes = args
+        # torch.from_file creates a missing file: a late peer would map fresh zeros.
+        if not os.path.exists(path):
+            raise FileNotFoundError(
+                f"refit buffer {path} no longer exists: its policy rank removed the name "
+                f"once its engine workers had mapped it (SharedBuffer.unlink), or died. A "
+                f"worker that joins later needs new handles (the weight group is formed again)"
+            )
         return cls(torch.from_file(path, shared=True, size=nbytes, dtype=torch.uint8), handle, None)
 
     def mapped(self) -> torch.Tensor:
@@ -94,13 +101,20 @@ class SharedBuffer:
             raise AttributeError("the shared buffer is closed")
         return self.tensor
 
-    def close(self) -> None:
-        """Unmap; the creator also removes the shm file (mapped peers keep their mapping)."""
-        self.tensor = None
+    def unlink(self) -> None:
+        """Creator, CPU: remove the shm file's name once every peer has mapped it. The
+        memory lives on in the mappings and is freed with the last of them, so a process
+        killed later (SIGKILL runs no cleanup) leaves nothing in /dev/shm; no process can
+        ``open`` the handle afterwards. No-op for CUDA IPC, a peer, or a second call."""
         if self._path is not None:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(self._path)
             self._path = None
+
+    def close(self) -> None:
+        """Unmap; the creator also removes the shm file if still named (``unlink``)."""
+        self.tensor = None
+        self.unlink()
 
 
 def send_shared(

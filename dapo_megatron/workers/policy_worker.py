@@ -180,8 +180,18 @@ class PolicyWorker:
         if self.rank >= exporters:
             return None
         device = "cuda" if torch.cuda.is_available() else "cpu"
+        old = getattr(self, "_shared", None)
+        if old is not None:  # engines restarted: they map a new buffer
+            old.close()
         self._shared = SharedBuffer.create(RefitPlan.from_wire(plan_wire).max_bucket_bytes, device)
         return self._shared.handle
+
+    def unlink_shared_buffer(self) -> None:
+        """Handle transport: every paired engine worker has mapped this rank's buffer, so
+        its shm file needs no name any more (nothing left behind if this process dies)."""
+        shared = getattr(self, "_shared", None)
+        if shared is not None:
+            shared.unlink()
 
     def send_weights_shared(self, plan_wire: list) -> dict[str, float]:
         """Handle transport: every rank exports; ranks with a buffer pack each bucket into it."""

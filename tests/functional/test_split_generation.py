@@ -1,7 +1,9 @@
 """Split mode end to end: generation engines in Ray actors of their own, refitted each step.
 
 The tiny recipe on 3 CPU "devices": 2 policy ranks (DP2) and 1 Megatron generation engine
-with a model of its own. The engine starts from the HF checkpoint; the SFT warm-up then
+with a model of its own, refitted through the handle transport (shared-memory bucket
+buffers, the CPU twin of CUDA IPC; the broadcast transport is the default of the
+overlapped-rollout tests). The engine starts from the HF checkpoint; the SFT warm-up then
 changes the policy a lot, so fresh rollouts agreeing with the trainer's logprobs to fp32
 rounding proves that the refits (after warm-up, after every step and after a restart)
 delivered the trained weights.
@@ -12,6 +14,7 @@ from __future__ import annotations
 import math
 import os
 import signal
+from pathlib import Path
 
 import pytest
 from tiny_job import REPO, actor_pids, metrics_by_step, start_and_wait_for, train_command
@@ -26,8 +29,14 @@ SPLIT = [
 ]
 
 
+def _refit_files() -> set[str]:
+    shm = Path("/dev/shm")
+    return {p.name for p in shm.glob("dapo-refit-*")} if shm.is_dir() else set()
+
+
 def test_split_engines_refit_and_survive_an_engine_death(tmp_path):
     run_dir = tmp_path / "run"
+    before = _refit_files()
     cmd = train_command(
         run_dir,
         tmp_path / "model",
@@ -38,17 +47,22 @@ def test_split_engines_refit_and_survive_an_engine_death(tmp_path):
         "validation.val_at_start=false",
         "logger.progress_bar=false",
         "logger.plots=false",
+        "generation.refit_transport=ipc",
         *SPLIT,
     )
     marker = run_dir / "checkpoints" / "step_000002" / "complete.json"
     proc = start_and_wait_for(cmd, marker, capture=True)
     pids = actor_pids("GenerationWorker")
     assert marker.exists() and len(pids) == 1, "no checkpoint, or not exactly one engine"
+    # The engine mapped the policy's buffer at the first refit; from then on the file has
+    # no name, so the SIGKILL below (or of any process) cannot leave it behind.
+    assert _refit_files() - before == set()
     os.kill(pids[0], signal.SIGKILL)
     output, _ = proc.communicate(timeout=600)
     assert proc.returncode == 0, output[-3000:]
     assert "[restart 1/2] generation engine 0 (megatron) died" in output, output[-3000:]
     assert "[resume]" in output
+    assert _refit_files() - before == set()
     rows = metrics_by_step(run_dir)
     assert sorted(rows) == list(range(1, 9))
     for step, row in rows.items():

@@ -8,6 +8,8 @@ tensor bit for bit with what was sent.
 
 from __future__ import annotations
 
+import os
+import pickle
 import threading
 
 import pytest
@@ -160,3 +162,25 @@ def test_shared_buffers_deliver_every_tensor_to_every_paired_receiver() -> None:
         assert [n for n, _ in got] == [n for n, _ in sent]
         for (_, want), (_, have) in zip(sent, got, strict=True):
             assert torch.equal(have, want.to(torch.bfloat16))
+
+
+def test_an_unlinked_shared_buffer_stays_mapped_and_leaves_no_file() -> None:
+    """After the peers map it, the creator removes the shm file's name: the memory is still
+    shared both ways, /dev/shm holds nothing a killed process could leak, and a late
+    ``open`` fails clearly instead of mapping a fresh file of zeros."""
+    creator = SharedBuffer.create(64, "cpu")
+    _, path, _ = pickle.loads(creator.handle)
+    peer = SharedBuffer.open(creator.handle)
+    creator.mapped()[:4] = torch.tensor([1, 2, 3, 4], dtype=torch.uint8)
+    creator.unlink()
+    assert not os.path.exists(path)
+    creator.mapped()[4:8] = torch.tensor([5, 6, 7, 8], dtype=torch.uint8)  # after the unlink
+    assert peer.mapped()[:8].tolist() == [1, 2, 3, 4, 5, 6, 7, 8]
+    peer.mapped()[8] = 9
+    assert int(creator.mapped()[8]) == 9
+    with pytest.raises(FileNotFoundError, match="no longer exists"):
+        SharedBuffer.open(creator.handle)
+    assert not os.path.exists(path)  # the failed open created nothing
+    creator.unlink()  # idempotent
+    creator.close()
+    peer.close()
