@@ -11,6 +11,12 @@ Policy states (Megatron-Core, as ``megatron/optimizer.py`` configures it):
                and is NOT sharded by the distributed optimizer (it reduce-scatters in place)
   optimizer    params x 8 (Adam exp_avg + exp_avg_sq, fp32) or x 4 (SGD momentum),
                divided by dp with the distributed optimizer
+  KL reference params x precision bytes when dapo.loss.kl_coef > 0: megatron/policy.py
+               keeps a frozen GPTModel of the rank's own TP/PP shard (same build_model,
+               same dtype, on the policy's GPU, no DDP/grads/optimizer), replicated over
+               DP and never offloaded, so it is resident in every phase
+  refit buffer the ipc transport's shared bucket buffer, kept between refits
+               (memory_refit.py); resident in every phase on the exporting ranks
 Per-rank params are the real Megatron split: each layer's GEMMs (and the q/k/v bias) are
 1/TP shards, its two RMSNorm weights are whole on every TP rank; the embedding sits on the
 first stage and the output layer on the last (a tied embedding is a second copy on the
@@ -46,11 +52,18 @@ activations and runtime, and the KV cache (the rest). KV bytes per token per GPU
 2 x layers x kv_heads/engine_tp x head_dim x p. Colocated, the policy's weights, grads and
 optimizer stay resident while the engine is awake (only the engine sleeps), so the
 generation phase needs resident policy + utilisation x GPU memory <= GPU memory.
+
+Refit (memory_refit.py for the buffers): the policy ranks hold their resident states and
+the refit's send buffers; the engine receives into its own buffers with its weights mapped
+back and, in the synchronous loop, its KV cache still asleep (else its whole budget).
+Colocated, both sides share a GPU: one "refit" phase. Split: "refit" on the policy ranks
+and "engine refit" on an engine GPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from dapo_megatron.config.errors import ConfigError
@@ -58,6 +71,12 @@ from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.memory_refit import (
+    MIB,
+    RefitInputs,
+    refit_receive_bytes,
+    refit_stage,
+)
 
 GIB = 2**30
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -143,6 +162,11 @@ class MemoryInputs:
     this many tokens, whatever the row counts; None = rows x seq_len."""
     overheads: Overheads = Overheads()
     """Constant overheads."""
+    kl_reference: bool = False
+    """dapo.loss.kl_coef > 0: every policy rank keeps a frozen copy of its weight shard."""
+    refit: RefitInputs | None = None
+    """Bucketed weight refit into separate engines; None when no bucket moves (colocated
+    Megatron generation, or the object_store transport)."""
 
 
 @dataclass(frozen=True)
@@ -186,6 +210,14 @@ class StageMemory:
     """fp32 grad buffer."""
     optimizer: float
     """Optimizer states."""
+    reference: float
+    """Frozen KL reference weights in the training precision (kl_coef > 0)."""
+    refit_buffer: float
+    """ipc transport: the shared bucket buffer kept between refits (exporting ranks)."""
+    refit_staging: float
+    """Refit phase, broadcast: the exporter's staging buffer."""
+    refit_export: float
+    """Refit phase: exported tensors held at once (memory_refit.refit_stage)."""
     in_flight: int
     """Micro-batches whose activations the stage holds at once (1F1B)."""
     activations: float
@@ -198,7 +230,14 @@ class StageMemory:
     @property
     def resident(self) -> float:
         """What stays on the GPU in every phase (nothing of the policy is offloaded)."""
-        return self.weights + self.master + self.grads + self.optimizer
+        return (
+            self.weights
+            + self.master
+            + self.grads
+            + self.optimizer
+            + self.reference
+            + self.refit_buffer
+        )
 
 
 @dataclass(frozen=True)
@@ -390,6 +429,7 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
     lp_pass = layer_activation_bytes(inputs, lp_tokens, "none")
     if last:
         lp_pass += logits_bytes(inputs, lp_tokens, backward=False)
+    refit = refit_stage(inputs.refit, inputs.arch, dims, p, stage)
     return StageMemory(
         stage=stage,
         params=params,
@@ -397,6 +437,12 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
         master=_gib(master),
         grads=_gib(params * 4),
         optimizer=_gib(params * 4 * states / shard),
+        # The reference is built like the policy (build_model: this rank's shard, the
+        # training dtype) but not sharded over DP: the same bytes as the weights.
+        reference=_gib(params * p) if inputs.kl_reference else 0.0,
+        refit_buffer=_gib(refit.buffer),
+        refit_staging=_gib(refit.staging),
+        refit_export=_gib(refit.export),
         in_flight=in_flight,
         activations=_gib(activations),
         logits=_gib(logits),
@@ -457,11 +503,14 @@ def engine_memory(inputs: MemoryInputs) -> EngineMemory | None:
 
 
 def _state_terms(s: StageMemory) -> list[tuple[str, float]]:
+    """The policy's resident terms (every phase)."""
     return [
         ("weights", s.weights),
         ("master weights", s.master),
         ("grads", s.grads),
         ("optimizer", s.optimizer),
+        ("KL reference", s.reference),
+        ("refit buffer", s.refit_buffer),
     ]
 
 
@@ -470,16 +519,62 @@ def sleeping_engine_gib(inputs: MemoryInputs) -> float:
     return inputs.overheads.sleeping_engine_gib if inputs.colocated and inputs.engine else 0.0
 
 
+Terms = list[tuple[str, float]]
+
+
+def _worst(
+    name: str,
+    stages: tuple[StageMemory, ...],
+    terms_of: Callable[[StageMemory], Terms],
+    limit: float,
+) -> Phase:
+    """The phase on its worst stage, remembering every stage's peak (zero terms dropped)."""
+    per_stage = [tuple((k, v) for k, v in terms_of(s) if v > 0) for s in stages]
+    totals = tuple(sum(v for _, v in terms) for terms in per_stage)
+    k = max(range(len(stages)), key=lambda i: totals[i])
+    return Phase(name, stages[k].stage, per_stage[k], totals[k], limit, totals)
+
+
+def _refit_phases(inputs: MemoryInputs, stages: tuple[StageMemory, ...]) -> list[Phase]:
+    """The refit's peaks: policy ranks (send side) and engine GPU (receive side)."""
+    refit, ov, mem = inputs.refit, inputs.overheads, inputs.gpu_mem_gib
+    if refit is None:
+        return []
+    engine: Terms = []
+    e = engine_memory(inputs)
+    if inputs.engine is not None and e is not None:
+        receive = _gib(refit_receive_bytes(refit, inputs.arch, PRECISION_BYTES[inputs.precision]))
+        if refit.engine_asleep:
+            # Level-2 sleep freed weights and KV cache; the refit maps the weights back
+            # (vllm_backend._llm_for_refit), the KV cache returns with the next generate.
+            engine = [("sleeping engine", ov.sleeping_engine_gib), ("engine weights", e.weights)]
+        else:
+            engine = [("engine budget", inputs.engine.gpu_memory_utilization * mem)]
+        engine.append(("refit receive", receive))
+
+    def policy(s: StageMemory) -> Terms:
+        return (
+            _state_terms(s)
+            + [("policy process", ov.policy_process_gib)]
+            + [("refit staging", s.refit_staging), ("refit export", s.refit_export)]
+        )
+
+    if inputs.colocated:
+        return [_worst("refit", stages, lambda s: policy(s) + engine, mem)]
+    phases = [_worst("refit", stages, policy, mem)]
+    if engine:  # a Megatron engine's GPU is not modelled
+        total = sum(v for _, v in engine)
+        terms = tuple((k, v) for k, v in engine if v > 0)
+        phases.append(Phase("engine refit", 0, terms, total, mem, (total,)))
+    return phases
+
+
 def _phases(inputs: MemoryInputs, stages: tuple[StageMemory, ...]) -> tuple[Phase, ...]:
     ov, mem = inputs.overheads, inputs.gpu_mem_gib
     sleeping = sleeping_engine_gib(inputs)
 
-    def worst(name: str, terms_of) -> Phase:
-        """The phase on its worst stage, remembering every stage's peak."""
-        per_stage = [tuple((k, v) for k, v in terms_of(s) if v > 0) for s in stages]
-        totals = tuple(sum(v for _, v in terms) for terms in per_stage)
-        k = max(range(len(stages)), key=lambda i: totals[i])
-        return Phase(name, stages[k].stage, per_stage[k], totals[k], mem, totals)
+    def worst(name: str, terms_of: Callable[[StageMemory], Terms]) -> Phase:
+        return _worst(name, stages, terms_of, mem)
 
     common = [("policy process", ov.policy_process_gib), ("sleeping engine", sleeping)]
     train = worst(
@@ -515,7 +610,7 @@ def _phases(inputs: MemoryInputs, stages: tuple[StageMemory, ...]) -> tuple[Phas
             )
         else:
             phases.append(Phase("generation", 0, (("engine budget", util),), util, mem, (util,)))
-    return tuple(phases)
+    return tuple(phases + _refit_phases(inputs, stages))
 
 
 _LAYOUT = "policy.megatron.tensor_model_parallel_size, policy.megatron.pipeline_model_parallel_size"
@@ -532,6 +627,16 @@ _KNOBS = {
     "logprob pass": "policy.logprob_micro_batch_size, policy.megatron.context_parallel_size",
     "engine budget": "generation.engine.gpu_memory_utilization (lower), or shrink the "
     "resident policy: " + _LAYOUT,
+    "KL reference": "dapo.loss.kl_coef=0 (no reference), or "
+    + _LAYOUT
+    + " (the reference is not sharded over DP)",
+    "engine weights": "generation.engine.tensor_parallel_size",
+    # Every refit buffer is sized by the bucket (or the largest tensor, which travels alone).
+    **dict.fromkeys(
+        ("refit buffer", "refit staging", "refit export", "refit receive"),
+        "generation.refit_bucket_mb (lower; a larger tensor still travels alone), "
+        "generation.refit_transport",
+    ),
 }
 
 
@@ -542,9 +647,13 @@ def _reason(inputs: MemoryInputs, phase: Phase) -> str:
     knobs = _KNOBS.get(term, _LAYOUT)
     if term in ("optimizer", "master weights") and not inputs.distributed_optimizer:
         knobs = "policy.megatron.use_distributed_optimizer=true, " + knobs
+    # Every term, not only the largest: a small one (a KL reference, a refit buffer)
+    # that tips a phase over must be visible in the message.
+    terms = " + ".join(f"{k} {v:.1f}" for k, v in phase.terms)
     return (
         f"{phase.name} phase needs {phase.peak:.1f} GiB > {phase.limit:.1f} GiB per GPU "
-        f"(pipeline stage {phase.stage}); largest term: {term} {size:.1f} GiB; change {knobs}"
+        f"(pipeline stage {phase.stage}: {terms}); largest term: {term} {size:.1f} GiB; "
+        f"change {knobs}"
     )
 
 
@@ -611,6 +720,24 @@ def _train_micro_batches(cfg: DapoMegatronConfig, dp: int) -> int:
     return max(1, rows // p.train_micro_batch_size)
 
 
+def _refit_inputs(run: RunPlan) -> RefitInputs | None:
+    """The refit's buffers as the controller sizes them (generation_group._join_weight_group
+    and _share_buffers); None when no bucket moves."""
+    cfg = run.config
+    if not run.needs_engine_workers or run.refit_transport == "object_store":
+        return None
+    vllm = cfg.generation.backend == "vllm"
+    # Weight-group members per engine: its vLLM workers (TP ranks), one for Megatron.
+    engine_workers = run.num_engines * (cfg.generation.engine.tensor_parallel_size if vllm else 1)
+    ipc = run.refit_transport == "ipc"
+    return RefitInputs(
+        transport="ipc" if ipc else "broadcast",
+        bucket_bytes=max(1, int(cfg.generation.refit_bucket_mb * MIB)),
+        exporters=min(run.dims.world_size, engine_workers) if ipc else 1,
+        engine_asleep=vllm and cfg.rollout.max_staleness == 0,  # rollouts.SyncRollouts.take
+    )
+
+
 def memory_inputs(run: RunPlan, gpu_mem_gib: float) -> MemoryInputs:
     """The memory model's inputs from a run plan with a known architecture."""
     cfg, dims = run.config, run.dims
@@ -631,6 +758,8 @@ def memory_inputs(run: RunPlan, gpu_mem_gib: float) -> MemoryInputs:
         on_gpu=cfg.cluster.device != "cpu",
         colocated=cfg.cluster.colocated,
         packed_tokens=p.max_tokens_per_microbatch,
+        kl_reference=cfg.dapo.loss.kl_coef > 0,
+        refit=_refit_inputs(run),
         engine=EngineInputs(
             tensor_parallel_size=engine.tensor_parallel_size,
             gpu_memory_utilization=engine.gpu_memory_utilization,

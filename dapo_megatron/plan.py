@@ -150,6 +150,12 @@ def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str
 
     ov = inp.overheads
     in_flight = "/".join(str(s.in_flight) for s in report.stages)
+    # Resident in every phase, shown only when the run has them.
+    extra: list[tuple[str, tuple[float, ...], str]] = []
+    if inp.kl_reference:
+        extra.append((f"KL reference ({inp.precision})", col("reference"), "dapo.loss.kl_coef > 0"))
+    if any(s.refit_buffer for s in report.stages):
+        extra.append(("refit buffer (ipc)", col("refit_buffer"), "kept between refits"))
     return [
         (f"weights ({inp.precision})", col("weights"), ""),
         (
@@ -159,6 +165,7 @@ def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str
         ),
         ("grads (fp32 buffer)", col("grads"), "not sharded over DP"),
         (f"optimizer ({inp.optimizer}, fp32)", col("optimizer"), f"distributed optimizer {dist}"),
+        *extra,
         (
             "activations",
             col("activations"),

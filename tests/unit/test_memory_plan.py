@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from dapo_megatron.cli import plan_main
+from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.memory_plan import (
@@ -17,10 +18,12 @@ from dapo_megatron.memory_plan import (
     Overheads,
     engine_memory,
     logits_bytes,
+    memory_inputs,
     plan_memory,
     rank_params,
     stage_memory,
 )
+from dapo_megatron.memory_refit import MIB, RefitInputs
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -243,3 +246,188 @@ def test_packed_budget_sets_the_micro_batch_tokens() -> None:
     assert packed.activations == rows.activations and packed.logprob_pass == rows.logprob_pass
     smaller = stage_memory(_tiny_inputs(packed_tokens=32), 0)
     assert smaller.activations < rows.activations
+
+
+# ---------------------------------------------------------------------------------------
+# KL reference and refit buffers
+
+
+def _peaks(inputs: MemoryInputs) -> dict[str, float]:
+    """Bytes of every phase's peak."""
+    return {ph.name: ph.peak * GIB for ph in plan_memory(inputs).phases}
+
+
+def _terms(inputs: MemoryInputs, phase: str) -> dict[str, float]:
+    """Bytes of every term of one phase."""
+    ph = next(p for p in plan_memory(inputs).phases if p.name == phase)
+    return {k: v * GIB for k, v in ph.terms}
+
+
+TINY_ENGINE = EngineInputs(
+    tensor_parallel_size=1, gpu_memory_utilization=0.5, max_num_seqs=4, enforce_eager=False
+)
+
+
+def test_kl_coef_zero_adds_nothing():
+    with_engine = _tiny_inputs(engine=TINY_ENGINE)
+    assert stage_memory(with_engine, 0).reference == 0
+    terms = {k for ph in plan_memory(with_engine).phases for k, _ in ph.terms}
+    assert "KL reference" not in terms
+    # And a config with kl_coef 0 asks for no reference (the base config's DAPO default).
+    run = load_config(REPO / "recipes" / "dapo-qwen2.5-7b-4n8g-tp4pp1cp1.yaml", []).require_plan()
+    assert run.config.dapo.loss.kl_coef == 0
+    assert not memory_inputs(run, 80.0).kl_reference
+
+
+def test_kl_reference_adds_the_rank_weight_shard_to_every_phase():
+    # tiny-qwen2 at TP2 PP1: 45504 parameters per rank (test_hand_derived_bytes_of_a_small_
+    # layout), bf16: 91008 bytes, resident like the weights in every phase, engine or not.
+    base = _tiny_inputs(engine=TINY_ENGINE)
+    ref = dataclasses.replace(base, kl_reference=True)
+    assert stage_memory(ref, 0).reference * GIB == 45504 * 2
+    before, after = _peaks(base), _peaks(ref)
+    assert set(before) == {"train", "logprob", "generation"}
+    for name in before:
+        assert after[name] - before[name] == pytest.approx(45504 * 2), name
+    # Not sharded over DP (the optimizer states are): DP 4 keeps the same copy.
+    dp4 = dataclasses.replace(ref, dims=dataclasses.replace(ref.dims, dp=4))
+    assert stage_memory(dp4, 0).reference == stage_memory(ref, 0).reference
+    # fp32 keeps it in fp32.
+    fp32 = stage_memory(dataclasses.replace(ref, precision="fp32"), 0)
+    assert fp32.reference * GIB == 45504 * 4
+
+
+def test_kl_reference_follows_each_pipeline_stage_shard():
+    # TP2 PP2: stage 0 holds 1 layer (18624) + the embedding shard (8192); stage 1 the other
+    # layer, the final norm (64) and the tied embedding's copy (8192).
+    inputs = _tiny_inputs(
+        dims=ParallelDims(tp=2, pp=2, cp=1, dp=2, sequence_parallel=True), kl_reference=True
+    )
+    first, last = (stage_memory(inputs, k) for k in (0, 1))
+    assert first.reference * GIB == (18624 + 8192) * 2
+    assert last.reference * GIB == (18624 + 64 + 8192) * 2
+
+
+def _split_refit(transport: str, bucket_bytes: int, **change) -> MemoryInputs:
+    refit = RefitInputs(
+        transport=transport,  # type: ignore[arg-type]
+        bucket_bytes=bucket_bytes,
+        exporters=1 if transport == "broadcast" else 4,
+        engine_asleep=True,
+    )
+    return _tiny_inputs(colocated=False, engine=TINY_ENGINE, refit=refit, **change)
+
+
+def test_broadcast_refit_buffers_are_two_buckets_each_side():
+    # Largest tiny-qwen2 HF tensor: gate/up/down 128 x 64 = 8192 elements, 16 KiB in bf16,
+    # below the 1 MiB bucket: every buffer is one bucket.
+    inputs = _split_refit("broadcast", MIB)
+    policy = _terms(inputs, "refit")
+    # Rank 0: its staging buffer + the exported tensors of the bucket being packed.
+    assert policy["refit staging"] == MIB and policy["refit export"] == MIB
+    engine = _terms(inputs, "engine refit")
+    # The bucket being loaded + the next one already posted.
+    assert engine["refit receive"] == 2 * MIB
+    e = engine_memory(inputs)
+    assert e is not None
+    assert engine == pytest.approx({"engine weights": e.weights * GIB, "refit receive": 2 * MIB})
+    # Nothing of the refit outside the refit phases (broadcast keeps no buffer).
+    assert _peaks(inputs)["train"] == _peaks(dataclasses.replace(inputs, refit=None))["train"]
+
+
+def test_broadcast_refit_sender_is_rank_zero_only():
+    dims = ParallelDims(tp=2, pp=2, cp=1, dp=2, sequence_parallel=True)
+    inputs = _split_refit("broadcast", MIB, dims=dims)
+    first, last = (stage_memory(inputs, k) for k in (0, 1))
+    assert (first.refit_staging * GIB, first.refit_export * GIB) == (MIB, MIB)
+    # Stage 1 only takes part in the gathers: one full tensor at a time (16 KiB).
+    assert (last.refit_staging, last.refit_export * GIB) == (0, 128 * 64 * 2)
+
+
+def test_tensor_larger_than_the_bucket_sizes_every_buffer():
+    # A 4 KiB bucket: the 16 KiB gate/up/down tensors travel alone, so each buffer is 16 KiB.
+    inputs = _split_refit("broadcast", 4096)
+    assert _terms(inputs, "refit")["refit staging"] == 128 * 64 * 2
+    assert _terms(inputs, "engine refit")["refit receive"] == 2 * 128 * 64 * 2
+
+
+def test_ipc_refit_buffer_is_resident_and_counted_once_per_side():
+    refit = RefitInputs(transport="ipc", bucket_bytes=MIB, exporters=4, engine_asleep=True)
+    inputs = _tiny_inputs(engine=TINY_ENGINE, refit=refit)  # colocated, 4 policy ranks
+    without = _peaks(dataclasses.replace(inputs, refit=None))
+    peaks = _peaks(inputs)
+    # The shared buffer stays allocated between refits: one bucket more in every phase.
+    for name in ("train", "logprob", "generation"):
+        assert peaks[name] - without[name] == pytest.approx(MIB), name
+    refit_terms = _terms(inputs, "refit")
+    s = stage_memory(inputs, 0)
+    e = engine_memory(inputs)
+    assert e is not None
+    resident = (s.weights + s.master + s.grads + s.optimizer) * GIB
+    assert refit_terms == pytest.approx(
+        {
+            "weights": s.weights * GIB,
+            "master weights": s.master * GIB,
+            "grads": s.grads * GIB,
+            "optimizer": s.optimizer * GIB,
+            "refit buffer": MIB,
+            "refit export": MIB,  # the bucket's exported tensors, packed into the buffer
+            "engine weights": e.weights * GIB,  # woken for the refit, KV cache still asleep
+            "refit receive": MIB,  # the engine's own copy of the bucket
+        }
+    )
+    assert peaks["refit"] == pytest.approx(resident + 3 * MIB + e.weights * GIB)
+
+
+def test_ipc_buffers_only_on_ranks_paired_with_an_engine_worker():
+    # 8 policy ranks (TP2 PP2 DP2), 2 engine workers: ranks 0 and 1, both on stage 0.
+    dims = ParallelDims(tp=2, pp=2, cp=1, dp=2, sequence_parallel=True)
+    refit = RefitInputs(transport="ipc", bucket_bytes=MIB, exporters=2, engine_asleep=True)
+    inputs = _tiny_inputs(dims=dims, colocated=False, engine=TINY_ENGINE, refit=refit)
+    assert stage_memory(inputs, 0).refit_buffer * GIB == MIB
+    assert stage_memory(inputs, 1).refit_buffer == 0
+
+
+def test_kl_reference_tips_a_fitting_plan_over():
+    base = _tiny_inputs()
+    train = _peaks(base)["train"]
+    # Room for half of the 91008-byte reference: fits without it, not with it.
+    fitting = dataclasses.replace(base, gpu_mem_gib=(train + 45504) / GIB)
+    assert plan_memory(fitting).fits
+    report = plan_memory(dataclasses.replace(fitting, kl_reference=True))
+    assert not report.fits
+    assert report.reason.startswith("train phase needs")
+    assert "KL reference 0.0" in report.reason  # named among the phase's terms
+
+
+def test_engine_still_generating_needs_room_for_the_receive_buffers():
+    # rollout.max_staleness >= 1: the engine receives with its KV cache allocated, so its
+    # whole budget plus the two receive buckets must fit on its GPU.
+    refit = RefitInputs(transport="broadcast", bucket_bytes=MIB, exporters=1, engine_asleep=False)
+    util = TINY_ENGINE.gpu_memory_utilization
+    mem_fits = (2 * MIB / GIB) / (1 - util)  # budget + 2 MiB == the GPU exactly
+    inputs = _tiny_inputs(colocated=False, engine=TINY_ENGINE, refit=refit, gpu_mem_gib=mem_fits)
+    assert _terms(inputs, "engine refit") == pytest.approx(
+        {"engine budget": util * mem_fits * GIB, "refit receive": 2 * MIB}
+    )
+    assert plan_memory(inputs).fits
+    tight = plan_memory(dataclasses.replace(inputs, gpu_mem_gib=mem_fits * 0.99))
+    assert not tight.fits
+    assert tight.reason.startswith("engine refit phase needs")
+    assert "refit receive" in tight.reason
+
+
+def test_memory_inputs_resolve_the_reference_and_the_refit():
+    recipes = REPO / "recipes"
+    seven_b = recipes / "dapo-qwen2.5-7b-4n8g-tp4pp1cp1.yaml"
+    run = load_config(seven_b, ["dapo.loss.kl_coef=0.1"]).require_plan()
+    inputs = memory_inputs(run, 80.0)
+    assert inputs.kl_reference
+    # Colocated on GPU: ipc, every one of the 32 policy ranks pairs with an engine worker.
+    assert inputs.refit == RefitInputs("ipc", 512 * MIB, 32, True)
+    split = load_config(recipes / "dapo-tiny-cpu-vllm.yaml", []).require_plan()
+    assert memory_inputs(split, 80.0).refit == RefitInputs("broadcast", int(0.05 * MIB), 1, True)
+    fallback = load_config(seven_b, ["generation.refit_transport=object_store"]).require_plan()
+    assert memory_inputs(fallback, 80.0).refit is None
+    megatron = load_config(recipes / "dapo-tiny-cpu.yaml", []).require_plan()
+    assert memory_inputs(megatron, 80.0).refit is None

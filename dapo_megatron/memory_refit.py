@@ -1,0 +1,121 @@
+"""Refit terms of the memory plan: the bucket buffers of one weight refit, per GPU.
+
+Pure arithmetic (no torch), used by ``memory_plan``. What the code allocates (weight_sync/):
+
+The bucket plan (``buckets.plan_buckets``) packs the FULL HF tensors (TP shards gathered)
+in the engine's dtype, the training precision, into buckets of
+``generation.refit_bucket_mb``; a larger tensor travels alone in a bucket of its own size.
+Every bucket buffer is sized to the plan's largest bucket, so one buffer holds
+B = max(bucket bytes, largest HF tensor bytes), both rounded up to ``ALIGN_BYTES``.
+
+Sending side (policy ranks, on their GPU):
+  broadcast  rank 0 (pipeline stage 0) allocates ONE staging buffer for the refit
+             (``stream.send_buckets``) and collects the exported tensors of a bucket
+             before packing them: 2 B during the refit. The other ranks only take part in
+             the export's gathers and drop each full tensor: one HF tensor at a time.
+  ipc        ranks below min(policy ranks, engine workers) allocate a shareable buffer
+             (``PolicyWorker.share_buffer``) when the weight group forms and keep it until
+             shutdown: B in EVERY phase, train included. During the refit every rank
+             also collects a bucket's exported tensors (``handles.send_shared``): B more.
+Receiving side (each engine worker: every TP rank receives the full buckets):
+  broadcast  the bucket being loaded plus the next one already posted
+             (``stream.receive_buckets``): 2 B.
+  ipc        its own copy of the bucket out of the mapped buffer (``handles.
+             receive_shared``): B; the mapped buffer is the exporter's memory.
+vLLM's layerwise reload may keep a bucket's views until their layer is complete; that is
+bounded by vLLM, not by this code, and is not counted. object_store moves the model
+through host memory (no bucket) and colocated Megatron generation shares the policy's
+weights (no refit): both have no refit terms.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from dapo_megatron.config.model_arch import ModelArch
+from dapo_megatron.config.parallel import ParallelDims
+
+MIB = 2**20
+ALIGN_BYTES = 64
+"""weight_sync/buckets.py's ALIGN_BYTES (that module imports torch): slots and buckets end
+on multiples of it."""
+
+
+@dataclass(frozen=True)
+class RefitInputs:
+    """What the refit terms need from generation.* and the run plan."""
+
+    transport: Literal["broadcast", "ipc"]
+    """generation.refit_transport, auto resolved (object_store has no buckets)."""
+    bucket_bytes: int
+    """generation.refit_bucket_mb in bytes, as the controller computes it."""
+    exporters: int
+    """Policy ranks 0..exporters-1 own a bucket buffer: 1 for broadcast, min(policy ranks,
+    engine workers) for ipc."""
+    engine_asleep: bool
+    """The engine's KV cache is released while it receives: the synchronous loop sleeps
+    it (level 2) after generating and wakes only its weights for the refit. False when it
+    keeps generating (rollout.max_staleness >= 1) or is a Megatron engine. A CPU plan models
+    the same schedule (vLLM has no sleep mode there, but its numbers are informative only,
+    as for the colocated "sleeping engine" term)."""
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN_BYTES) * ALIGN_BYTES
+
+
+def largest_hf_tensor(arch: ModelArch) -> int:
+    """Elements of the largest exported HF tensor: embedding / lm_head (vocab x h, padding
+    removed), gate / up / down (ffn x h) or q / o (heads x head_dim x h)."""
+    h = arch.hidden_size
+    return h * max(arch.vocab_size, arch.ffn_hidden_size, arch.num_attention_heads * arch.head_dim)
+
+
+def bucket_buffer_bytes(refit: RefitInputs, arch: ModelArch, precision_bytes: int) -> int:
+    """B: the size of every bucket buffer (the plan's largest bucket, an upper bound)."""
+    return max(_align(refit.bucket_bytes), _align(largest_hf_tensor(arch) * precision_bytes))
+
+
+def has_exporter(refit: RefitInputs, dims: ParallelDims, stage: int) -> bool:
+    """Whether a rank of pipeline ``stage`` owns a bucket buffer: Megatron orders ranks
+    tp-cp-dp-pp, so stage k holds ranks [k w/pp, (k + 1) w/pp)."""
+    return stage * (dims.world_size // dims.pp) < refit.exporters
+
+
+@dataclass(frozen=True)
+class RefitStage:
+    """Refit bytes of the worst policy rank of one pipeline stage."""
+
+    buffer: int
+    """ipc: the shared bucket buffer kept between refits (every phase)."""
+    staging: int
+    """broadcast: the exporter's staging buffer (refit phase)."""
+    export: int
+    """Exported tensors held at once (refit phase): a bucket's on a packing rank, else one."""
+
+
+def refit_stage(
+    refit: RefitInputs | None,
+    arch: ModelArch,
+    dims: ParallelDims,
+    precision_bytes: int,
+    stage: int,
+) -> RefitStage:
+    """The sending side's bytes on pipeline ``stage`` (module docstring); zero without refit."""
+    if refit is None:
+        return RefitStage(0, 0, 0)
+    b = bucket_buffer_bytes(refit, arch, precision_bytes)
+    exporter = has_exporter(refit, dims, stage)
+    if refit.transport == "ipc":
+        # Every rank collects each bucket's tensors, with or without a buffer to pack into.
+        return RefitStage(buffer=b if exporter else 0, staging=0, export=b)
+    one_tensor = largest_hf_tensor(arch) * precision_bytes
+    return RefitStage(buffer=0, staging=b if exporter else 0, export=b if exporter else one_tensor)
+
+
+def refit_receive_bytes(refit: RefitInputs, arch: ModelArch, precision_bytes: int) -> int:
+    """Receive buffers alive at once on one engine GPU during a refit (module docstring)."""
+    return (2 if refit.transport == "broadcast" else 1) * bucket_buffer_bytes(
+        refit, arch, precision_bytes
+    )
