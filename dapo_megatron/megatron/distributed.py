@@ -20,6 +20,7 @@ from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.megatron.cpu_compat import apply_cpu_compat
+from dapo_megatron.megatron.gloo_device import one_gloo_device
 
 
 def initialize_parallel(dims: ParallelDims, *, seed: int, backend: str | None = None) -> None:
@@ -46,18 +47,21 @@ def initialize_parallel(dims: ParallelDims, *, seed: int, backend: str | None = 
             f"{dims.world_size} processes, but WORLD_SIZE={world_size}; launch "
             f"{dims.world_size} ranks or change the layout"
         )
-    if not dist.is_initialized():
-        _init_process_group(rank, world_size, backend)
-    elif dist.get_world_size() != world_size:
+    if dist.is_initialized() and dist.get_world_size() != world_size:
         raise ValueError(
             f"torch.distributed is already initialised with world size "
             f"{dist.get_world_size()}, but WORLD_SIZE={world_size}"
         )
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=dims.tp,
-        pipeline_model_parallel_size=dims.pp,
-        context_parallel_size=dims.cp,
-    )
+    # Megatron's ~20 groups (all gloo on CPU, its gloo DP copies on GPU) share one gloo
+    # device: one polling thread per rank instead of one per group (gloo_device.py).
+    with one_gloo_device():
+        if not dist.is_initialized():
+            _init_process_group(rank, world_size, backend)
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=dims.tp,
+            pipeline_model_parallel_size=dims.pp,
+            context_parallel_size=dims.cp,
+        )
     stage_seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
     random.seed(stage_seed)
     np.random.seed(stage_seed)
