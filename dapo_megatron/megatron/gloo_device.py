@@ -10,9 +10,12 @@ project's CPU path, where the overlapped loop keeps both cores busy), every wake
 preempts a rank's main thread: measured on the 2-core machine, ~12,000 context switches
 in ~2 s per worker process, and ~35% of each worker's runnable time spent waiting for a core.
 
-Inside ``one_gloo_device()`` every gloo group is built with options naming one shared
-device, created like torch's default (``create_default_device``: hostname or
-``GLOO_SOCKET_IFNAME``). A gloo device is designed to serve many contexts: each group still
+Inside ``one_gloo_device()`` every gloo group is built with options naming shared
+devices, chosen exactly as torch's own constructor chooses them
+(torch/csrc/distributed/c10d/init.cpp, ``ProcessGroupGloo(store, rank, size, timeout)``):
+one per interface listed in ``GLOO_SOCKET_IFNAME`` (comma-separated; multi-node runs set
+it to pick the NIC), else the default device (the hostname's address, or loopback), and
+two worker threads per device. A gloo device is designed to serve many contexts: each group still
 has its own context, store prefix, pairs and worker threads, so collectives and their
 ordering are unchanged; only the listening socket and the polling thread are shared.
 The groups are instances of a subclass of ``ProcessGroupGloo``, so torch's ``isinstance``
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import os
 from collections.abc import Iterator
 
 from torch.distributed import distributed_c10d
@@ -34,7 +38,11 @@ _DEFAULT_TIMEOUT = datetime.timedelta(seconds=1800)  # ProcessGroupGloo's own de
 def one_gloo_device() -> Iterator[None]:
     """Gloo groups created inside share one transport device (module docstring)."""
     base = distributed_c10d.ProcessGroupGloo
-    device = base.create_default_device()
+    interfaces = os.environ.get("GLOO_SOCKET_IFNAME", "")
+    if len(interfaces) > 1:  # torch's test: a set, non-trivial value
+        devices = [base.create_device(interface=name) for name in interfaces.split(",")]
+    else:
+        devices = [base.create_default_device()]
 
     class SharedDeviceGloo(base):  # type: ignore[misc, valid-type]
         """A ProcessGroupGloo on the shared device (same signature as torch's call)."""
@@ -47,8 +55,9 @@ def one_gloo_device() -> Iterator[None]:
             timeout: datetime.timedelta = _DEFAULT_TIMEOUT,
         ) -> None:
             options = base._Options()  # type: ignore[attr-defined]
-            options._devices = [device]
+            options._devices = devices
             options._timeout = timeout
+            options._threads = 2 * len(devices)
             super().__init__(store, rank, size, options)
 
     distributed_c10d.ProcessGroupGloo = SharedDeviceGloo  # type: ignore[misc]

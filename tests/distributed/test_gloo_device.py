@@ -62,8 +62,16 @@ def _collectives(tp: int, dp: int) -> dict:
     return {"sums": sums, "loops": loops, "loops_after": loops_after, "is_gloo": is_gloo}
 
 
-@pytest.mark.parametrize(("tp", "dp"), [(2, 2), (1, 2)])
-def test_every_megatron_group_works_on_one_polling_thread(tp: int, dp: int) -> None:
+@pytest.mark.parametrize(("tp", "dp", "ifname"), [(2, 2, None), (1, 2, "lo")])
+def test_every_megatron_group_works_on_one_polling_thread(
+    tp: int, dp: int, ifname: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``ifname``: GLOO_SOCKET_IFNAME, as multi-node runs set it (the device per interface
+    path of torch's constructor; the loopback interface exists everywhere)."""
+    if ifname is None:
+        monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
+    else:
+        monkeypatch.setenv("GLOO_SOCKET_IFNAME", ifname)
     results = run_distributed(_collectives, tp * dp, tp, dp)
     for rank, got in enumerate(results):
         tp_rank, dp_rank = rank % tp, rank // tp  # Megatron's order: TP fastest
