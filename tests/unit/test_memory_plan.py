@@ -431,3 +431,41 @@ def test_memory_inputs_resolve_the_reference_and_the_refit():
     assert memory_inputs(fallback, 80.0).refit is None
     megatron = load_config(recipes / "dapo-tiny-cpu.yaml", []).require_plan()
     assert memory_inputs(megatron, 80.0).refit is None
+
+
+@pytest.mark.parametrize("bucket_mib", [0.01, 0.05, 0.2, 64])
+def test_bucket_buffer_bounds_the_real_bucket_plan(bucket_mib):
+    """The planner's buffer size B (pure arithmetic) against weight_sync's own bucket plan
+    over the tiny architecture's full HF tensor shapes: never below the plan's largest
+    bucket, and equal to it when one tensor outgrows the bucket size (0.01 MiB here)."""
+    import torch
+
+    from dapo_megatron.memory_refit import ALIGN_BYTES, bucket_buffer_bytes
+    from dapo_megatron.weight_sync import buckets
+
+    assert ALIGN_BYTES == buckets.ALIGN_BYTES
+    arch = PRESETS["tiny-qwen2"]
+    h, kv = arch.hidden_size, arch.num_query_groups * arch.head_dim
+    layer = [
+        ("q_proj.weight", (arch.num_attention_heads * arch.head_dim, h)),
+        ("k_proj.weight", (kv, h)),
+        ("v_proj.weight", (kv, h)),
+        ("o_proj.weight", (h, arch.num_attention_heads * arch.head_dim)),
+        ("gate_proj.weight", (arch.ffn_hidden_size, h)),
+        ("up_proj.weight", (arch.ffn_hidden_size, h)),
+        ("down_proj.weight", (h, arch.ffn_hidden_size)),
+        ("input_layernorm.weight", (h,)),
+    ]
+    shapes = [("embed_tokens.weight", (arch.vocab_size, h))]
+    shapes += [(f"layers.{i}.{n}", s) for i in range(arch.num_layers) for n, s in layer]
+    shapes += [("norm.weight", (h,)), ("lm_head.weight", (arch.vocab_size, h))]
+    bucket_bytes = int(bucket_mib * MIB)
+    plan = buckets.plan_buckets(shapes, torch.bfloat16, bucket_bytes)
+    refit = RefitInputs("broadcast", bucket_bytes, exporters=1, engine_asleep=True)
+    planned = bucket_buffer_bytes(refit, arch, 2)
+    assert planned >= plan.max_bucket_bytes
+    largest = max(n * 2 for n in (arch.vocab_size * h, arch.ffn_hidden_size * h))
+    if largest > bucket_bytes:
+        assert planned == plan.max_bucket_bytes
+    else:  # the greedy plan fills a bucket to within one tensor of its size, if it can
+        assert plan.max_bucket_bytes > min(bucket_bytes, sum(b.nbytes for b in plan.buckets)) - largest
