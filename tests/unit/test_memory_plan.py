@@ -468,4 +468,6 @@ def test_bucket_buffer_bounds_the_real_bucket_plan(bucket_mib):
     if largest > bucket_bytes:
         assert planned == plan.max_bucket_bytes
     else:  # the greedy plan fills a bucket to within one tensor of its size, if it can
-        assert plan.max_bucket_bytes > min(bucket_bytes, sum(b.nbytes for b in plan.buckets)) - largest
+        assert (
+            plan.max_bucket_bytes > min(bucket_bytes, sum(b.nbytes for b in plan.buckets)) - largest
+        )
