@@ -101,8 +101,9 @@ class Overheads:
     """vLLM process: CUDA context, NCCL and CUDA-graph pools (0.5 less with enforce_eager);
     taken from its gpu_memory_utilization budget."""
     sleeping_engine_gib: float = 1.0
-    """Colocated training phase: what a level-1 sleeping engine keeps (its CUDA context and
-    graph pools; weights are offloaded and the KV cache freed)."""
+    """Colocated training phase: what a sleeping engine keeps (its CUDA context and graph
+    pools): ``VllmGenerationBackend.sleep`` is vLLM's level 2, weights and KV cache
+    discarded."""
     engine_profile_tokens: int = 16384
     """Tokens of vLLM's profiling forward (max_num_batched_tokens); its activation peak is
     reserved out of the KV cache budget."""

@@ -180,7 +180,7 @@ def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str
         ),
         ("policy process", flat(ov.policy_process_gib), "CUDA context + NCCL"),
         ("train workspace", flat(ov.train_workspace_gib), "allocator, workspaces, buffers"),
-        ("sleeping engine", flat(sleeping_engine_gib(inp)), "colocated vLLM asleep (level 1)"),
+        ("sleeping engine", flat(sleeping_engine_gib(inp)), "colocated vLLM asleep (level 2)"),
         (
             "= train peak",
             train.per_stage,
