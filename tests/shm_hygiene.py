@@ -25,10 +25,10 @@ def ours(directory: Path = SHM) -> set[str]:
     return {p.name for p in directory.iterdir() if p.name.startswith(PREFIXES)}
 
 
-def paths_in_use(proc: Path = Path("/proc")) -> set[str]:
+def paths_in_use() -> set[str]:
     """Every file path some live process maps or holds open (the ones we can read)."""
     used: set[str] = set()
-    for pid_dir in proc.iterdir():
+    for pid_dir in Path("/proc").iterdir():
         if not pid_dir.name.isdigit():
             continue
         with contextlib.suppress(OSError):

@@ -3,10 +3,10 @@ policy trains.
 
 A background thread keeps generation requests in flight on the split-mode engines (spread
 over them; at most one per weight version), scores each request as it completes and
-queues its groups, tagged with the policy version of the weights that generated them. The training loop takes a batch per
-step (``take``): groups are fed to dynamic sampling as they arrive, and a group more than K
-versions behind the step is dropped (counted) or its prompt generated again
-(``rollout.stale_groups``). The dynamic sampler's carry cache applies the same bound to
+queues its groups, tagged with the policy version of the weights that generated them. The
+training loop takes a batch per step (``take``): groups are fed to dynamic sampling as
+they arrive, and a group more than K versions behind the step is dropped (counted) or its
+prompt generated again (``rollout.stale_groups``). The dynamic sampler's carry cache applies the same bound to
 carried groups: one mechanism.
 
 How much is generated ahead: data generated at engine version w can train steps w .. w+K,
