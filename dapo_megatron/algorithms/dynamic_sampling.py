@@ -268,13 +268,20 @@ class DynamicSampler(Generic[G]):
 
     @property
     def keep_rate_ema(self) -> float | None:
-        """Running average of the steps' keep rates (None before the first finished step)."""
+        """Running average of the steps' keep rates (None before the first step that
+        generated anything; a step filled from the carry cache alone leaves it as it was)."""
         return self._keep_rate_ema
 
     @property
     def num_carried_groups(self) -> int:
         """Groups currently waiting in the carry cache."""
         return len(self._carry)
+
+    @property
+    def carried_versions(self) -> list[int]:
+        """The policy version of each group in the carry cache (its age decides which
+        steps it can still fill)."""
+        return [entry.version for entry in self._carry]
 
     @property
     def num_kept_groups(self) -> int:
@@ -546,8 +553,14 @@ class DynamicSampler(Generic[G]):
         self._totals["num_steps"] += 1
         for key in _TOTAL_KEYS[1:]:
             self._totals[key] += getattr(stats, key)
-        ema = self._keep_rate_ema
-        self._keep_rate_ema = stats.keep_rate if ema is None else 0.5 * ema + 0.5 * stats.keep_rate
+        # A step filled from the carry cache alone observed no keep rate (its 1.0 is a
+        # convention): averaging it in would inflate the estimate, so that the next rounds
+        # (and overlapped requests) are sized too small and come up short.
+        if generated:
+            ema = self._keep_rate_ema
+            self._keep_rate_ema = (
+                stats.keep_rate if ema is None else 0.5 * ema + 0.5 * stats.keep_rate
+            )
         self._in_step = False
         self._kept = []
         return [entry.group for entry in batch], stats

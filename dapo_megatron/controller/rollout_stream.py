@@ -184,21 +184,26 @@ class RolloutStream:
         return max(keep, _MIN_KEEP)
 
     def _expected_groups(self, keep: float) -> float:
-        """Groups the budget counts: kept (or carried) groups not yet trained on, and those
-        expected at keep rate ``keep`` from prompts drawn but not yet given to dynamic
+        """Groups the budget counts: groups kept for the next step, carried groups, and
+        those expected at keep rate ``keep`` from prompts drawn but not yet given to dynamic
         sampling (in flight, being scored, queued, in the training thread's hand).
 
         Data of version v trains steps up to v + K only, so each version counts up to the
         slots left in the steps it can still fill: a surplus beyond the last of them (or
         data already too old for the next step) will be dropped, and budgeting it as if
-        it could wait would leave a later step short."""
+        it could wait would leave a later step short. Carried groups age the same way: at
+        K = 1 the surplus of one step is too old for the step after the next, and counting
+        it there left that step to wait for a whole request with the next weights."""
         dynamic = self.ctx.dynamic
         pending: list[_Request | _Completed] = [*self._in_flight, *self._completed]
         pending += [r for r in (self._scoring, self._in_hand) if r is not None]
         by_version: dict[int, float] = {}
         for r in pending:
             by_version[r.version] = by_version.get(r.version, 0.0) + len(r.prompt_indices) * keep
-        filled = float(dynamic.num_carried_groups + dynamic.num_kept_groups)
+        for version in dynamic.carried_versions:
+            by_version[version] = by_version.get(version, 0.0) + 1.0
+        # Kept groups are the next step's already (carried in, or new and fresh enough).
+        filled = float(dynamic.num_kept_groups)
         for version in sorted(by_version):
             slots = (
                 version + self.max_staleness + 1 - self._next_step

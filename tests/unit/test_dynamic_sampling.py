@@ -758,6 +758,29 @@ def test_auto_multiplier_follows_the_keep_rate_average_and_survives_state_dict()
     assert _one_step(resumed, [True] * 16) == pytest.approx(1.6)
 
 
+def test_a_step_filled_from_the_carry_alone_leaves_the_keep_rate_average() -> None:
+    # 4 groups a step. Step 1: one round of 12 prompts, 9 vary (keep rate 0.75): 4 trained,
+    # 5 carried. Step 2 is filled from the carry alone: it observed no keep rate (its
+    # stats say 1.0 by convention), so the average stays 0.75 and the multiplier with it.
+    # Averaged in, it would be 0.875: the next rounds sized for a keep rate never seen.
+    s = sampler(batch_multiplier=3.0, auto_max_multiplier=4.0, surplus="carry")
+    s.start_step()
+    names = [f"g{i}" for i in range(s.prompts_for_next_round())]
+    assert len(names) == 12
+    s.add_round(*make_round(names, [True] * 9 + [False] * 3))
+    s.finish_step()
+    assert s.keep_rate_ema == pytest.approx(0.75)
+    s.start_step()
+    assert s.is_complete()
+    _, stats = s.finish_step()
+    assert (stats.num_prompts_generated, stats.keep_rate) == (0, 1.0)
+    assert s.keep_rate_ema == pytest.approx(0.75)
+    assert s.carried_versions == [0]  # the 5th group, generated at step 1's version 0
+    s.start_step()
+    assert s.batch_multiplier == pytest.approx(1.2 / 0.75)
+    assert s.carried_versions == []  # two versions old at step 3: dropped
+
+
 def test_fixed_multiplier_never_changes_and_old_states_load() -> None:
     s = sampler(batch_multiplier=1.5)
     for _ in range(3):

@@ -12,6 +12,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import torch
 from fake_context import fake_context
 
 from dapo_megatron.config.loader import load_config
@@ -243,6 +244,36 @@ def test_budget_counts_each_version_only_for_the_steps_it_can_still_train():
         assert stream._deficit(1.0) == 1  # budget at version 5, K = 1: step 6 alone
 
 
+def test_budget_counts_carried_groups_only_for_the_steps_they_can_still_train():
+    # K = 1, 4 groups a step, keep rate 1. Step 5 (version 5) kept 8 groups of version 4:
+    # 4 trained, 4 carried. Engines at version 5, next step 6 (budget: step 6 = 4 groups).
+    # The carried groups are two versions behind step 6: they fill nothing there, so a
+    # request of version 5 with 2 prompts leaves a deficit of 2 groups. Counted as if they
+    # could fill step 6, the budget was met and step 6 waited for a request generated
+    # with the weights of version 6.
+    ctx = _ctx("dapo.dynamic_sampling.batch_multiplier=1.0")
+    stream = RolloutStream(ctx, ScriptedEngines(), version=5)
+    stream.close()
+    stream._thread.join(timeout=10)
+    dynamic = ctx.dynamic
+    dynamic.start_step(version=5)
+    scores = torch.tensor([[1.0, 0.0, 1.0, 0.0]] * 8)
+    dynamic.add_round([f"g{i}" for i in range(8)], scores, scores, version=4)
+    dynamic.finish_step()
+    assert dynamic.carried_versions == [4] * 4
+    with stream._cond:
+        stream._in_flight.clear()  # whatever the thread generated before it stopped
+        stream._completed.clear()
+        stream._scoring = stream._in_hand = None
+        stream._next_step = 5
+        # Step 5 may still train them (one version behind): they fill it.
+        assert stream._expected_groups(1.0) == 4
+        stream._next_step = 6
+        stream._in_flight.append(_Request([0, 1], 5, []))
+        assert stream._expected_groups(1.0) == 2
+        assert stream._deficit(1.0) == 2
+
+
 @pytest.mark.parametrize("policy", ["drop", "regenerate"])
 @pytest.mark.parametrize("k", [1, 2])
 def test_no_trained_group_exceeds_k_and_every_generated_group_is_accounted_for(k, policy):
@@ -345,10 +376,15 @@ def test_at_keep_rate_half_requests_track_the_need_without_a_stale_surplus(k):
     trained = sum(len(s["groups"]) for s in steps)
     assert trained == num_steps * 4
     assert sum(s["metrics"]["rollout/stale_groups_dropped"] for s in steps) == 0
-    # Two prompts per trained group at keep 0.5; at most a step's budget per step,
-    # _prompts_for(4, 0.5) = 8 + 2 * sqrt(8 * 0.25) / 0.5 = 13.66 prompts, counting the K
-    # steps generated ahead of the last one.
-    assert 2 * trained <= drawn <= (num_steps + k) * 13.66
+    # Two prompts per trained group at keep 0.5. At most: the first request, for the K + 1
+    # steps version 0 may train (_prompts_for(4 (K + 1), 0.5): 24 prompts at K = 1, 34 at
+    # K = 2), then one request per refit for the one step it opens, ceil(_prompts_for(4,
+    # 0.5)) = ceil(8 + 2 * sqrt(8 * 0.25) / 0.5) = 14 prompts. The headroom's surplus
+    # (3 groups a step here, where the keep rate never varies) is not counted as filling
+    # a step it is too old for.
+    first = math.ceil(_prompts_for(4 * (k + 1), 0.5))
+    assert first == [24, 34][k - 1]
+    assert 2 * trained <= drawn <= first + num_steps * 14
     assert all(0 <= step - g.version <= k for step, s in enumerate(steps) for g in s["groups"])
 
 
