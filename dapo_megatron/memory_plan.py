@@ -218,7 +218,7 @@ class StageMemory:
     refit_staging: float
     """Refit phase, broadcast: the exporter's staging buffer."""
     refit_export: float
-    """Refit phase: exported tensors held at once (memory_refit.refit_stage)."""
+    """Refit phase: the export's tensors held at once (memory_refit.refit_stage)."""
     in_flight: int
     """Micro-batches whose activations the stage holds at once (1F1B)."""
     activations: float

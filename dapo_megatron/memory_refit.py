@@ -12,11 +12,21 @@ Sending side (policy ranks, on their GPU):
   broadcast  rank 0 (pipeline stage 0) allocates ONE staging buffer for the refit
              (``stream.send_buckets``) and collects the exported tensors of a bucket
              before packing them: 2 B during the refit. The other ranks only take part in
-             the export's gathers and drop each full tensor: one HF tensor at a time.
+             the export's gathers and drop each full tensor.
   ipc        ranks below min(policy ranks, engine workers) allocate a shareable buffer
              (``PolicyWorker.share_buffer``) when the weight group forms and keep it until
              shutdown: B in EVERY phase, train included. During the refit every rank
              also collects a bucket's exported tensors (``handles.send_shared``): B more.
+  export     on every rank, the exporter (``megatron/hf_weights.export_hf_weights``)
+             gathers one Megatron parameter whole (TP shards concatenated) and splits a
+             fused one into its HF tensors: q/k/v out of linear_qkv and gate/up out of
+             linear_fc1 are copies when the split is strided (several query groups, TP >
+             1), and a row-parallel gather holds the shards and their concatenation. So
+             the export holds up to 2 F at once, F the largest gathered parameter (the
+             vocabulary rows, fc1's 2 ffn x h or qkv's (heads + 2 groups) head_dim x h).
+             A rank that collects a bucket holds B (the bucket's HF tensors, counting the
+             split copies) plus F (the gathered parameter they were cut from); the others
+             hold 2 F.
 Receiving side (each engine worker: every TP rank receives the full buckets):
   broadcast  the bucket being loaded plus the next one already posted
              (``stream.receive_buckets``): 2 B.
@@ -33,7 +43,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from dapo_megatron.config.model_arch import ModelArch
+from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
 
 MIB = 2**20
@@ -72,6 +82,15 @@ def largest_hf_tensor(arch: ModelArch) -> int:
     return h * max(arch.vocab_size, arch.ffn_hidden_size, arch.num_attention_heads * arch.head_dim)
 
 
+def largest_gathered_parameter(arch: ModelArch, tp: int) -> int:
+    """Elements of the largest Megatron parameter the export gathers whole (F): the
+    embedding or output layer (the vocabulary padded for ``tp``), fc1 (gate and up,
+    2 ffn x h) or qkv ((heads + 2 query groups) x head_dim x h)."""
+    h = arch.hidden_size
+    qkv = (arch.num_attention_heads + 2 * arch.num_query_groups) * arch.head_dim
+    return h * max(padded_vocab_size(arch.vocab_size, tp), 2 * arch.ffn_hidden_size, qkv)
+
+
 def bucket_buffer_bytes(refit: RefitInputs, arch: ModelArch, precision_bytes: int) -> int:
     """B: the size of every bucket buffer (the plan's largest bucket, an upper bound)."""
     return max(_align(refit.bucket_bytes), _align(largest_hf_tensor(arch) * precision_bytes))
@@ -92,7 +111,8 @@ class RefitStage:
     staging: int
     """broadcast: the exporter's staging buffer (refit phase)."""
     export: int
-    """Exported tensors held at once (refit phase): a bucket's on a packing rank, else one."""
+    """Export memory held at once (refit phase): a bucket's HF tensors plus the gathered
+    parameter being split on a rank that collects buckets, else twice that parameter."""
 
 
 def refit_stage(
@@ -107,11 +127,15 @@ def refit_stage(
         return RefitStage(0, 0, 0)
     b = bucket_buffer_bytes(refit, arch, precision_bytes)
     exporter = has_exporter(refit, dims, stage)
+    gathered = largest_gathered_parameter(arch, dims.tp) * precision_bytes
     if refit.transport == "ipc":
         # Every rank collects each bucket's tensors, with or without a buffer to pack into.
-        return RefitStage(buffer=b if exporter else 0, staging=0, export=b)
-    one_tensor = largest_hf_tensor(arch) * precision_bytes
-    return RefitStage(buffer=0, staging=b if exporter else 0, export=b if exporter else one_tensor)
+        return RefitStage(buffer=b if exporter else 0, staging=0, export=b + gathered)
+    return RefitStage(
+        buffer=0,
+        staging=b if exporter else 0,
+        export=b + gathered if exporter else 2 * gathered,
+    )
 
 
 def refit_receive_bytes(refit: RefitInputs, arch: ModelArch, precision_bytes: int) -> int:

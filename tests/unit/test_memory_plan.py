@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ from dapo_megatron.memory_plan import (
     rank_params,
     stage_memory,
 )
-from dapo_megatron.memory_refit import MIB, RefitInputs
+from dapo_megatron.memory_refit import MIB, RefitInputs, largest_gathered_parameter
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -323,8 +324,10 @@ def test_broadcast_refit_buffers_are_two_buckets_each_side():
     # below the 1 MiB bucket: every buffer is one bucket.
     inputs = _split_refit("broadcast", MIB)
     policy = _terms(inputs, "refit")
-    # Rank 0: its staging buffer + the exported tensors of the bucket being packed.
-    assert policy["refit staging"] == MIB and policy["refit export"] == MIB
+    # Rank 0: its staging buffer + the exported tensors of the bucket being packed + the
+    # gathered parameter they are cut from, the largest being 16384 elements (fc1: 2 x 128
+    # x 64; the embedding padded for TP2: 256 x 64), 32 KiB in bf16.
+    assert policy["refit staging"] == MIB and policy["refit export"] == MIB + 32768
     engine = _terms(inputs, "engine refit")
     # The bucket being loaded + the next one already posted.
     assert engine["refit receive"] == 2 * MIB
@@ -339,9 +342,10 @@ def test_broadcast_refit_sender_is_rank_zero_only():
     dims = ParallelDims(tp=2, pp=2, cp=1, dp=2, sequence_parallel=True)
     inputs = _split_refit("broadcast", MIB, dims=dims)
     first, last = (stage_memory(inputs, k) for k in (0, 1))
-    assert (first.refit_staging * GIB, first.refit_export * GIB) == (MIB, MIB)
-    # Stage 1 only takes part in the gathers: one full tensor at a time (16 KiB).
-    assert (last.refit_staging, last.refit_export * GIB) == (0, 128 * 64 * 2)
+    assert (first.refit_staging * GIB, first.refit_export * GIB) == (MIB, MIB + 32768)
+    # Stage 1 only takes part in the gathers: a gathered parameter and the copies split
+    # out of it, twice fc1's 16384 elements (gate and up are strided at TP2), in bf16.
+    assert (last.refit_staging, last.refit_export * GIB) == (0, 2 * 2 * 128 * 64 * 2)
 
 
 def test_tensor_larger_than_the_bucket_sizes_every_buffer():
@@ -371,12 +375,14 @@ def test_ipc_refit_buffer_is_resident_and_counted_once_per_side():
             "grads": s.grads * GIB,
             "optimizer": s.optimizer * GIB,
             "refit buffer": MIB,
-            "refit export": MIB,  # the bucket's exported tensors, packed into the buffer
+            # The bucket's exported tensors, packed into the buffer, and the gathered
+            # parameter being split (fc1, 2 x 128 x 64 in bf16).
+            "refit export": MIB + 32768,
             "engine weights": e.weights * GIB,  # woken for the refit, KV cache still asleep
             "refit receive": MIB,  # the engine's own copy of the bucket
         }
     )
-    assert peaks["refit"] == pytest.approx(resident + 3 * MIB + e.weights * GIB)
+    assert peaks["refit"] == pytest.approx(resident + 3 * MIB + 32768 + e.weights * GIB)
 
 
 def test_ipc_buffers_only_on_ranks_paired_with_an_engine_worker():
@@ -471,3 +477,19 @@ def test_bucket_buffer_bounds_the_real_bucket_plan(bucket_mib):
         assert (
             plan.max_bucket_bytes > min(bucket_bytes, sum(b.nbytes for b in plan.buckets)) - largest
         )
+
+
+@pytest.mark.parametrize("tp", [1, 2, 8])
+@pytest.mark.parametrize(
+    "name", ["tiny-qwen2", "tiny-qwen2-hd32", "qwen2.5-0.5b", "qwen2.5-7b", "llama-3.1-70b"]
+)
+def test_export_term_is_the_largest_parameter_the_exporter_gathers(name, tp):
+    # Cross-check F against the exporter's own table of what it gathers whole
+    # (hf_weights._entries: every Megatron parameter's shape with its TP shards joined).
+    # tiny-qwen2-hd32 at TP1: fc1 (2 x 128 x 64) outgrows the padded vocabulary (128 x 64).
+    from dapo_megatron.megatron.hf_weights import _entries
+
+    arch = PRESETS[name]
+    dims = ParallelDims(tp=tp, pp=1, cp=1, dp=1, sequence_parallel=tp > 1)
+    gathered = max(math.prod(e.full_shape) for e in _entries(arch, dims) if e.export)
+    assert largest_gathered_parameter(arch, tp) == gathered
