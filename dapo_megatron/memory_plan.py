@@ -675,16 +675,13 @@ def _core(inputs: MemoryInputs) -> tuple[tuple[StageMemory, ...], tuple[Phase, .
 
 def _alternatives(inputs: MemoryInputs) -> dict[str, float]:
     """Training-phase peak under each alternative of the memory knobs."""
-    out: dict[str, float] = {}
-    variants = {f"recompute {mode}": {"recompute": mode} for mode in RECOMPUTE_MODES}
-    variants["distributed optimizer on"] = {"distributed_optimizer": True}
-    variants["distributed optimizer off"] = {"distributed_optimizer": False}
-    variants["naive logits"] = {"fused_logits": False}
-    variants["fused logits"] = {"fused_logits": True}
-    for name, change in variants.items():
-        _, phases = _core(dataclasses.replace(inputs, **change))
-        out[name] = phases[0].peak
-    return out
+    replace = dataclasses.replace
+    variants = {f"recompute {mode}": replace(inputs, recompute=mode) for mode in RECOMPUTE_MODES}
+    variants["distributed optimizer on"] = replace(inputs, distributed_optimizer=True)
+    variants["distributed optimizer off"] = replace(inputs, distributed_optimizer=False)
+    variants["naive logits"] = replace(inputs, fused_logits=False)
+    variants["fused logits"] = replace(inputs, fused_logits=True)
+    return {name: _core(variant)[1][0].peak for name, variant in variants.items()}
 
 
 def plan_memory(inputs: MemoryInputs) -> MemoryReport:
