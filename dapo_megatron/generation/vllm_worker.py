@@ -176,7 +176,7 @@ class WeightRefitExtension:
         self.dapo_leave_weight_group()
         rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]
         address = GroupAddress(host, int(port), int(world_size), backend, float(timeout_s))  # type: ignore[arg-type]
-        self._dapo_weight_group = WeightGroup(address, rank)
+        self._dapo_weight_group: WeightGroup | None = WeightGroup(address, rank)
         return rank
 
     def dapo_attach_shared(self, handles: list[bytes]) -> None:

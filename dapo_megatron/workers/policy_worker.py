@@ -14,7 +14,7 @@ import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -22,6 +22,9 @@ from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.generation.base import Sample, SamplingParams
 from dapo_megatron.workers import ignore_expected_megatron_warnings
+
+if TYPE_CHECKING:
+    from dapo_megatron.megatron.policy import MegatronPolicy
 
 
 def free_port() -> int:
@@ -45,7 +48,7 @@ class PolicyWorker:
         # oversubscription (a 2-core box with 2 ranks x 2 threads runs ~2x slower).
         torch.set_num_threads(max(1, num_threads))
         ignore_expected_megatron_warnings()
-        self.policy = None
+        self.policy: MegatronPolicy | None = None
         self.engine = None
         self._weight_group: Any = None
         self._shared: Any = None
