@@ -23,7 +23,8 @@ Sending side (policy ranks, on their GPU):
              linear_fc1 are copies when the split is strided (several query groups, TP >
              1), and a row-parallel gather holds the shards and their concatenation. So
              the export holds up to 2 F at once, F the largest gathered parameter (the
-             vocabulary rows, fc1's 2 ffn x h or qkv's (heads + 2 groups) head_dim x h).
+             padded vocabulary rows, fc1's 2 ffn x h or qkv's (heads + 2 groups) x
+             head_dim x h).
              A rank that collects a bucket holds B (the bucket's HF tensors, counting the
              split copies) plus F (the gathered parameter they were cut from); the others
              hold 2 F.

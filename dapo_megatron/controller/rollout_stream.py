@@ -6,15 +6,15 @@ over them; at most one per weight version), scores each request as it completes 
 queues its groups, tagged with the policy version of the weights that generated them. The
 training loop takes a batch per step (``take``): groups are fed to dynamic sampling as
 they arrive, and a group more than K versions behind the step is dropped (counted) or its
-prompt generated again (``rollout.stale_groups``). The dynamic sampler's carry cache applies the same bound to
-carried groups: one mechanism.
+prompt generated again (``rollout.stale_groups``). The dynamic sampler's carry cache
+applies the same bound to carried groups: one mechanism.
 
 How much is generated ahead: data generated at engine version w can train steps w .. w+K,
-so the budget is ``(w + K + 1 - next_step)`` steps' groups, counting the kept groups not
-yet trained and the groups expected (at the running keep rate) from prompts drawn but not
-yet filtered. When that falls short, the next request asks for the shortfall over the keep
-rate plus two binomial standard deviations (``_prompts_for``), capped by
-``prompts_per_request``: a keep rate of 0.3 draws ~3.3x the prompts, and requests shrink
+so the budget is ``(w + K + 1 - next_step)`` steps' groups, counting the kept and carried
+groups not yet trained and the groups expected (at the running keep rate) from prompts
+drawn but not yet filtered, each only for the steps its version can still train. When
+that falls short, the next request asks for the shortfall over the keep rate plus two
+binomial standard deviations (``_prompts_for``), capped by ``prompts_per_request``: a keep rate of 0.3 draws ~3.3x the prompts, and requests shrink
 near the end of a step instead of overshooting it (a surplus more than K versions old is
 lost). A step that waits with nothing coming always gets a request for what it lacks.
 
