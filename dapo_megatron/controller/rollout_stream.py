@@ -14,9 +14,10 @@ so the budget is ``(w + K + 1 - next_step)`` steps' groups, counting the kept an
 groups not yet trained and the groups expected (at the running keep rate) from prompts
 drawn but not yet filtered, each only for the steps its version can still train. When
 that falls short, the next request asks for the shortfall over the keep rate plus two
-binomial standard deviations (``_prompts_for``), capped by ``prompts_per_request``: a keep rate of 0.3 draws ~3.3x the prompts, and requests shrink
-near the end of a step instead of overshooting it (a surplus more than K versions old is
-lost). A step that waits with nothing coming always gets a request for what it lacks.
+binomial standard deviations (``_prompts_for``), capped by ``prompts_per_request``: a
+keep rate of 0.3 draws ~3.3x the prompts, and requests shrink near the end of a step
+instead of overshooting it (a surplus more than K versions old is lost). A step that
+waits with nothing coming always gets a request for what it lacks.
 
 Weight updates happen between requests, pipelined. The loop arms a refit once it has
 submitted the train step that makes the new weights (``arm_refit``); the stream submits
