@@ -173,6 +173,9 @@ class GenerationGroup:
         ]
         self.info: list[dict[str, Any]] = self._gather([w.setup.remote() for w in self.workers])
         self._asleep = False
+        # Colocated: the policy whose GPUs the engines share; it returns its cached CUDA
+        # blocks before any engine maps memory back (``_release_policy``).
+        self._colocated_policy = policy if config.cluster.colocated else None
         self.transport = plan.refit_transport
         self._plan: list[Any] | None = None  # RefitPlan.to_wire(): plain lists for Ray
         self._group_policy: PolicyGroup | None = None
@@ -236,7 +239,8 @@ class GenerationGroup:
         train step is done, each engine receives once its queued requests are generated,
         and a request submitted after this call is generated with the new weights. The
         object-store fallback exports (a gather) first, so it only starts when the policy
-        is idle.
+        is idle. Colocated, the policy's cache release is waited for first (the policy is
+        idle then: colocated runs are synchronous).
         """
         start = time.perf_counter()
         if self.transport == "object_store":
@@ -245,6 +249,7 @@ class GenerationGroup:
             refs = [w.update_weights.remote([weights]) for w in self.workers]
             del weights  # the stored copy is freed once no reference is left
             return PendingRefit(self, policy, refs, 0, start)
+        self._release_policy(policy)  # the engines map their weights back to receive
         plan = self._join_weight_group(policy)
         shared = self.transport == "ipc"
         refs = policy.call("send_weights_shared" if shared else "send_weights", plan)
@@ -348,8 +353,16 @@ class GenerationGroup:
 
     def wake(self) -> None:
         if self._asleep:
+            self._release_policy(self._colocated_policy)  # the KV cache comes back
             self._gather([w.wake.remote() for w in self.workers])
             self._asleep = False
+
+    def _release_policy(self, policy: PolicyGroup | None) -> None:
+        """Colocated: the policy ranks return their cached CUDA blocks (the training peak)
+        before an engine maps its weights or KV cache back on their GPUs, and the call
+        waits for it, so no engine wakes first (memory_release.py). Split: nothing."""
+        if self._colocated_policy is not None and policy is not None:
+            self._gather_with(policy, policy.call("release_memory"))
 
     def worker_pids(self) -> list[int]:
         pids: list[int] = self._gather([w.pid.remote() for w in self.workers])

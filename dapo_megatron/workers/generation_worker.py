@@ -34,6 +34,7 @@ import torch
 
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.generation.base import GenerationBackend, Sample, SamplingParams
+from dapo_megatron.memory_release import release_cached_memory
 from dapo_megatron.weight_sync.group import GroupAddress
 from dapo_megatron.workers import ignore_expected_megatron_warnings
 
@@ -246,8 +247,12 @@ class GenerationWorker:
         self.refit_counts["object_store"] += 1
         return dict(self.refit_counts)
 
-    def sleep(self) -> None:
+    def sleep(self) -> dict[str, int]:
+        """Put the engine to sleep, then return this process's cached CUDA blocks (what the
+        engine's requests left in PyTorch's allocator) before the policy trains on the
+        same GPU (memory_release.py); returns the reserved bytes before and after."""
         self._require_backend().sleep()
+        return release_cached_memory("engine: asleep, before the policy trains")
 
     def wake(self) -> None:
         self._require_backend().wake()

@@ -21,6 +21,7 @@ import torch
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.generation.base import Sample, SamplingParams
+from dapo_megatron.memory_release import release_cached_memory
 from dapo_megatron.workers import ignore_expected_megatron_warnings
 
 if TYPE_CHECKING:
@@ -37,9 +38,7 @@ def free_port() -> int:
 class PolicyWorker:
     """One policy rank: Megatron model + optimizer, and (colocated) a generation engine."""
 
-    def __init__(
-        self, plan: RunPlan, *, rank: int, world_size: int, num_threads: int = 1
-    ) -> None:
+    def __init__(self, plan: RunPlan, *, rank: int, world_size: int, num_threads: int = 1) -> None:
         self.plan = plan
         self.config = plan.config
         self.rank = rank
@@ -126,6 +125,12 @@ class PolicyWorker:
     def sft_step(self, batch: PolicyBatch, lr: float | None = None) -> dict[str, float]:
         return self._require_policy().sft_step(batch, lr=lr)
 
+    def release_memory(self) -> dict[str, int]:
+        """Return this rank's cached CUDA blocks (the training peak) to the driver before a
+        colocated engine maps its weights or KV cache back on this GPU; the controller
+        calls it before every wake (controller/generation_group.py, memory_release.py)."""
+        return release_cached_memory("policy: before the colocated engines wake")
+
     def refit(self) -> None:
         """Push the trained weights to the generation engine (shared model: nothing to do)."""
         if self.engine is not None:
@@ -203,10 +208,18 @@ class PolicyWorker:
 
         if self._weight_group is None:
             raise RuntimeError("send_weights_shared before join_weight_group")
-        stats = send_shared(self._require_policy().export_weights(),
-                            RefitPlan.from_wire(plan_wire), self._weight_group, self._shared)
-        return {"bytes": float(stats.bytes), "buckets": float(stats.buckets),
-                "seconds": stats.seconds, "buffer_bytes": float(stats.buffer_bytes)}
+        stats = send_shared(
+            self._require_policy().export_weights(),
+            RefitPlan.from_wire(plan_wire),
+            self._weight_group,
+            self._shared,
+        )
+        return {
+            "bytes": float(stats.bytes),
+            "buckets": float(stats.buckets),
+            "seconds": stats.seconds,
+            "buffer_bytes": float(stats.buffer_bytes),
+        }
 
     def send_weights(self, plan_wire: list) -> dict[str, float]:
         """Export the weights; rank 0 broadcasts them bucket by bucket. Returns its stats."""
@@ -221,10 +234,15 @@ class PolicyWorker:
         if self._weight_group is None:
             raise RuntimeError("send_weights before join_weight_group")
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        stats = send_buckets(exported, RefitPlan.from_wire(plan_wire), self._weight_group,
-                             device=device)
-        return {"bytes": float(stats.bytes), "buckets": float(stats.buckets),
-                "seconds": stats.seconds, "buffer_bytes": float(stats.buffer_bytes)}
+        stats = send_buckets(
+            exported, RefitPlan.from_wire(plan_wire), self._weight_group, device=device
+        )
+        return {
+            "bytes": float(stats.bytes),
+            "buckets": float(stats.buckets),
+            "seconds": stats.seconds,
+            "buffer_bytes": float(stats.buffer_bytes),
+        }
 
     def export_hf(self, out_dir: str) -> str:
         """Write the current weights as an HF checkpoint (collective; rank 0 writes)."""
