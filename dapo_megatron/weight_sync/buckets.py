@@ -103,7 +103,9 @@ class RefitPlan:
             *slots, (nbytes,) = raw
             buckets.append(
                 Bucket(
-                    tuple(TensorSlot(n, d, tuple(int(x) for x in sh), int(o)) for n, d, sh, o in slots),
+                    tuple(
+                        TensorSlot(n, d, tuple(int(x) for x in sh), int(o)) for n, d, sh, o in slots
+                    ),
                     int(nbytes),
                 )
             )

@@ -11,6 +11,14 @@ and used through the same two calls, so the CPU tests run the GPU code path.
 Rank 0 hosts the store; its address is a free port on its node, handed to the others by
 the controller. Creating the group is a rendezvous: every member must construct it
 concurrently (the controller starts all joins before waiting for any).
+
+Every transfer opens with a host-side handshake on that store (``begin_transfer``): the
+sending rank sets a per-transfer key, the others wait for it before posting any collective.
+With overlapped rollouts (``rollout.max_staleness >= 1``) the engines reach their receive
+while the policy still trains its step; a broadcast posted then would be pending for the
+whole train step, and NCCL's watchdog aborts a collective pending longer than the group
+timeout (gloo's collective times out the same way). A store wait has no watchdog, and a
+dead store host (the sender) ends it at once with a connection error.
 """
 
 from __future__ import annotations
@@ -23,6 +31,9 @@ import torch
 import torch.distributed as dist
 
 Backend = Literal["nccl", "gloo"]
+
+# Store keys of the handshake; the prefix keeps them apart from the backend's own keys.
+_READY_KEY = "dapo_refit_sender_ready/"
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,9 @@ class GroupAddress:
     """nccl on GPU, gloo on CPU (the same code either way)."""
     timeout_s: float
     """Collective timeout: a dead member fails the refit after this long instead of hanging."""
+    sender_wait_s: float = 24 * 3600.0
+    """How long a receiver waits (host-side, ``begin_transfer``) for the sender to start a
+    transfer: the sender's whole train step at K >= 1, so far above any step."""
 
 
 def backend_for(device: torch.device | str) -> Backend:
@@ -70,6 +84,9 @@ class WeightGroup:
         self.rank = rank
         self.world_size = address.world_size
         self.backend = address.backend
+        self._sender_wait = timedelta(seconds=address.sender_wait_s)
+        # Transfers begun; every member begins every transfer, so the counts agree.
+        self._transfers = 0
         self._store = dist.TCPStore(
             address.host,
             address.port,
@@ -86,6 +103,24 @@ class WeightGroup:
         else:
             pg = dist.ProcessGroupGloo(self._store, rank, address.world_size, timeout)
         self._pg = cast(_Backend, pg)  # see _Backend
+
+    def begin_transfer(self, sender: int) -> None:
+        """Every member, before the first collective of every transfer: rank ``sender``
+        announces that it is ready; the others wait for that on the store (module doc).
+
+        Raises ``dist.DistError`` if the sender does not start within ``sender_wait_s`` or
+        its store is gone (the sender's process died).
+        """
+        if self._store is None:
+            raise AttributeError("the weight group is closed")
+        # Keys are never deleted: a sender cannot tell when the last receiver has read one,
+        # and a refit adds a few bytes to the store.
+        key = f"{_READY_KEY}{self._transfers}"
+        self._transfers += 1
+        if self.rank == sender:
+            self._store.set(key, "1")
+        else:
+            self._store.wait([key], self._sender_wait)
 
     def broadcast(self, tensor: torch.Tensor, root: int = 0) -> dist.Work:
         """Start a broadcast of ``tensor`` from ``root``; ``.wait()`` the returned work."""

@@ -13,9 +13,11 @@ Pairing: engine worker j (counted over all engines) maps the buffer of policy ra
 full tensors during an export (``export_hf_weights`` yields them on every rank), so no
 bytes cross devices.
 
-Per bucket, over the weight group (gloo: two tiny collectives, the data never goes through
-it): exporters pack and reach barrier A; receivers copy the bucket out of the shared
-buffer and reach barrier B, then load their copy while the exporters pack the next bucket.
+A transfer opens with the group's handshake (``WeightGroup.begin_transfer``, rank 0
+announcing). Then per bucket, over the weight group (gloo: two tiny collectives, the data
+never goes through it): exporters pack and reach barrier A; receivers copy the bucket out
+of the shared buffer and reach barrier B, then load their copy while the exporters pack
+the next bucket.
 """
 
 from __future__ import annotations
@@ -128,6 +130,8 @@ def send_shared(
     start = time.perf_counter()
     shared = None if buffer is None else buffer.mapped()
     stats = TransferStats(buffer_bytes=0 if shared is None else shared.numel())
+    # Rank 0 announces for every exporter: they leave the train step together.
+    group.begin_transfer(0)
     source = iter(weights)
     for bucket in plan.buckets:
         tensors = [next(source) for _ in bucket.slots]
@@ -157,7 +161,8 @@ def receive_shared(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     """Receiver side: every tensor of the plan, copied out of the exporter's buffer."""
     stats = stats if stats is not None else TransferStats()
-    start = time.perf_counter()
+    group.begin_transfer(0)  # no barrier is posted before the exporters are ready
+    start = time.perf_counter()  # the transfer, not the wait for the exporters' train step
     for bucket in plan.buckets:
         group.barrier()  # A
         own = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)

@@ -6,6 +6,9 @@ exporter is producing (together <= 2 buckets when no tensor exceeds the bucket s
 the whole model. (Two alternating buffers would let packing overlap the transfer, at the
 cost of a third bucket of memory; measured on CPU the pack is ~10% of a refit, so memory wins.)
 
+Both sides open a transfer with the group's handshake (``WeightGroup.begin_transfer``), so a
+receiver that arrives early waits host-side instead of in a collective.
+
 Receiver (each engine worker): an iterator of ``(name, tensor)`` that receives bucket k + 1
 in the background while the consumer loads bucket k. It is handed straight to the
 engine's loader (vLLM's ``reload_weights(weights_iterator=...)`` inside each TP worker,
@@ -55,9 +58,13 @@ def send_buckets(
     """
     start = time.perf_counter()
     stats = TransferStats()
+    group.begin_transfer(root)  # the receivers may post their broadcasts now
     source = iter(weights)
     size = plan.max_bucket_bytes
-    buffers = [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(min(1, len(plan.buckets)))]
+    buffers = [
+        torch.empty(size, dtype=torch.uint8, device=device)
+        for _ in range(min(1, len(plan.buckets)))
+    ]
     stats.buffer_bytes = size * len(buffers)
     pending: list[dist.Work | None] = [None] * len(buffers)
     for k, bucket in enumerate(plan.buckets):
@@ -106,12 +113,14 @@ def receive_buckets(
     the transfer overlaps the consumer's loading. ``stats`` (optional) is filled in.
     """
     stats = stats if stats is not None else TransferStats()
-    start = time.perf_counter()
 
     def post(k: int) -> tuple[torch.Tensor, dist.Work]:
         buffer = torch.empty(plan.buckets[k].nbytes, dtype=torch.uint8, device=device)
         return buffer, group.broadcast(buffer, root)
 
+    # Nothing is posted before the sender is ready (it may still be training: group.py).
+    group.begin_transfer(root)
+    start = time.perf_counter()  # the transfer, not the wait for the sender's train step
     ahead = post(0) if plan.buckets else None
     for k, bucket in enumerate(plan.buckets):
         assert ahead is not None  # posted for every bucket, k = 0 before the loop
