@@ -51,7 +51,12 @@ engine TP (vocab padded to 64, KV heads replicated when engine TP > KV heads), i
 activations and runtime, and the KV cache (the rest). KV bytes per token per GPU =
 2 x layers x kv_heads/engine_tp x head_dim x p. Colocated, the policy's weights, grads and
 optimizer stay resident while the engine is awake (only the engine sleeps), so the
-generation phase needs resident policy + utilisation x GPU memory <= GPU memory.
+generation phase needs resident policy + utilisation x GPU memory <= GPU memory. That
+holds only because the policy ranks return their cached CUDA blocks before an engine maps
+its weights or KV cache back (memory_release.py, called by controller/generation_group.py):
+PyTorch's caching allocator would otherwise keep the training peak (activations, logits,
+workspaces) reserved in the policy process. ``unreleased_generation`` is the generation
+peak without that release, which dapo-plan prints next to the modelled one.
 
 Refit (memory_refit.py for the buffers): the policy ranks hold their resident states and
 the refit's send buffers; the engine receives into its own buffers with its weights mapped
@@ -518,6 +523,21 @@ def _state_terms(s: StageMemory) -> list[tuple[str, float]]:
 def sleeping_engine_gib(inputs: MemoryInputs) -> float:
     """What a sleeping vLLM engine keeps on a policy GPU (colocated runs only)."""
     return inputs.overheads.sleeping_engine_gib if inputs.colocated and inputs.engine else 0.0
+
+
+def unreleased_generation(report: MemoryReport) -> tuple[float, float] | None:
+    """Colocated vLLM: (GiB the policy process would keep reserved while the engine is
+    awake, the generation peak then) if the policy did NOT return its cached blocks: its
+    peak of the train and logprob phases (less the "sleeping engine" term, which is the
+    engine's) stays in PyTorch's cache. None without a colocated vLLM engine. The modelled
+    generation phase counts the resident states only (memory_release.py)."""
+    inp = report.inputs
+    if not (inp.colocated and inp.engine is not None):
+        return None
+    train, logprob = report.phases[0], report.phases[1]
+    peaks = zip(train.per_stage, logprob.per_stage, strict=True)
+    kept = max(max(pair) - sleeping_engine_gib(inp) for pair in peaks)
+    return kept, kept + inp.engine.gpu_memory_utilization * inp.gpu_mem_gib
 
 
 Terms = list[tuple[str, float]]

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from dapo_megatron.config.loader import LoadedConfig
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.memory_plan import MemoryReport, sleeping_engine_gib
+from dapo_megatron.memory_plan import MemoryReport, sleeping_engine_gib, unreleased_generation
 
 
 @dataclass(frozen=True)
@@ -231,6 +231,15 @@ def format_memory(report: MemoryReport) -> str:
         verdict = "fits" if phase.fits else "DOES NOT FIT"
         lines.append(
             f"  {phase.name} peak {phase.peak:.1f} GiB (stage {phase.stage}: {terms}): {verdict}"
+        )
+    unreleased = unreleased_generation(report)
+    if unreleased is not None:
+        resident = max(s.resident for s in report.stages) + inp.overheads.policy_process_gib
+        kept, peak = unreleased
+        lines.append(
+            f"  policy while the engine is awake: {resident:.1f} GiB (resident states + "
+            f"process) once it returns its cached blocks; without that release it would keep "
+            f"its training peak, {kept:.1f} GiB, and generation would need {peak:.1f} GiB"
         )
     e = report.engine
     if e is not None and inp.engine is not None:

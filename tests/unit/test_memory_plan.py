@@ -23,6 +23,7 @@ from dapo_megatron.memory_plan import (
     plan_memory,
     rank_params,
     stage_memory,
+    unreleased_generation,
 )
 from dapo_megatron.memory_refit import MIB, RefitInputs, largest_gathered_parameter
 
@@ -493,3 +494,31 @@ def test_export_term_is_the_largest_parameter_the_exporter_gathers(name, tp):
     dims = ParallelDims(tp=tp, pp=1, cp=1, dp=1, sequence_parallel=tp > 1)
     gathered = max(math.prod(e.full_shape) for e in _entries(arch, dims) if e.export)
     assert largest_gathered_parameter(arch, tp) == gathered
+
+
+def test_colocated_generation_counts_the_policy_after_its_cache_release(capsys):
+    # The 7B recipe (colocated vLLM): while the engine is awake the policy keeps only its
+    # resident states (memory_release.py returns the training peak first); without the
+    # release its train peak would stay reserved next to the engine's budget: over 80 GiB.
+    recipe = REPO / "recipes" / "dapo-qwen2.5-7b-4n8g-tp4pp1cp1.yaml"
+    report = plan_memory(memory_inputs(load_config(recipe).require_plan(), 80.0))
+    train, generation = report.phases[0], report.phases[2]
+    budget = report.inputs.engine.gpu_memory_utilization * 80.0
+    stage = report.stages[0]
+    process = report.inputs.overheads.policy_process_gib
+    assert generation.peak == pytest.approx(stage.resident + process + budget)
+    assert generation.peak < 80.0
+    kept, peak = unreleased_generation(report)
+    assert kept == pytest.approx(train.peak - report.inputs.overheads.sleeping_engine_gib)
+    assert peak == pytest.approx(kept + budget) and peak > 80.0
+    assert plan_main(["--config", str(recipe)]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if "engine is awake" in x)
+    assert f"{stage.resident + process:.1f} GiB" in line and f"{peak:.1f} GiB" in line
+
+
+def test_split_and_megatron_runs_have_no_unreleased_generation():
+    seven_b = REPO / "recipes" / "dapo-qwen2.5-7b-4n8g-tp4pp1cp1.yaml"
+    split = ["cluster.colocated=false", "cluster.generation_num_devices=16"]
+    for overrides in (split, ["generation.backend=megatron"]):
+        plan = load_config(seven_b, overrides).require_plan()
+        assert unreleased_generation(plan_memory(memory_inputs(plan, 80.0))) is None
