@@ -1,0 +1,1 @@
+"""The GPU first-contact check (``python -m dapo_megatron.gpu_check``; see ``__main__``)."""
