@@ -255,6 +255,19 @@ def _check_generation(c: _Checker) -> None:
             "vllm cannot be colocated with the policy on CPU; use generation.backend=megatron "
             "or cluster.colocated=false with cluster.generation_num_devices",
         )
+        # The broadcast puts policy rank 0 and the engine worker on its GPU into one NCCL
+        # communicator, and NCCL refuses two ranks of a communicator on one device (gloo on
+        # CPU would not, but a colocated vLLM engine runs on GPUs only: cuda, or auto).
+        colocated_from = c.loaded.sources.get("cluster.colocated", "configs")
+        c.require(
+            g.refit_transport != "broadcast",
+            "generation.refit_transport",
+            f"broadcast cannot reach colocated engines (cluster.colocated = true, set in "
+            f"{colocated_from}): NCCL cannot hold two ranks of one communicator (a policy "
+            f"rank and the engine worker beside it) on one GPU; use "
+            f"generation.refit_transport=ipc (or auto: ipc colocated on GPU), or "
+            f"cluster.colocated=false with cluster.generation_num_devices",
+        )
 
 
 def _check_dapo(c: _Checker) -> None:

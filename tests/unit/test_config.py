@@ -449,3 +449,32 @@ def test_colocated_megatron_generation_refuses_pipeline_and_context_parallelism(
         ],
     )
     assert plan.config.cluster.colocated is False
+
+
+def test_broadcast_refit_to_colocated_gpu_engines_is_refused(tmp_path):
+    # NCCL cannot hold two ranks of one communicator (policy rank 0 and the engine worker
+    # beside it) on one GPU: refused before any worker starts, naming both keys, the file
+    # and the ways out.
+    recipe = tmp_path / "colocated-broadcast.yaml"
+    recipe.write_text(
+        f"defaults: {TINY}\n"
+        "generation:\n  backend: vllm\n  refit_transport: broadcast\n"
+        "cluster:\n  device: cuda\n"
+    )
+    msg = error_of(recipe, "policy.model_name_or_path=/nonexistent/model")
+    assert f"generation.refit_transport = 'broadcast' (set in {recipe})" in msg
+    assert "cluster.colocated = true" in msg and "NCCL" in msg
+    assert "generation.refit_transport=ipc" in msg and "cluster.colocated=false" in msg
+    # auto resolves to ipc on GPU; device auto is refused too (only GPUs run it).
+    ok = load_config(recipe, ["policy.model_name_or_path=/x", "generation.refit_transport=auto"])
+    assert ok.require_plan().refit_transport == "ipc"
+    assert "NCCL" in error_of(recipe, "policy.model_name_or_path=/x", "cluster.device=auto")
+
+
+def test_broadcast_refit_stays_allowed_where_gloo_carries_it():
+    # Split engines on CPU (the tiny vLLM recipe) and colocated Megatron generation (no
+    # engine workers: nothing is broadcast) keep the broadcast.
+    cpu_vllm = load_config(REPO / "recipes" / "dapo-tiny-cpu-vllm.yaml")
+    assert cpu_vllm.require_plan().refit_transport == "broadcast"
+    megatron = load_config(TINY, ["cluster.device=cuda", "generation.refit_transport=broadcast"])
+    assert megatron.config.cluster.colocated and megatron.config.generation.backend == "megatron"
