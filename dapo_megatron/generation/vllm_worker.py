@@ -23,6 +23,15 @@ the value vLLM reports for the sampled token is exactly the contract's logprob. 
 the processor on its random-sampling path only: the backend never sends a temperature
 below vLLM's greedy threshold (1e-5) and expresses greedy as top_k=1.
 
+All of this is vLLM's V1 model runner (vllm/v1/sample/sampler.py; on CUDA its top-k/top-p
+step falls back from FlashInfer to the native path whenever a processed logprobs mode is
+on, so the reported value is the same). The backend pins V1 on every platform
+(``vllm_backend.configure_runner_environment``): Model Runner V2, vLLM 0.32's default on
+CUDA, accepts only subclasses of its own ``LogitsProcessor`` and applies them before the
+temperature (vllm/v1/worker/gpu/sample/sampler.py), where subtracting the logsumexp would
+give ``log_softmax(logits) / T``; and its ``processed_logprobs`` too are taken after
+top-k/top-p.
+
 ``WeightRefitExtension`` (worker extension), two refit paths:
 
 * the collective refit (the default): each engine worker (every TP rank) joins a
@@ -49,11 +58,6 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
 
-LOGITS_PROCESSOR = "dapo_megatron.generation.vllm_worker:FullVocabLogprobs"
-"""The logits processor's qualified name for vLLM's ``logits_processors``."""
-WORKER_EXTENSION = "dapo_megatron.generation.vllm_worker.WeightRefitExtension"
-"""The worker extension's qualified name for vLLM's ``worker_extension_cls`` (dotted: vLLM
-resolves it differently from logits processors)."""
 RELOAD_ITERATOR = "dapo_reload_weights"
 """``collective_rpc`` method: in-process object-store refit from an iterator (kwarg
 ``weights_iterator``)."""

@@ -58,3 +58,34 @@ def test_cpu_environment_keeps_callers_settings(monkeypatch: pytest.MonkeyPatch)
     # TP > 1 needs vLLM's worker processes: multiprocessing stays vLLM's choice.
     monkeypatch.delenv("VLLM_ENABLE_V1_MULTIPROCESSING")
     assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in vllm_backend.configure_cpu_environment(2)
+
+
+def test_runner_environment_pins_v1_on_every_platform(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The same on CPU and CUDA (tests/vllm_backend/test_engine_config.py runs vLLM's choice).
+    name, value = vllm_backend.RUNNER_ENVIRONMENT
+    assert (name, value) == ("VLLM_USE_V2_MODEL_RUNNER", "0")
+    monkeypatch.setenv(name, "placeholder")
+    monkeypatch.delenv(name)
+    assert vllm_backend.configure_runner_environment() == {name: value}
+    assert os.environ[name] == value
+    assert vllm_backend.configure_runner_environment() == {}
+    monkeypatch.setenv(name, "1")
+    with pytest.raises(ValueError, match="V1 model runner"):
+        vllm_backend.configure_runner_environment()
+
+
+def test_engine_arguments_need_no_vllm() -> None:
+    args = vllm_backend.engine_arguments(
+        "/m",
+        tensor_parallel_size=2,
+        gpu_memory_utilization=0.5,
+        max_num_seqs=8,
+        enforce_eager=True,
+        max_model_len=64,
+        seed=0,
+        dtype="bfloat16",
+        enable_sleep_mode=True,
+    )
+    assert args["logprobs_mode"] == "processed_logits"
+    assert args["logits_processors"] == [vllm_backend.LOGITS_PROCESSOR]
+    assert args["distributed_executor_backend"] == "mp"

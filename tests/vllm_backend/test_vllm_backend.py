@@ -6,9 +6,10 @@ the char tokenizer, and ONE in-process engine started from A (start-up dominates
 
 * greedy (top_k=1) responses equal HF's greedy ``generate`` at two temperatures, and the
   logprobs equal HF's ``log_softmax(logits / T)`` (measured max |diff| 2.4e-6; bound 1e-4);
-* sampled logprobs with top-k/top-p truncation are still the FULL-vocabulary
-  ``log_softmax(logits / T)`` (the base-module convention; measured 6.2e-6), and every
-  sampled token is inside the truncated set;
+* sampled logprobs with top-k/top-p truncation (T 0.8, top-k 8, top-p 0.9; and T 0.7,
+  top-p 0.7) are still the FULL-vocabulary ``log_softmax(logits / T)`` (the base-module
+  convention; measured 6.2e-6), and every sampled token is inside the truncated set;
+* the engine runs vLLM's V1 model runner, pinned as on GPU (test_engine_config.py);
 * the same seed reproduces the samples, another seed changes them, the n samples of a
   group differ, and so do the groups of two copies of one prompt; stop tokens end a
   response as its last token ("stop"), max_tokens and the context limit give "length";
@@ -23,6 +24,7 @@ The whole directory is skipped where vllm is not importable (conftest.py).
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -162,10 +164,11 @@ def _assert_greedy_matches(engine, hf_dir, prompts, temperature) -> float:
 
 def test_backend_satisfies_protocol(engine: GenerationBackend) -> None:
     assert isinstance(engine, GenerationBackend)
+    # The model runner GPU engines run too (test_engine_config.py): V1, pinned.
+    assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+    assert engine._llm.llm_engine.vllm_config.use_v2_model_runner is False  # type: ignore[attr-defined]
     # Without CUDA the backend runs vLLM's CPU build with its CPU settings.
     if not torch.cuda.is_available():
-        import os
-
         assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "nobind"
         assert "VLLM_CPU_KVCACHE_SPACE" in os.environ
 
@@ -176,8 +179,13 @@ def test_greedy_equals_hf(engine, model_dirs, prompts, temperature: float) -> No
     print(f"greedy T={temperature}: max |logprob - HF| = {error:.2e}")
 
 
-def test_truncated_sampling_reports_full_vocab_logprobs(engine, model_dirs, prompts) -> None:
-    temperature, top_k, top_p = 0.8, 8, 0.9
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(0.8, 8, 0.9), (0.7, -1, 0.7)],  # the second: top-p alone (validation's 0.7), T 0.7
+)
+def test_truncated_sampling_reports_full_vocab_logprobs(
+    engine, model_dirs, prompts, temperature: float, top_k: int, top_p: float
+) -> None:
     sampling = SamplingParams(
         temperature=temperature, top_k=top_k, top_p=top_p, max_tokens=12, n=4, seed=11
     )
@@ -187,12 +195,12 @@ def test_truncated_sampling_reports_full_vocab_logprobs(engine, model_dirs, prom
             ref = _hf_logprobs(model_dirs["a"], prompt, sample.response_token_ids, temperature)
             for row, token in zip(ref, sample.response_token_ids, strict=True):
                 # vLLM: top-k, then top-p over the renormalised top-k probabilities.
-                probs, order = row.exp().topk(top_k)
+                probs, order = row.exp().topk(VOCAB if top_k == -1 else top_k)
                 probs = probs / probs.sum()
                 allowed = order[probs.cumsum(0) - probs < top_p]
                 assert token in allowed.tolist()
     error = _max_logprob_error(model_dirs["a"], prompts, groups, temperature)
-    print(f"top-k/top-p sampling: max |logprob - HF full-vocab| = {error:.2e}")
+    print(f"T={temperature} top-k {top_k} top-p {top_p}: max |logprob - HF| = {error:.2e}")
     assert error <= LOGPROB_ATOL
 
 
