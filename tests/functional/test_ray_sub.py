@@ -199,6 +199,48 @@ def test_without_command_the_cluster_stays_up_until_the_job_is_cancelled(job, tm
             proc.wait()
 
 
+# Prints, as JSON, the socket interfaces the driver (COMMAND, on the head) and a Ray worker
+# process on each node see: Ray workers inherit the environment of their node's `ray start`.
+REPORT_IFNAMES = """
+import json, os, ray
+keys = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME")
+ray.init(address=os.environ["RAY_ADDRESS"])
+
+@ray.remote(num_cpus=0)
+def seen():
+    return {k: os.environ.get(k) for k in keys}
+
+nodes = {n: ray.get(seen.options(resources={f"slurm_node:{n}": 0.001}).remote())
+         for n in ("node0", "node1")}
+print("IFNAMES", json.dumps({"driver": {k: os.environ.get(k) for k in keys}, **nodes}))
+"""
+
+
+def test_each_node_exports_its_own_socket_interfaces_unless_the_user_set_them(job, tmp_path):
+    """The fake ``ip`` gives each node its own interface: the head holds HEAD_IP on it (found
+    by address), the worker reaches the head through it (found by route). NCCL_SOCKET_IFNAME,
+    unset, is derived per node ("=": an exact name for NCCL); the user's GLOO_SOCKET_IFNAME
+    wins everywhere."""
+    script = tmp_path / "report_ifnames.py"
+    script.write_text(REPORT_IFNAMES)
+    env = job.environment(None)
+    result = job(
+        f"{sys.executable} {script}",
+        PATH=f"{FAKE_SLURM / 'net'}{os.pathsep}{env['PATH']}",
+        FAKE_IP_ADDR_node0=env["HEAD_IP"],
+        NCCL_SOCKET_IFNAME="",
+        GLOO_SOCKET_IFNAME="user-if",
+    )
+    assert result.returncode == 0, _explain(result)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("IFNAMES ")]
+    assert lines, _explain(result)
+    assert json.loads(lines[0].removeprefix("IFNAMES ")) == {
+        "driver": {"NCCL_SOCKET_IFNAME": "=node0-if", "GLOO_SOCKET_IFNAME": "user-if"},
+        "node0": {"NCCL_SOCKET_IFNAME": "=node0-if", "GLOO_SOCKET_IFNAME": "user-if"},
+        "node1": {"NCCL_SOCKET_IFNAME": "=node1-if", "GLOO_SOCKET_IFNAME": "user-if"},
+    }, _explain(result)
+
+
 def test_one_step_of_the_tiny_recipe_across_two_nodes(job, tmp_path: Path):
     # One policy rank per fake node (1 CPU each): DP2 over gloo across two Ray nodes.
     run_dir = tmp_path / "run"
