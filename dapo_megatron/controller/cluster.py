@@ -1,20 +1,31 @@
-"""Start or join the Ray cluster and reserve devices for the policy ranks.
+"""Start or join the Ray cluster, reserve devices, and find where Ray put them.
 
 A local cluster binds to loopback and keeps Ray's token authentication as configured by
 the environment (Ray >= 2.60 enables it by default). Under slurm/ray.sub, RAY_ADDRESS
-points at the head node and we join it. One placement group holds one bundle per policy
-rank (PACK: ranks of a model-parallel group land on the same node when they fit).
+points at the head node and we join it.
+
+One placement group holds one bundle per policy rank (or per split engine), PACKed so that
+a model-parallel group can land on one node. Bundle index and node do NOT follow each
+other: Ray sorts a group's bundles by their demands with an unstable sort before packing
+them onto nodes (SortRequiredResources in Ray's bundle_scheduling_policy.cc), so among
+identical bundles the order is scrambled (on Ray 2.60, 4 nodes x 8 GPUs: bundle 0 lands
+with bundles 9-15, bundles 1-8 on another node). ``reserve_ranks`` therefore returns a
+``Reservation``: the group plus where each bundle landed (node, and the GPU ids Ray gave
+it, read by one short probe task per bundle) and the bundles ordered by (node, GPU id);
+slot r of that order is what rank r (or engine r) runs on (controller/placement.py).
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import ray
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dapo_megatron.config.run_plan import Device
 from dapo_megatron.config.schema import ClusterConfig
@@ -84,6 +95,143 @@ def rank_resources(
     return RankResources(num_cpus=max(0.01, min(1.0, available / ranks)), num_gpus=0)
 
 
+@dataclass(frozen=True)
+class BundleSite:
+    """Where Ray put one bundle of a placement group."""
+
+    node_id: str
+    """Ray's id of the node (hex)."""
+    node_ip: str
+    """The node's address."""
+    gpu_ids: tuple[str, ...]
+    """The accelerator ids Ray reserved for the bundle on that node (empty without GPUs)."""
+
+    def label(self) -> str:
+        """How errors name the node: address and the start of its id (fake multi-node
+        clusters put every node on one address)."""
+        return f"{self.node_ip}/{self.node_id[:8]}"
+
+
+def _gpu_key(gpu: str) -> tuple[int, int, str]:
+    # Numeric ids compare as numbers (2 before 10); anything else (a UUID) after them.
+    return (0, int(gpu), "") if gpu.isdigit() else (1, 0, gpu)
+
+
+def _ip_key(ip: str) -> tuple[int, int, str]:
+    try:
+        address = ipaddress.ip_address(ip)
+    except ValueError:  # a host name
+        return (9, 0, ip)
+    return (address.version, int(address), "")
+
+
+def order_bundles(sites: Sequence[BundleSite]) -> list[int]:
+    """Bundle indices in (node, GPU id) order: entry r is the bundle that slot r runs on.
+
+    Nodes are ordered by address, then id; within a node, bundles by their lowest GPU id,
+    then by index (bundles without GPUs keep Ray's index order). Pure: unit-tested with
+    hand-made, shuffled bundle tables.
+    """
+
+    def key(bundle: int) -> tuple[tuple[int, int, str], str, tuple[int, int, str], int]:
+        site = sites[bundle]
+        first_gpu = min((_gpu_key(g) for g in site.gpu_ids), default=(0, 0, ""))
+        return (_ip_key(site.node_ip), site.node_id, first_gpu, bundle)
+
+    return sorted(range(len(sites)), key=key)
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A ready placement group, where each bundle landed, and its bundles in slot order."""
+
+    group: PlacementGroup
+    sites: tuple[BundleSite, ...]
+    """Where bundle i landed, by bundle index."""
+    order: tuple[int, ...]
+    """``order_bundles(sites)``: slot r (rank r, engine r) runs on bundle ``order[r]``."""
+
+    def bundle(self, slot: int) -> int:
+        """The bundle index of a slot."""
+        return self.order[slot]
+
+    def site(self, slot: int) -> BundleSite:
+        """Where a slot runs."""
+        return self.sites[self.order[slot]]
+
+    def node_labels(self) -> list[str]:
+        """Each slot's node, as errors name it."""
+        return [self.site(slot).label() for slot in range(len(self.order))]
+
+    @property
+    def has_gpus(self) -> bool:
+        """Whether the bundles hold GPUs (the node checks apply to GPU runs only)."""
+        return any(site.gpu_ids for site in self.sites)
+
+    def remove(self) -> None:
+        """Release the placement group."""
+        remove_placement_group(self.group)
+
+
+# Unannotated Ray calls (client-mode wrapped), typed here once as Ray documents them.
+_placement_group_table = cast(
+    Callable[[PlacementGroup], dict[str, Any]], ray.util.placement_group_table
+)
+_ray_nodes = cast(Callable[[], list[dict[str, Any]]], ray.nodes)
+
+
+def _where_am_i() -> tuple[str, list[str]]:
+    """Run inside a bundle: this node's id and the GPU ids Ray gave the task."""
+    return ray.get_runtime_context().get_node_id(), [str(i) for i in ray.get_gpu_ids()]
+
+
+def bundle_sites(
+    group: PlacementGroup, bundles: Sequence[dict[str, float]], *, timeout_s: float
+) -> list[BundleSite]:
+    """Where each bundle of a ready group landed: its node from the GCS's placement table;
+    on GPU bundles, the GPU ids from one probe task per bundle (Ray exposes a bundle's GPU
+    ids only to what runs in it).
+
+    The probes ask for no CPU and all of the bundle's GPUs, and reuse their worker
+    (``max_calls=0``; Ray's default for GPU tasks is one call per process), so a node starts
+    one worker for all its probes; they run in waves of one probe per node, so a node never
+    starts more than one.
+    """
+    table: dict[int, str] = _placement_group_table(group)["bundles_to_node_id"]
+    missing = [b for b in range(len(bundles)) if b not in table]
+    if missing:
+        raise RuntimeError(f"Ray reports no node for bundles {missing} of a ready placement group")
+    address = {str(n["NodeID"]): str(n["NodeManagerAddress"]) for n in _ray_nodes()}
+    gpu_ids: list[tuple[str, ...]] = [() for _ in bundles]
+    if any(b.get("GPU") for b in bundles):
+        probe = ray.remote(num_cpus=0, max_calls=0)(_where_am_i)
+        per_node: dict[str, list[int]] = {}
+        for b in range(len(bundles)):
+            per_node.setdefault(table[b], []).append(b)
+        for wave in range(max(len(v) for v in per_node.values())):
+            batch = [v[wave] for v in per_node.values() if wave < len(v)]
+            refs = [
+                probe.options(
+                    num_gpus=bundles[b].get("GPU", 0),
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        group, placement_group_bundle_index=b
+                    ),
+                ).remote()
+                for b in batch
+            ]
+            for b, (node, ids) in zip(batch, ray.get(refs, timeout=timeout_s), strict=True):
+                if node != table[b]:
+                    raise RuntimeError(
+                        f"bundle {b}: the placement table says node {table[b]}, a task in "
+                        f"it ran on {node}"
+                    )
+                gpu_ids[b] = tuple(ids)
+    return [
+        BundleSite(node_id=table[b], node_ip=address.get(table[b], "?"), gpu_ids=gpu_ids[b])
+        for b in range(len(bundles))
+    ]
+
+
 def reserve_ranks(
     world_size: int,
     resources: RankResources,
@@ -91,8 +239,9 @@ def reserve_ranks(
     timeout_s: float = 120.0,
     what: str = "policy ranks",
     devices_per_bundle: int = 1,
-) -> PlacementGroup:
-    """A placement group with one bundle per rank; a clear error if the cluster cannot fit it.
+) -> Reservation:
+    """A placement group with one bundle per rank, where its bundles landed and their slot
+    order; a clear error if the cluster cannot fit it.
 
     A bundle holds ``devices_per_bundle`` whole GPUs when ranks use GPUs (a generation
     engine holds all devices of its tensor-parallel group).
@@ -100,9 +249,8 @@ def reserve_ranks(
     bundle = {"CPU": resources.num_cpus}
     if resources.num_gpus:
         bundle["GPU"] = float(devices_per_bundle)
-    group: PlacementGroup = placement_group(
-        [dict(bundle) for _ in range(world_size)], strategy="PACK"
-    )
+    bundles = [dict(bundle) for _ in range(world_size)]
+    group: PlacementGroup = placement_group(bundles, strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
         remove_placement_group(group)
@@ -111,4 +259,9 @@ def reserve_ranks(
             f"{timeout_s:.0f} s (cluster resources: {cluster_resources()}); check "
             f"cluster.num_nodes, cluster.gpus_per_node and cluster.generation_num_devices"
         )
-    return group
+    try:
+        sites = bundle_sites(group, bundles, timeout_s=timeout_s)
+    except BaseException:
+        remove_placement_group(group)
+        raise
+    return Reservation(group=group, sites=tuple(sites), order=tuple(order_bundles(sites)))

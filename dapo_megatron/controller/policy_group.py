@@ -57,7 +57,14 @@ class PolicyGroup:
         resources = rank_resources(
             plan.config.cluster, device=plan.device, device_share=plan.policy_device_share
         )
+        # Rank r runs on the r-th bundle in (node, GPU id) order, not on bundle r (whose node
+        # Ray does not tie to its index); policy_placements checks TP/CP groups share nodes.
         self.placement = reserve_ranks(world, resources)
+        try:
+            placements = policy_placements(self.placement, plan, resources)
+        except Exception:
+            self.placement.remove()
+            raise
         actor = ray.remote(PolicyWorker)
         # Actor handles, typed Any: Ray actor method calls (``w.setup.remote(...)``) are
         # dynamic, with no static type; each call site annotates what the method returns.
@@ -65,14 +72,7 @@ class PolicyGroup:
             actor.options(**p.options).remote(
                 plan, rank=rank, world_size=world, num_threads=p.num_threads
             )
-            for rank, p in enumerate(
-                policy_placements(
-                    self.placement,
-                    world,
-                    resources,
-                    split_engines=0 if plan.config.cluster.colocated else plan.generation_devices,
-                )
-            )
+            for rank, p in enumerate(placements)
         ]
         self.layouts: list[dict[str, int]] = [{"rank": r} for r in range(world)]
         address: tuple[str, int] = self._gather([self.workers[0].address.remote()])[0]
@@ -253,4 +253,4 @@ class PolicyGroup:
         """Kill the workers and release their resources (also after a failure)."""
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
-        ray.util.remove_placement_group(self.placement)
+        self.placement.remove()

@@ -18,7 +18,7 @@ from tiny_job import REPO
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
+from dapo_megatron.controller.cluster import Reservation, rank_resources, reserve_ranks
 from dapo_megatron.controller.placement import (
     colocated_engine_placements,
     policy_placements,
@@ -73,13 +73,14 @@ def _reports(actors: list) -> list[dict]:
     return ray.get([a.report.remote() for a in actors], timeout=SCHEDULE_TIMEOUT_S)
 
 
-def _policy(plan: RunPlan) -> tuple[object, list, list[dict]]:
+def _policy(plan: RunPlan) -> tuple[Reservation, list, list[dict]]:
     world = plan.policy_world_size
     resources = rank_resources(
         plan.config.cluster, device=plan.device, device_share=plan.policy_device_share
     )
     group = reserve_ranks(world, resources, timeout_s=SCHEDULE_TIMEOUT_S)
-    actors = [Probe.options(**p.options).remote() for p in policy_placements(group, world, resources)]
+    places = policy_placements(group, plan, resources)
+    actors = [Probe.options(**p.options).remote() for p in places]
     return group, actors, _reports(actors)
 
 
@@ -89,7 +90,9 @@ def test_colocated_engines_schedule_and_see_their_policy_ranks_devices(gpu_clust
     group, policy, policy_seen = _policy(plan)
     assert plan.policy_device_share == 0.5 and plan.device == "cuda"
     devices = [r["assigned"][0] for r in policy_seen]
-    assert sorted(devices, key=int) == [str(i) for i in range(8)]  # one GPU per rank
+    # One GPU per rank, rank r on GPU r: ranks follow (node, GPU id) order.
+    assert devices == [str(i) for i in range(8)]
+    assert [group.site(r).gpu_ids for r in range(8)] == [(d,) for d in devices]
     count = plan.num_engines
     assert count == 8 // tp
     places = colocated_engine_placements(group, devices, count, tp)
@@ -103,7 +106,7 @@ def test_colocated_engines_schedule_and_see_their_policy_ranks_devices(gpu_clust
         assert report["executor"] == ("uni" if tp == 1 else "mp")
     for actor in policy + engines:
         ray.kill(actor)
-    ray.util.remove_placement_group(group)
+    group.remove()
 
 
 @pytest.mark.parametrize("tp", [1, 2, 4])
@@ -128,5 +131,5 @@ def test_split_engines_hold_all_their_gpus_in_one_bundle(gpu_cluster, tp):
         assert report["executor"] == ("uni" if tp == 1 else "mp")
     for actor in policy + engines:
         ray.kill(actor)
-    ray.util.remove_placement_group(group)
+    group.remove()
     ray.util.remove_placement_group(engine_group)
