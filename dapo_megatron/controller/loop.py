@@ -31,6 +31,7 @@ from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied
 from dapo_megatron.controller.rollout import RolloutGroup, rollout_metrics, staleness_metrics
 from dapo_megatron.controller.rollouts import Rollouts, make_rollouts
 from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.generation.startup_check import check_engine_logprobs
 from dapo_megatron.logging import MetricsLogger, StepProgress
 
 
@@ -80,6 +81,9 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
         )
     # Engines started from the HF checkpoint: give them the resumed / warmed-up weights.
     engines.refit(policy)
+    if config.generation.backend == "vllm":
+        # Their logprobs must now be the policy's (what vLLM decides differently on GPU).
+        check_engine_logprobs(ctx, engines, policy)
     metrics: dict[str, float] = {}
     if start_step == 0 and config.validation.val_at_start:
         logger.log(0, steps.validate(ctx, engines, 0))
