@@ -74,7 +74,7 @@ def _run_child(name: str, limit_s: float) -> dict[str, Any]:
         "-m",
         "dapo_megatron.gpu_check",
         "--child",
-        name,
+        SECTIONS[name][0],
         "--result",
         result_path,
     ]
@@ -111,11 +111,10 @@ def _run_child(name: str, limit_s: float) -> dict[str, Any]:
     return record
 
 
-def _child(name: str, result_path: str) -> None:
-    """In the section's own process: run it, write its record."""
+def _child(target: str, result_path: str) -> None:
+    """In the section's own process: run ``module:function``, write its record."""
     import importlib
 
-    target, _ = SECTIONS[name]
     module_name, func_name = target.split(":")
     try:
         func = getattr(importlib.import_module(module_name), func_name)
