@@ -40,6 +40,8 @@ from typing import Any, TypedDict
 import torch
 import torch.distributed as dist
 
+from dapo_megatron import collectives
+
 # Budget for one [chunk, V_local] logits buffer when the caller gives no chunk size. Forward
 # and backward each hold at most two such buffers.
 DEFAULT_CHUNK_BYTES = 2**28
@@ -66,7 +68,7 @@ class _TensorOptions(TypedDict):
 # op: the ReduceOp.SUM/MAX/... constants, whose type is ReduceOp.RedOpType, not ReduceOp.
 def _all_reduce(tensor: torch.Tensor, op: dist.ReduceOp.RedOpType, group: Any) -> None:
     if group is not None and dist.get_world_size(group) > 1:
-        dist.all_reduce(tensor, op=op, group=group)
+        collectives.all_reduce(tensor, op=op, group=group)
 
 
 def _local_targets(

@@ -19,6 +19,16 @@ none spills on sm_80 or sm_90), elsewhere to the chunked torch path.
 :mod:`.triton_logprob` is imported lazily, on first use: Triton decides at ``@triton.jit``
 time whether kernels run compiled or interpreted, so importing this package must not define
 them before a test has set ``TRITON_INTERPRET``.
+
+Target ids are range-checked without a host sync. Reading ``min``/``max`` of the targets back
+to the host on every call would stall the CPU until the GPU has caught up, once per
+micro-batch and pass; so the readable ``ValueError`` is raised where the check is free (CPU
+targets) or asked for (``DAPO_SYNC_CHECKS=1``, for debugging), and on an accelerator the
+check is a device-side assertion (``torch._assert_async``): the launch queue keeps flowing,
+and a bad id still stops the run, as a device-side assert at the next synchronisation
+(which leaves the CUDA context unusable; rerun with ``DAPO_SYNC_CHECKS=1`` to see which id).
+An out-of-range id is a bug upstream (a tokenizer and model that disagree), not a state to
+recover from, and without any check it would silently give a wrong logprob.
 """
 
 from __future__ import annotations
@@ -36,6 +46,9 @@ from dapo_megatron.kernels.chunked import (
     default_chunk_size,
 )
 from dapo_megatron.kernels.reference import linear_logprob_reference
+
+SYNC_CHECKS_ENV = "DAPO_SYNC_CHECKS"
+"""Set to 1 to range-check target ids on accelerators with a host sync (module docstring)."""
 
 LogprobImpl = Literal["auto", "chunked", "reference", "triton"]
 LOGPROB_IMPLS: tuple[str, ...] = ("auto", "chunked", "reference", "triton")
@@ -146,15 +159,29 @@ def _validate(
             )
     if impl == "reference" and tp_size > 1:
         raise ValueError(f"impl='reference' is single-process, got a tp_group of size {tp_size}")
-    if targets_N.numel() > 0:
+    _check_targets(targets_N, vocab_global if vocab_size is None else vocab_size)
+
+
+def _sync_checks() -> bool:
+    return os.environ.get(SYNC_CHECKS_ENV, "0") not in ("", "0")
+
+
+def _check_targets(targets_N: torch.Tensor, limit: int) -> None:
+    """Every target id in ``[0, limit)``: exact and readable on the host, an asynchronous
+    device-side assertion on an accelerator (module docstring)."""
+    if targets_N.numel() == 0:
+        return
+    hint = "(mask ignored positions, e.g. -100, to a valid id before calling)"
+    if targets_N.device.type == "cpu" or _sync_checks():
         lo, hi = int(targets_N.min()), int(targets_N.max())
-        limit = vocab_global if vocab_size is None else vocab_size
         if lo < 0 or hi >= limit:
             bad = lo if lo < 0 else hi
             raise ValueError(
-                f"targets_N holds token id {bad}, outside the vocabulary [0, {limit}) "
-                "(mask ignored positions, e.g. -100, to a valid id before calling)"
+                f"targets_N holds token id {bad}, outside the vocabulary [0, {limit}) {hint}"
             )
+        return
+    in_range = ((targets_N >= 0) & (targets_N < limit)).all()
+    torch._assert_async(in_range, f"targets_N holds a token id outside [0, {limit}) {hint}")
 
 
 def linear_logprob(

@@ -58,6 +58,7 @@ from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.distributed.checkpoint import CheckpointException
 
+from dapo_megatron import collectives
 from dapo_megatron.checkpoint_dirs import (
     MARKER,
     CheckpointSaveError,
@@ -304,7 +305,7 @@ def _restore_adam_steps(optimizer: MegatronOptimizer, steps: list[float | None])
 
 def _broadcast_from_rank0(value: Any) -> Any:
     holder = [value]
-    dist.broadcast_object_list(holder, src=0)
+    collectives.broadcast_object_list(holder, src=0)
     return holder[0]
 
 
@@ -375,7 +376,7 @@ def save_checkpoint(
             if error is None:
                 raise
             raise error from failure
-    dist.barrier()
+    collectives.barrier()
     return final
 
 
@@ -425,7 +426,7 @@ def _describe_files_collectively(directory: Path) -> dict[str, dict[str, Any]] |
     names = _broadcast_from_rank0(names)
     mine = describe_files(directory, names[rank::world])
     shares: list[Any] | None = [None] * world if rank == 0 else None
-    dist.gather_object(mine, shares, dst=0)
+    collectives.gather_object(mine, shares, dst=0)
     if shares is None:
         return None
     return dict(sorted((name, entry) for share in shares for name, entry in share.items()))
@@ -449,7 +450,7 @@ def _agreed_save_error(
     mine = _find_os_error(failure) or _find_os_error(*writer_errors) or _probe_write(tmp)
     summary = None if mine is None else (mine.errno, mine.strerror or str(mine))
     everyone: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(everyone, summary)
+    collectives.all_gather_object(everyone, summary)
     if dist.get_rank() == 0 and tmp is not None:  # every rank is done with it now
         shutil.rmtree(tmp, ignore_errors=True)
     found = next((s for s in everyone if s is not None), None)

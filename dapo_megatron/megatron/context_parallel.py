@@ -69,6 +69,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 from torch import Tensor
 
+from dapo_megatron import collectives
 from dapo_megatron.data.packing import local_order
 from dapo_megatron.megatron.thd_buckets import thd_buckets
 
@@ -173,7 +174,7 @@ def gather_from_context_parallel(
     seq_dim = seq_dim % tensor.dim()
     local = tensor.detach().contiguous()
     parts = [torch.empty_like(local) for _ in range(cp_size)]
-    dist.all_gather(parts, local, group=group)
+    collectives.all_gather(parts, local, group=group)
     rank_major = torch.cat(parts, dim=seq_dim)
     order = _rank_major_to_global_order(rank_major.shape[seq_dim], cp_size)
     return rank_major.index_select(seq_dim, order.to(rank_major.device))
@@ -324,7 +325,7 @@ def gather_packed_from_context_parallel(
         return tensor.detach()
     local = tensor.detach().contiguous()
     parts = [torch.empty_like(local) for _ in range(cp_size)]
-    dist.all_gather(parts, local, group=group)
+    collectives.all_gather(parts, local, group=group)
     rank_major = torch.cat(parts, dim=seq_dim)
     order = _packed_rank_major_to_global_order(bounds, cp_size)
     return rank_major.index_select(seq_dim, order.to(rank_major.device))
@@ -350,7 +351,7 @@ class _AllGatherSequence(torch.autograd.Function):
         ctx.rows = local.shape[0]
         local = local.contiguous()
         parts = [torch.empty_like(local) for _ in range(dist.get_world_size(group))]
-        dist.all_gather(parts, local, group=group)
+        collectives.all_gather(parts, local, group=group)
         return torch.cat(parts, dim=0)
 
     @staticmethod
@@ -358,7 +359,7 @@ class _AllGatherSequence(torch.autograd.Function):
         # Clone: the incoming gradient may be shared with other autograd consumers, and
         # the all-reduce works in place.
         grad = grad.contiguous().clone()
-        dist.all_reduce(grad, group=ctx.group)
+        collectives.all_reduce(grad, group=ctx.group)
         return grad.narrow(0, ctx.rank * ctx.rows, ctx.rows), None
 
 

@@ -419,6 +419,8 @@ def export_policy(
     """
     import torch.distributed as dist
 
+    from dapo_megatron import collectives
+
     cfg = policy.config.policy
     out = Path(out_dir)
     tokenizer = tokenizer_dir(policy.config)
@@ -432,7 +434,7 @@ def export_policy(
             hf_config(policy.arch)
         except ExportError as e:
             verdict = [str(e)]
-    dist.broadcast_object_list(verdict, src=0)
+    collectives.broadcast_object_list(verdict, src=0)
     if verdict[0] is not None:
         raise ExportError(verdict[0])
     weights = policy.export_weights()
@@ -453,7 +455,7 @@ def export_policy(
     for _ in weights:
         pass
     holder = [None if error is None else f"{type(error).__name__}: {error}"]
-    dist.broadcast_object_list(holder, src=0)
+    collectives.broadcast_object_list(holder, src=0)
     if error is not None:
         raise error
     if holder[0] is not None:

@@ -39,6 +39,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from safetensors import safe_open
 
+from dapo_megatron import collectives
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.megatron.model import padded_vocab_size, unwrap_model
@@ -359,10 +360,10 @@ def _gather_tp(local: torch.Tensor, kind: str, group: dist.ProcessGroup, tp: int
         # Shards concatenate along dim 0: gather straight into the result, so the export
         # holds one full copy of the parameter, not the shards and their concatenation.
         full = local.new_empty((tp * local.shape[0], *local.shape[1:]))
-        dist.all_gather_into_tensor(full, local, group=group)
+        collectives.all_gather_into_tensor(full, local, group=group)
         return full
     shards = [torch.empty_like(local) for _ in range(tp)]
-    dist.all_gather(shards, local, group=group)
+    collectives.all_gather(shards, local, group=group)
     return torch.cat(shards, dim=1)
 
 
@@ -426,5 +427,6 @@ def export_hf_weights(model: torch.nn.Module, arch: ModelArch, dims: ParallelDim
         else:
             full = torch.empty(entry.full_shape, dtype=sample.dtype, device=sample.device)
         if dims.pp > 1:
-            dist.broadcast(full, src=dist.get_global_rank(pp_group, entry.stage), group=pp_group)
+            src = dist.get_global_rank(pp_group, entry.stage)
+            collectives.broadcast(full, src=src, group=pp_group)
         yield from _unfuse(entry, full, arch, dims.tp)

@@ -47,13 +47,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.inference.contexts import StaticInferenceContext
 from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
+from dapo_megatron import collectives
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.generation.base import Sample, SamplingParams
@@ -514,7 +514,7 @@ class MegatronGenerationBackend:
             tokens, logprobs = sample_next_tokens(logits_BV, sampling, generator)
             # float64 holds every token id (< 2**53) and every fp32 logprob exactly.
             packed[:, 0], packed[:, 1] = tokens, logprobs
-        dist.broadcast(
+        collectives.broadcast(
             packed,
             src=parallel_state.get_tensor_model_parallel_src_rank(),
             group=parallel_state.get_tensor_model_parallel_group(),

@@ -47,7 +47,8 @@ def _shift(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([t[1:], t.new_zeros(1)])
 
 
-def _device() -> torch.device:
+def compute_device() -> torch.device:
+    """Where the model computes: this rank's CUDA device, or the CPU without CUDA."""
     if torch.cuda.is_available():
         return torch.device("cuda", torch.cuda.current_device())
     return torch.device("cpu")
@@ -81,7 +82,7 @@ def packed_micro_batches(
     if not packs:  # only empty rows: one filler pack keeps the schedule (and DDP) in step
         packs, total = [[]], total or multiple
     cp_rank = parallel_state.get_context_parallel_rank() if dims.cp > 1 else 0
-    device = _device()
+    device = compute_device()
     advantages = batch.advantages
     micro = []
     for rows in packs:
@@ -94,7 +95,10 @@ def packed_micro_batches(
             cp_rank=cp_rank,
         )
         order = layout.local_order()
-        row_index = layout.row_index() if rows else torch.zeros((0, 1), dtype=torch.long)
+        # Built on the host with the rest of the layout, then moved with it below.
+        row_index = (
+            layout.row_index() if rows else torch.zeros((0, 1), dtype=torch.long, device="cpu")
+        )
 
         def local(t: torch.Tensor, _order: torch.Tensor = order) -> torch.Tensor:
             return t[_order][None].to(device)
@@ -147,12 +151,13 @@ def unpack_outputs(
     micro: list[dict[str, Any]], outputs: list[torch.Tensor], shape: tuple[int, int]
 ) -> torch.Tensor:
     """Token-aligned ``[B, S]`` from each pack's local prediction-aligned ``[1, T_local]``
-    outputs (gathered over the CP group first)."""
-    out = torch.zeros(shape, dtype=torch.float32)
+    outputs (gathered over the CP group first), on the outputs' device: nothing is read back
+    to the host here (the caller does it once for the whole batch)."""
+    out = torch.zeros(shape, dtype=torch.float32, device=outputs[0].device)
     group = parallel_state.get_context_parallel_group() if micro[0]["layout"].cp_size > 1 else None
     for mb, values in zip(micro, outputs, strict=True):
         layout: PackLayout = mb["layout"]
-        local = values.reshape(-1).float().cpu()
+        local = values.reshape(-1).float()
         full = gather_packed_from_context_parallel(
             local, layout.cu_seqlens(), seq_dim=0, group=group
         )

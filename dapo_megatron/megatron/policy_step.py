@@ -32,6 +32,7 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
+from dapo_megatron import collectives
 from dapo_megatron.algorithms.loss import (
     loss_denominator,
     metric_reduction,
@@ -49,6 +50,7 @@ from dapo_megatron.megatron.context_parallel import (
 )
 from dapo_megatron.megatron.model import unwrap_model
 from dapo_megatron.megatron.packed_batches import (
+    compute_device,
     packed_micro_batches,
     pad_multiple,
     to_rows,
@@ -91,7 +93,7 @@ class _CopyToTensorParallel(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         grad = grad.contiguous()
-        dist.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
+        collectives.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
         return grad
 
 
@@ -164,11 +166,7 @@ def _micro_batches(
     n_micro = max(1, -(-n_real // micro_batch_size))
     batch = batch.pad_to(n_micro * micro_batch_size, seq_len)
     cp_rank = parallel_state.get_context_parallel_rank()
-    device = (
-        torch.device("cuda", torch.cuda.current_device())
-        if torch.cuda.is_available()
-        else torch.device("cpu")
-    )
+    device = compute_device()
 
     def local(t: torch.Tensor | None) -> torch.Tensor | None:
         if t is None:
@@ -260,17 +258,25 @@ def _run(
         )
 
 
+def _no_tokens(device: torch.device) -> torch.Tensor:
+    """The token count a loss function reports to Megatron's schedule: 0, so that
+    ``finalize_model_grads`` does not rescale (module docstring). On the loss's device: the
+    schedule adds it to a device tensor."""
+    return torch.zeros((), dtype=torch.int, device=device)
+
+
 def _broadcast_from_last_stage(
     tensor: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype
 ) -> torch.Tensor:
-    """Give every pipeline stage the last stage's tensor."""
+    """Give every pipeline stage the last stage's tensor (the other stages' copy is made on
+    the compute device, where the last stage's outputs are)."""
     if parallel_state.get_pipeline_model_parallel_world_size() == 1:
         assert tensor is not None
         return tensor
     if tensor is None:
-        tensor = torch.empty(shape, dtype=dtype)
+        tensor = torch.empty(shape, dtype=dtype, device=compute_device())
     tensor = tensor.contiguous()
-    dist.broadcast(
+    collectives.broadcast(
         tensor,
         src=parallel_state.get_pipeline_model_parallel_last_rank(),
         group=parallel_state.get_pipeline_model_parallel_group(),
@@ -306,7 +312,7 @@ def compute_logprobs(
         out = {"lp": lp}
         if ent is not None:
             out["ent"] = ent
-        return torch.zeros((), device=lp.device), torch.tensor(0, dtype=torch.int), out
+        return torch.zeros((), device=lp.device), _no_tokens(lp.device), out
 
     outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=True)
     shape = (len(micro) * micro_batch_size, seq_len)
@@ -314,12 +320,13 @@ def compute_logprobs(
     for key in ("lp", "ent") if compute_entropy else ("lp",):
         full = None
         if parallel_state.is_pipeline_last_stage():
-            full = torch.cat([o[key] for o in outputs]).float().cpu()
+            # Gathered and broadcast on the compute device; read back once, below.
+            full = torch.cat([o[key] for o in outputs]).float()
             if ctx.dims.cp > 1:
                 full = gather_from_context_parallel(
                     full, seq_dim=1, group=parallel_state.get_context_parallel_group()
                 )
-        full = _broadcast_from_last_stage(full, shape, torch.float32)
+        full = _broadcast_from_last_stage(full, shape, torch.float32).cpu()
         # prediction-aligned -> token-aligned: the logprob of token t sits at column t.
         token_aligned = torch.cat([full.new_zeros((shape[0], 1)), full[:, :-1]], dim=1)
         results.append(token_aligned[:n_real, : batch.seq_len])
@@ -341,7 +348,7 @@ def _packed_logprobs(
         out = {"lp": lp}
         if ent is not None:
             out["ent"] = ent
-        return torch.zeros((), device=lp.device), torch.tensor(0, dtype=torch.int), out
+        return torch.zeros((), device=lp.device), _no_tokens(lp.device), out
 
     outputs = _run(model_chunks, packed.micro, packed.seq_len, 1, loss_fn, forward_only=True)
     shape = (len(batch), batch.seq_len)
@@ -350,7 +357,7 @@ def _packed_logprobs(
         full = None
         if parallel_state.is_pipeline_last_stage():
             full = unpack_outputs(packed.micro, [o[key] for o in outputs], shape)
-        results.append(_broadcast_from_last_stage(full, shape, torch.float32))
+        results.append(_broadcast_from_last_stage(full, shape, torch.float32).cpu())
     return results[0], results[1] if compute_entropy else None
 
 
@@ -361,52 +368,80 @@ def _packed_logprobs(
 def _global_denominator(
     batch: PolicyBatch, mode: LossAggMode, scale_length: int | None
 ) -> torch.Tensor:
-    """The mini-batch normaliser: local denominators summed over data-parallel ranks."""
+    """The mini-batch normaliser: local denominators summed over data-parallel ranks.
+
+    On the compute device: every micro-batch's loss divides by it, and a host tensor would
+    be copied to the device (a stream sync) once per micro-batch.
+    """
     local = loss_denominator(_shifted(batch.loss_mask), mode, loss_scale_length=scale_length)
-    total = local.to(torch.float64).reshape(1)
+    total = local.to(device=compute_device(), dtype=torch.float64).reshape(1)
     if parallel_state.get_data_parallel_world_size() > 1:
-        dist.all_reduce(total, group=parallel_state.get_data_parallel_group())
+        collectives.all_reduce(total, group=parallel_state.get_data_parallel_group())
     return total[0]
 
 
 def _reduce_metric_sums(outputs: list[dict], keys: list[str]) -> dict[str, torch.Tensor]:
     """Combine per-micro-batch metric sums over micro-batches and DP x CP ranks.
 
-    One all-reduce per reduction op (sum, max, min), not one per metric.
+    The sums stay on the device where the loss left them: one all-reduce per reduction op
+    (sum, max, min), not one per metric, and one read-back to the host for the whole step
+    (the returned 0-d tensors are on the CPU).
     """
-    ops = {"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
+    ops = {"sum": collectives.SUM, "max": collectives.MAX, "min": collectives.MIN}
     group = parallel_state.get_data_parallel_group(with_context_parallel=True)
     distributed = parallel_state.get_data_parallel_world_size(with_context_parallel=True) > 1
-    reduced: dict[str, torch.Tensor] = {}
+    first = next((o[k] for o in outputs for k in keys if torch.is_tensor(o[k])), None)
+    device = None if first is None else first.device
+    names: list[str] = []
+    parts: list[torch.Tensor] = []
     for how, op in ops.items():
-        names = [k for k in keys if metric_reduction(k) == how]
-        if not names:
+        these = [k for k in keys if metric_reduction(k) == how]
+        if not these:
             continue
         per_micro = torch.stack(
-            [torch.stack([o[k].double().reshape(()).cpu() for k in names]) for o in outputs]
+            [
+                torch.stack(
+                    [torch.as_tensor(o[k], device=device).double().reshape(()) for k in these]
+                )
+                for o in outputs
+            ]
         )
         local = getattr(per_micro, how)(dim=0)
         local = local.values if how != "sum" else local
         if distributed:
-            dist.all_reduce(local, op=op, group=group)
-        reduced.update(zip(names, local, strict=True))
-    return reduced
+            collectives.all_reduce(local, op=op, group=group)
+        names += these
+        parts.append(local)
+    if not parts:
+        return {}
+    host = torch.cat(parts).cpu()  # the step's one device-to-host copy of its metrics
+    return dict(zip(names, host.unbind(), strict=True))
 
 
 def _grads_are_finite(model_chunks: list[torch.nn.Module]) -> bool:
-    """True when every rank's gradients are finite (a non-finite step must be skipped)."""
-    bad = torch.zeros(1)
+    """True when every rank's gradients are finite (a non-finite step must be skipped).
+
+    One device-side flag over all gradients, one all-reduce, one read-back per step (a
+    per-parameter ``isfinite(...).all()`` test would read back once per parameter). The
+    flag is built from each gradient's max-norm, ``max |g|``, computed by one multi-tensor
+    ``_foreach_norm``: it is NaN or inf exactly when the gradient holds a NaN or an inf, and
+    unlike a 2-norm it cannot overflow on finite values.
+    """
+    grads = []
     for chunk in model_chunks:
         for p in chunk.parameters():
             grad = getattr(p, "main_grad", None)
             if grad is None:
                 grad = p.grad
-            if grad is not None and not torch.isfinite(grad).all():
-                bad.fill_(1.0)
-                break
+            if grad is not None and grad.numel() > 0:
+                grads.append(grad.detach())
+    bad = torch.zeros(1, device=grads[0].device if grads else compute_device())
+    if grads:
+        norms = torch._foreach_norm(grads, float("inf"))
+        finite = torch.stack([n.float().to(bad.device) for n in norms]).isfinite().all()
+        bad = (~finite).float().reshape(1)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        bad = bad.to(next(model_chunks[0].parameters()).device)
-        dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        collectives.all_reduce(bad, op=collectives.MAX)
     return bool(bad.item() == 0)
 
 
@@ -497,7 +532,7 @@ def train_step(
         if reuse and mb["rollout_logprobs"] is not None:
             # The mismatch diagnostics the skipped pass would have reported.
             metrics.update(mismatch_sums(old, mb["rollout_logprobs"], mb["mask"]))
-        return out.loss, torch.tensor(0, dtype=torch.int), metrics
+        return out.loss, _no_tokens(out.loss.device), metrics
 
     outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=False)
     metrics = _finish_metrics(outputs)
@@ -517,7 +552,7 @@ def _finish_metrics(outputs: list[dict]) -> dict[str, float]:
             metrics.update(mismatch_from_sums(mismatch))
     if parallel_state.get_pipeline_model_parallel_world_size() > 1:
         holder = [metrics]
-        dist.broadcast_object_list(
+        collectives.broadcast_object_list(
             holder,
             src=parallel_state.get_pipeline_model_parallel_last_rank(),
             group=parallel_state.get_pipeline_model_parallel_group(),
@@ -560,7 +595,7 @@ def sft_step(
             "loss_sum": loss.detach().double(),
             "num_valid_tokens": mb["mask"].sum().double(),
         }
-        return loss, torch.tensor(0, dtype=torch.int), metrics
+        return loss, _no_tokens(loss.device), metrics
 
     outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=False)
     metrics = _sft_metrics(outputs)
@@ -569,9 +604,9 @@ def sft_step(
 
 
 def _sft_metrics(outputs: list[dict]) -> dict[str, float]:
-    values = torch.zeros(2, dtype=torch.float64)
+    values = None
     if parallel_state.is_pipeline_last_stage():
         sums = _reduce_metric_sums(outputs, ["loss_sum", "num_valid_tokens"])
         values = torch.stack([sums["loss_sum"], sums["num_valid_tokens"]])
-    values = _broadcast_from_last_stage(values, (2,), torch.float64)
+    values = _broadcast_from_last_stage(values, (2,), torch.float64).cpu()
     return {"sft/nll": float(values[0]), "num_valid_tokens": float(values[1])}
