@@ -1,12 +1,14 @@
 """dapo-megatron: DAPO training recipes on Megatron-Core."""
 
+from pathlib import Path
+
 from setuptools import find_packages, setup
 
 setup(
     name="dapo-megatron",
     version="0.1.0",
     description="DAPO (Decoupled Clip and Dynamic sAmpling Policy Optimization) on Megatron-Core",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["dapo_megatron", "dapo_megatron.*"]),
@@ -31,11 +33,22 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest>=8", "hypothesis>=6.100", "pytest-timeout>=2.3", "ruff>=0.6", "mypy==2.4.1"],
+        "test": [
+            "pytest>=8",
+            "hypothesis>=6.100",
+            "pytest-timeout>=2.3",
+            "ruff>=0.6",
+            "mypy==2.4.1",
+        ],
         # Pinned: the code is written against vLLM 0.32.0's APIs (worker_extension_cls,
-        # collective_rpc, reload_weights, sleep/wake_up tags). Both resolve with torch==2.13.0
-        # (vllm 0.32.0 itself requires torch==2.13.0), checked with pip install --dry-run.
-        "gpu": ["vllm==0.32.0", "transformer-engine[pytorch]==2.20.2"],
+        # collective_rpc, reload_weights, sleep/wake_up tags); vllm 0.32.0 itself requires
+        # torch==2.13.0. Transformer Engine: megatron-core 0.16.1 is tested with
+        # >=2.9,<2.12 (its `dev` extra in the wheel's METADATA) and its TE layers call TE
+        # internals that change between releases, so the newest release in that range.
+        # `pip install --dry-run "transformer-engine[pytorch]==2.11.0" torch==2.13.0
+        # vllm==0.32.0` resolves (transformer_engine_torch 2.11.0 is an sdist, compiled
+        # against the installed torch when installed; torch>=2.1, core transformer_engine_cu13).
+        "gpu": ["vllm==0.32.0", "transformer-engine[pytorch]==2.11.0"],
     },
     entry_points={
         "console_scripts": [

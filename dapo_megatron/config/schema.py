@@ -108,6 +108,11 @@ class PolicyConfig:
     does not exist (the tiny CPU recipe); never wanted for real runs."""
     precision: Literal["bf16", "fp16", "fp32"]
     """Parameter and compute precision of the policy (fp32 master weights for bf16/fp16)."""
+    allow_local_spec: bool
+    """On CUDA, build Megatron's local (pure torch) layers when Transformer Engine does not
+    import, instead of stopping with the import error. The local spec attends unfused
+    (slower, and more activation memory than dapo-plan counts); for debugging a machine
+    without the gpu extra only. No effect on CPU, where the local spec is the only one."""
     megatron: MegatronConfig
     """Parallel layout and memory settings."""
     optimizer: OptimizerConfig

@@ -5,12 +5,16 @@ without biases, rotary embeddings with the model's theta, grouped-query attentio
 q/k/v bias for Qwen2, tied or untied input/output embeddings. Weights are random until
 ``hf_weights.load_hf_checkpoint`` fills them.
 
-Layer implementation: Transformer Engine's spec when ``transformer_engine`` imports and
-CUDA is present; otherwise Megatron's local (pure torch) spec with our own RMSNorm (the
-local spec's torch norm refuses sequence parallelism, see ``_RMSNorm``) and, when
-context parallelism is on or the model runs packed sequences (``packed=True``), our
-all-gather core attention (``context_parallel.py``), which implements both (Megatron's
-local ``DotProductAttention`` refuses CP > 1 and ``packed_seq_params``).
+Layer implementation: Transformer Engine's spec on CUDA; Megatron's local (pure torch)
+spec on CPU, with our own RMSNorm (the local spec's torch norm refuses sequence
+parallelism, see ``_RMSNorm``) and, when context parallelism is on or the model runs
+packed sequences (``packed=True``), our all-gather core attention (``context_parallel.py``),
+which implements both (Megatron's local ``DotProductAttention`` refuses CP > 1 and
+``packed_seq_params``). On CUDA a Transformer Engine that does not import is an error
+(``TransformerEngineUnavailable``), not a silent fall-back: the local spec attends unfused,
+which the memory plan does not count; ``policy.allow_local_spec`` opts in. Both specs get
+their arguments (QK-norm, MoE experts, grouped GEMM) from the same TransformerConfig
+fields (``spec_arguments``).
 
 Vocabulary padding: the embedding and output layer have ``padded_vocab_size`` rows (a
 multiple of 128 * TP, Megatron's convention, so that each TP shard is equal and GEMM
@@ -21,7 +25,8 @@ masked (or sliced off) before any softmax over the vocabulary.
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import warnings
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -54,15 +59,53 @@ def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def uses_transformer_engine() -> bool:
-    """True when the Transformer Engine layer spec is used (CUDA and an importable TE)."""
-    if not torch.cuda.is_available() or importlib.util.find_spec("transformer_engine") is None:
-        return False
+class TransformerEngineUnavailable(RuntimeError):
+    """CUDA is present but Transformer Engine (or Megatron's layers over it) does not import,
+    and ``policy.allow_local_spec`` is false."""
+
+
+def transformer_engine_error() -> str | None:
+    """None when Transformer Engine and Megatron's TE layers import; else the error's text.
+
+    Megatron's ``gpt_layer_specs`` swallows the same import error (its ``HAVE_TE``), so the
+    TE spec would fail later and less clearly; this asks the same imports directly."""
     try:
         import transformer_engine.pytorch  # noqa: F401
-    except (ImportError, OSError, RuntimeError):
+        from megatron.core.extensions.transformer_engine_spec_provider import (  # noqa: F401
+            TESpecProvider,
+        )
+    except Exception as error:  # ImportError, OSError (a missing .so), RuntimeError, ...
+        return f"{type(error).__name__}: {error}"
+    return None
+
+
+def uses_transformer_engine(*, allow_local_spec: bool = False) -> bool:
+    """True when the Transformer Engine layer spec is used: on CUDA, always, unless TE does
+    not import and ``allow_local_spec`` accepts the local spec instead; on CPU, never.
+
+    Raises:
+        TransformerEngineUnavailable: CUDA without an importable TE, not opted in.
+    """
+    if not torch.cuda.is_available():
         return False
-    return True
+    error = transformer_engine_error()
+    if error is None:
+        return True
+    if allow_local_spec:
+        warnings.warn(
+            f"Transformer Engine does not import ({error}); policy.allow_local_spec=true: "
+            "the local spec runs on CUDA (unfused attention, more activation memory than "
+            "dapo-plan counts)",
+            stacklevel=2,
+        )
+        return False
+    raise TransformerEngineUnavailable(
+        f"Transformer Engine does not import on this CUDA machine ({error}); without it the "
+        "policy would run Megatron's local spec: unfused attention, slower, and more "
+        "activation memory than dapo-plan counts. Install the gpu extra "
+        "(pip install -e '.[gpu]', which pins transformer-engine[pytorch]), or set "
+        "policy.allow_local_spec=true to run the local spec on purpose"
+    )
 
 
 def _recompute_settings(recompute: str) -> dict[str, object]:
@@ -159,18 +202,32 @@ class _RMSNorm(torch.nn.RMSNorm):
         return self.weight * x32.to(x.dtype)
 
 
+def spec_arguments(config: TransformerConfig) -> dict[str, Any]:
+    """The layer-spec arguments both specs take from the model's config (QK-norm, MoE), so
+    the TE spec on GPU and the local spec on CPU build the same layer."""
+    return {
+        "num_experts": config.num_moe_experts,
+        "moe_grouped_gemm": config.moe_grouped_gemm,
+        "qk_layernorm": config.qk_layernorm,
+    }
+
+
 def _local_block_spec(config: TransformerConfig, packed: bool) -> TransformerBlockSubmodules:
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(normalization="RMSNorm", **spec_arguments(config))
     self_attention = spec.submodules.self_attention
+    attention: dict[str, type] = {}
     if config.context_parallel_size > 1 or packed:
         # The local DotProductAttention refuses CP > 1 and packed sequences (only TE
         # implements them); ours all-gathers K/V over the CP group and attends per packed
         # sequence. CP == 1 without packing keeps Megatron's module and numerics.
+        attention["core_attention"] = ContextParallelAttention
+    if config.qk_layernorm:
+        # The local QK-norm is the same torch norm that refuses sequence parallelism.
+        attention.update(q_layernorm=_RMSNorm, k_layernorm=_RMSNorm)
+    if attention:
         self_attention = dataclasses.replace(
             self_attention,
-            submodules=dataclasses.replace(
-                self_attention.submodules, core_attention=ContextParallelAttention
-            ),
+            submodules=dataclasses.replace(self_attention.submodules, **attention),
         )
     layer = dataclasses.replace(
         spec,
@@ -187,17 +244,18 @@ def _local_block_spec(config: TransformerConfig, packed: bool) -> TransformerBlo
 
 
 def layer_spec(
-    config: TransformerConfig, *, packed: bool = False
+    config: TransformerConfig, *, packed: bool = False, allow_local_spec: bool = False
 ) -> ModuleSpec | TransformerBlockSubmodules:
-    """The decoder spec: Transformer Engine on GPU when available, local modules otherwise.
+    """The decoder spec: Transformer Engine on GPU, local modules on CPU (and on GPU only
+    with ``allow_local_spec``, when TE does not import; ``uses_transformer_engine``).
 
     The local spec under CP > 1 or with ``packed`` uses ``ContextParallelAttention``; its
     inputs must then be split with ``context_parallel.split_for_context_parallel`` (or
     ``split_packed_for_context_parallel`` for packed rows: the layouts that GPTModel's
     rotary embedding assumes). TE's spec handles both natively and is the same either way.
     """
-    if uses_transformer_engine():
-        return get_gpt_layer_with_transformer_engine_spec()
+    if uses_transformer_engine(allow_local_spec=allow_local_spec):
+        return get_gpt_layer_with_transformer_engine_spec(**spec_arguments(config))
     return _local_block_spec(config, packed)
 
 
@@ -208,6 +266,7 @@ def build_model(
     *,
     recompute: str = "none",
     packed: bool = False,
+    allow_local_spec: bool = False,
 ) -> GPTModel:
     """This rank's pipeline stage of the GPT model (requires ``initialize_parallel``).
 
@@ -227,6 +286,9 @@ def build_model(
     ``context_parallel.split_packed_for_context_parallel``; the logits are ``[1, t,
     padded_vocab / tp]`` in the same layout. On CPU (local spec) this needs
     ``packed=True``; on GPU the Transformer Engine spec handles it either way.
+
+    ``allow_local_spec`` (``policy.allow_local_spec``): on CUDA without an importable
+    Transformer Engine, build the local spec instead of raising TransformerEngineUnavailable.
     """
     apply_cpu_compat()
     # Packed batches: Megatron's unfused THD RoPE loops over the sequences on every layer;
@@ -235,7 +297,7 @@ def build_model(
     config = transformer_config(arch, dims, precision, recompute=recompute)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(config, packed=packed),
+        transformer_layer_spec=layer_spec(config, packed=packed, allow_local_spec=allow_local_spec),
         vocab_size=padded_vocab_size(arch.vocab_size, dims.tp),
         max_sequence_length=arch.max_position_embeddings,
         pre_process=parallel_state.is_pipeline_first_stage(),

@@ -72,6 +72,7 @@ class MegatronPolicy:
             policy.precision,
             recompute=policy.megatron.recompute_granularity,
             packed=packed,
+            allow_local_spec=policy.allow_local_spec,
         )
         load_hf_checkpoint(model, policy.model_name_or_path, arch, self.dims)
         # Our losses carry the global normaliser themselves: Megatron must only sum
@@ -119,6 +120,7 @@ class MegatronPolicy:
             self.dims,
             self.config.policy.precision,
             packed=self.ctx.max_tokens_per_microbatch is not None,
+            allow_local_spec=self.config.policy.allow_local_spec,
         )
         ckpt.restore_rng_state(rng)
         reference.config.calculate_per_token_loss = True  # as the policy's (forward only)

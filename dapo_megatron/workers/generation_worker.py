@@ -124,6 +124,8 @@ class GenerationWorker:
         from dapo_megatron.config.parallel import ParallelDims
         from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
         from dapo_megatron.megatron.distributed import initialize_parallel
+        from dapo_megatron.megatron.hf_weights import load_hf_checkpoint
+        from dapo_megatron.megatron.model import build_model
 
         policy = self.config.policy
         arch = self.plan.require_arch()
@@ -132,11 +134,14 @@ class GenerationWorker:
             os.environ.pop(name, None)
         dims = ParallelDims(tp=1, pp=1, cp=1, dp=1, sequence_parallel=False)
         initialize_parallel(dims, seed=self.config.run.seed + self.engine_index)
-        return MegatronGenerationBackend.from_hf_checkpoint(
-            policy.model_name_or_path,
+        # Built here rather than by MegatronGenerationBackend.from_hf_checkpoint: the layer
+        # spec follows the policy's (policy.allow_local_spec on a CUDA machine without TE).
+        model = build_model(arch, dims, policy.precision, allow_local_spec=policy.allow_local_spec)
+        load_hf_checkpoint(model, policy.model_name_or_path, arch, dims)
+        return MegatronGenerationBackend(
+            model,
             arch,
             dims,
-            policy.precision,
             max_batch_size=self.config.generation.engine.max_num_seqs,
             max_model_len=policy.max_total_sequence_length,
         )
