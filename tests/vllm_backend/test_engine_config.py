@@ -55,10 +55,12 @@ def _save_config(out: Path) -> str:
     return str(out)
 
 
-def cuda_node_has_triton(monkeypatch: pytest.MonkeyPatch) -> bool:
+def cuda_node_has_triton(
+    monkeypatch: pytest.MonkeyPatch, *, nvidia_active: bool = True, visible_devices: str = "0"
+) -> bool:
     """vLLM's ``HAS_TRITON`` as computed on a CUDA node: its module re-executed (a fresh copy,
-    the imported one stays as it is) with Triton's NVIDIA driver active, the AMD one not,
-    a vLLM build that is not the CPU one, and a GPU in CUDA_VISIBLE_DEVICES."""
+    the imported one stays as it is) with a vLLM build that is not the CPU one, Triton's
+    NVIDIA driver active (or not) and the AMD one not, and CUDA_VISIBLE_DEVICES as given."""
     import triton.backends
     import vllm.platforms
     from vllm.triton_utils import importing
@@ -66,11 +68,10 @@ def cuda_node_has_triton(monkeypatch: pytest.MonkeyPatch) -> bool:
     def backend(active: bool) -> SimpleNamespace:
         return SimpleNamespace(driver=SimpleNamespace(is_active=lambda: active))
 
-    monkeypatch.setattr(
-        triton.backends, "backends", {"nvidia": backend(True), "amd": backend(False)}
-    )
+    drivers = {"nvidia": backend(nvidia_active), "amd": backend(False)}
+    monkeypatch.setattr(triton.backends, "backends", drivers)
     monkeypatch.setattr(vllm.platforms, "vllm_version_matches_substr", lambda substr: False)
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible_devices)
     spec = importlib.util.spec_from_file_location("_triton_on_a_cuda_node", importing.__file__)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -125,6 +126,25 @@ def cuda_config(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         vllm_backend.configure_runner_environment()
         args = _arguments(model_dir, enable_sleep_mode=current_platform.is_sleep_mode_available())
         yield EngineArgs(**args).create_engine_config()
+
+
+@pytest.mark.parametrize(
+    ("nvidia_active", "visible_devices", "expected"),
+    [
+        (True, "0", True),  # a CUDA node: V2 by default
+        (False, "", True),  # a Ray actor while CUDA_VISIBLE_DEVICES is still empty: too
+        (False, "0", False),  # control: no active driver, not in Ray's start-up window
+    ],
+)
+def test_vllm_sees_triton_on_a_cuda_node(
+    monkeypatch, nvidia_active: bool, visible_devices: str, expected: bool
+) -> None:
+    """The facts _apply_cuda_facts relies on (seen on an H200 with Triton 3.6: NVIDIA driver
+    active, AMD not; HAS_TRITON True with CUDA_VISIBLE_DEVICES unset, "0" and "")."""
+    has_triton = cuda_node_has_triton(
+        monkeypatch, nvidia_active=nvidia_active, visible_devices=visible_devices
+    )
+    assert has_triton is expected
 
 
 def test_arguments_differ_from_the_cpu_build_only_in_sleep_mode(tmp_path) -> None:
