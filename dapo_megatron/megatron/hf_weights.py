@@ -73,23 +73,54 @@ def _layer_entries(arch: ModelArch, layer: int, local: int, stage: int) -> list[
     mg = f"decoder.layers.{local}."
     attn = [f"{hf}self_attn.{p}_proj" for p in "qkv"]
     entries = [
-        _Entry((f"{mg}input_layernorm.weight", f"{mg}self_attention.linear_qkv.layer_norm_weight"),
-               (f"{hf}input_layernorm.weight",), REPLICATED, stage, (h,)),
-        _Entry((f"{mg}self_attention.linear_qkv.weight",), tuple(f"{a}.weight" for a in attn),
-               QKV, stage, (qkv_rows, h)),
+        _Entry(
+            (f"{mg}input_layernorm.weight", f"{mg}self_attention.linear_qkv.layer_norm_weight"),
+            (f"{hf}input_layernorm.weight",),
+            REPLICATED,
+            stage,
+            (h,),
+        ),
+        _Entry(
+            (f"{mg}self_attention.linear_qkv.weight",),
+            tuple(f"{a}.weight" for a in attn),
+            QKV,
+            stage,
+            (qkv_rows, h),
+        ),
     ]
     if arch.add_qkv_bias:
-        entries.append(_Entry((f"{mg}self_attention.linear_qkv.bias",),
-                              tuple(f"{a}.bias" for a in attn), QKV, stage, (qkv_rows,)))
+        entries.append(
+            _Entry(
+                (f"{mg}self_attention.linear_qkv.bias",),
+                tuple(f"{a}.bias" for a in attn),
+                QKV,
+                stage,
+                (qkv_rows,),
+            )
+        )
     entries += [
-        _Entry((f"{mg}self_attention.linear_proj.weight",), (f"{hf}self_attn.o_proj.weight",),
-               ROW, stage, (h, arch.num_attention_heads * arch.head_dim)),
-        _Entry((f"{mg}pre_mlp_layernorm.weight", f"{mg}mlp.linear_fc1.layer_norm_weight"),
-               (f"{hf}post_attention_layernorm.weight",), REPLICATED, stage, (h,)),
-        _Entry((f"{mg}mlp.linear_fc1.weight",),
-               (f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight"), FC1, stage, (2 * f, h)),
-        _Entry((f"{mg}mlp.linear_fc2.weight",), (f"{hf}mlp.down_proj.weight",), ROW, stage,
-               (h, f)),
+        _Entry(
+            (f"{mg}self_attention.linear_proj.weight",),
+            (f"{hf}self_attn.o_proj.weight",),
+            ROW,
+            stage,
+            (h, arch.num_attention_heads * arch.head_dim),
+        ),
+        _Entry(
+            (f"{mg}pre_mlp_layernorm.weight", f"{mg}mlp.linear_fc1.layer_norm_weight"),
+            (f"{hf}post_attention_layernorm.weight",),
+            REPLICATED,
+            stage,
+            (h,),
+        ),
+        _Entry(
+            (f"{mg}mlp.linear_fc1.weight",),
+            (f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight"),
+            FC1,
+            stage,
+            (2 * f, h),
+        ),
+        _Entry((f"{mg}mlp.linear_fc2.weight",), (f"{hf}mlp.down_proj.weight",), ROW, stage, (h, f)),
     ]
     return entries
 
@@ -101,20 +132,43 @@ def _entries(arch: ModelArch, dims: ParallelDims) -> list[_Entry]:
     per_stage = arch.num_layers // dims.pp
     last = dims.pp - 1
     vocab_shape = (padded_vocab_size(arch.vocab_size, dims.tp), arch.hidden_size)
-    entries = [_Entry(("embedding.word_embeddings.weight",), ("model.embed_tokens.weight",),
-                      VOCAB, 0, vocab_shape)]
+    entries = [
+        _Entry(
+            ("embedding.word_embeddings.weight",),
+            ("model.embed_tokens.weight",),
+            VOCAB,
+            0,
+            vocab_shape,
+        )
+    ]
     for layer in range(arch.num_layers):
         entries += _layer_entries(arch, layer, layer % per_stage, layer // per_stage)
-    entries.append(_Entry(("decoder.final_layernorm.weight",), ("model.norm.weight",),
-                          REPLICATED, last, (arch.hidden_size,)))
+    entries.append(
+        _Entry(
+            ("decoder.final_layernorm.weight",),
+            ("model.norm.weight",),
+            REPLICATED,
+            last,
+            (arch.hidden_size,),
+        )
+    )
     if not arch.tie_word_embeddings:
-        entries.append(_Entry(("output_layer.weight",), ("lm_head.weight",), VOCAB, last,
-                              vocab_shape))
+        entries.append(
+            _Entry(("output_layer.weight",), ("lm_head.weight",), VOCAB, last, vocab_shape)
+        )
     elif dims.pp > 1:
         # With PP, Megatron keeps a copy of the tied embedding as the last stage's output
         # layer (kept in sync by a gradient all-reduce); it is filled from embed_tokens.
-        entries.append(_Entry(("output_layer.weight",), ("model.embed_tokens.weight",),
-                              VOCAB, last, vocab_shape, export=False))
+        entries.append(
+            _Entry(
+                ("output_layer.weight",),
+                ("model.embed_tokens.weight",),
+                VOCAB,
+                last,
+                vocab_shape,
+                export=False,
+            )
+        )
     return entries
 
 
@@ -145,8 +199,9 @@ class _LazyCheckpoint:
             self._handles.update(dict.fromkeys(handle.keys(), handle))
         self._dir = hf_dir
 
-    def slice(self, name: str, rows: slice = slice(None), cols: slice | None = None
-              ) -> torch.Tensor:
+    def slice(
+        self, name: str, rows: slice = slice(None), cols: slice | None = None
+    ) -> torch.Tensor:
         """``tensor[rows]`` or ``tensor[rows, cols]`` of HF tensor ``name``, read lazily."""
         if name not in self._handles:
             raise KeyError(f"tensor {name!r} is not in the checkpoint {self._dir}")
@@ -160,8 +215,9 @@ class _InMemoryTensors:
     def __init__(self, tensors: dict[str, torch.Tensor]) -> None:
         self._tensors = tensors
 
-    def slice(self, name: str, rows: slice = slice(None), cols: slice | None = None
-              ) -> torch.Tensor:
+    def slice(
+        self, name: str, rows: slice = slice(None), cols: slice | None = None
+    ) -> torch.Tensor:
         """``tensor[rows]`` or ``tensor[rows, cols]`` (a view) of HF tensor ``name``."""
         tensor = self._tensors[name]
         return tensor[rows] if cols is None else tensor[rows, cols]
@@ -175,8 +231,9 @@ def _span(size: int, rank: int, world: int) -> slice:
     return slice(rank * step, (rank + 1) * step)
 
 
-def _read_shard(entry: _Entry, ckpt: _LazyCheckpoint | _InMemoryTensors, arch: ModelArch,
-                rank: int, tp: int) -> torch.Tensor:
+def _read_shard(
+    entry: _Entry, ckpt: _LazyCheckpoint | _InMemoryTensors, arch: ModelArch, rank: int, tp: int
+) -> torch.Tensor:
     """This TP rank's shard of ``entry`` in Megatron layout, read from HF tensors."""
     if entry.kind == REPLICATED:
         return ckpt.slice(entry.hf[0])
@@ -196,14 +253,20 @@ def _read_shard(entry: _Entry, ckpt: _LazyCheckpoint | _InMemoryTensors, arch: M
     k = ckpt.slice(k_name, slice(groups.start * hn, groups.stop * hn))
     v = ckpt.slice(v_name, slice(groups.start * hn, groups.stop * hn))
     rest = q.shape[1:]
-    fused = torch.cat([q.reshape(local_groups, q_per_group * hn, *rest),
-                       k.reshape(local_groups, hn, *rest),
-                       v.reshape(local_groups, hn, *rest)], dim=1)
+    fused = torch.cat(
+        [
+            q.reshape(local_groups, q_per_group * hn, *rest),
+            k.reshape(local_groups, hn, *rest),
+            v.reshape(local_groups, hn, *rest),
+        ],
+        dim=1,
+    )
     return fused.reshape(-1, *rest)
 
 
-def _read_vocab_shard(entry: _Entry, ckpt: _LazyCheckpoint | _InMemoryTensors,
-                      arch: ModelArch, rank: int, tp: int) -> torch.Tensor:
+def _read_vocab_shard(
+    entry: _Entry, ckpt: _LazyCheckpoint | _InMemoryTensors, arch: ModelArch, rank: int, tp: int
+) -> torch.Tensor:
     """Rows of the padded vocabulary on this rank: real rows from HF, then zero rows."""
     rows = _span(entry.full_shape[0], rank, tp)
     real_stop = min(rows.stop, arch.vocab_size)
@@ -218,12 +281,15 @@ def _check_layer_offset(model: torch.nn.Module, arch: ModelArch, dims: ParallelD
     offset = parallel_state.get_pipeline_model_parallel_rank() * per_stage
     built = [layer.layer_number - 1 for layer in model.decoder.layers]
     if built != list(range(offset, offset + per_stage)):
-        raise ValueError(f"stage holds global layers {built}, expected {offset}..{offset + per_stage - 1}")
+        raise ValueError(
+            f"stage holds global layers {built}, expected {offset}..{offset + per_stage - 1}"
+        )
 
 
 @torch.no_grad()
-def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, arch: ModelArch,
-                       dims: ParallelDims) -> None:
+def load_hf_checkpoint(
+    model: torch.nn.Module, hf_dir: str | Path, arch: ModelArch, dims: ParallelDims
+) -> None:
     """Copy an HF safetensors checkpoint (one or many shards) into this rank's model shard.
 
     Args:
@@ -255,9 +321,15 @@ def load_hf_checkpoint(model: torch.nn.Module, hf_dir: str | Path, arch: ModelAr
         raise KeyError(f"model parameters with no HF source: {missing}")
 
 
-def _copy_shard(entry: _Entry, source: _LazyCheckpoint | _InMemoryTensors,
-                params: dict[str, torch.nn.Parameter], arch: ModelArch, tp_rank: int, tp: int,
-                origin: str) -> str:
+def _copy_shard(
+    entry: _Entry,
+    source: _LazyCheckpoint | _InMemoryTensors,
+    params: dict[str, torch.nn.Parameter],
+    arch: ModelArch,
+    tp_rank: int,
+    tp: int,
+    origin: str,
+) -> str:
     """Copy this TP rank's shard of ``entry`` from ``source``; returns the parameter name."""
     name = _resolve(entry, params)
     shard = _read_shard(entry, source, arch, tp_rank, tp)
@@ -284,8 +356,12 @@ def _hf_shapes(entry: _Entry, arch: ModelArch) -> list[tuple[int, ...]]:
 
 
 @torch.no_grad()
-def load_hf_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str, torch.Tensor]],
-                    arch: ModelArch, dims: ParallelDims) -> None:
+def load_hf_tensors(
+    model: torch.nn.Module,
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    arch: ModelArch,
+    dims: ParallelDims,
+) -> None:
     """Copy full HF-named tensors into this rank's model shard (the refit of a model copy).
 
     Each rank keeps only its TP shard of its pipeline stage: tensors of other stages are
@@ -311,8 +387,11 @@ def load_hf_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str, t
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     stage = parallel_state.get_pipeline_model_parallel_rank()
     entries = _entries(arch, dims)
-    expected_shape = {name: shape for entry in entries
-                      for name, shape in zip(entry.hf, _hf_shapes(entry, arch), strict=True)}
+    expected_shape = {
+        name: shape
+        for entry in entries
+        for name, shape in zip(entry.hf, _hf_shapes(entry, arch), strict=True)
+    }
     # HF name -> indices of this stage's entries that need it (tied PP: two entries).
     needed_by: dict[str, list[int]] = {}
     local = [entry for entry in entries if entry.stage == stage]
@@ -329,29 +408,32 @@ def load_hf_tensors(model: torch.nn.Module, named_tensors: Iterable[tuple[str, t
                 continue
             raise KeyError(f"{name!r} is not a weight of this {arch.family} architecture")
         if tuple(tensor.shape) != expected_shape[name]:
-            raise ValueError(f"{name}: shape {tuple(tensor.shape)}, expected "
-                             f"{expected_shape[name]}")
+            raise ValueError(
+                f"{name}: shape {tuple(tensor.shape)}, expected {expected_shape[name]}"
+            )
         if name not in needed_by:
             continue  # another pipeline stage's weight
         pending[name] = tensor
         for index in needed_by[name]:
             entry = local[index]
             if index not in done and all(part in pending for part in entry.hf):
-                loaded.add(_copy_shard(entry, source, params, arch, tp_rank, dims.tp,
-                                       "the given tensors"))
+                loaded.add(
+                    _copy_shard(entry, source, params, arch, tp_rank, dims.tp, "the given tensors")
+                )
                 done.add(index)
         for part in [p for p in pending if all(i in done for i in needed_by[p])]:
             del pending[part]
     missing = sorted(set(params) - loaded)
     if missing:
-        absent = sorted({n for i, e in enumerate(local) if i not in done for n in e.hf} -
-                        set(pending))
-        raise KeyError(f"model parameters with no HF tensor: {missing} (missing HF tensors: "
-                       f"{absent})")
+        absent = sorted(
+            {n for i, e in enumerate(local) if i not in done for n in e.hf} - set(pending)
+        )
+        raise KeyError(
+            f"model parameters with no HF tensor: {missing} (missing HF tensors: {absent})"
+        )
 
 
-def _gather_tp(local: torch.Tensor, kind: str, group: dist.ProcessGroup, tp: int
-               ) -> torch.Tensor:
+def _gather_tp(local: torch.Tensor, kind: str, group: dist.ProcessGroup, tp: int) -> torch.Tensor:
     """Concatenate the TP shards of a parameter (a fresh tensor, never the parameter)."""
     if kind == REPLICATED or tp == 1:
         return local.detach().clone()
@@ -367,16 +449,19 @@ def _gather_tp(local: torch.Tensor, kind: str, group: dist.ProcessGroup, tp: int
     return torch.cat(shards, dim=1)
 
 
-def _unfuse(entry: _Entry, full: torch.Tensor, arch: ModelArch, tp: int
-            ) -> list[tuple[str, torch.Tensor]]:
+def _unfuse(
+    entry: _Entry, full: torch.Tensor, arch: ModelArch, tp: int
+) -> list[tuple[str, torch.Tensor]]:
     """Split a TP-concatenated Megatron tensor back into its HF tensors."""
     if entry.kind == VOCAB:
         # A view: ``full`` is already a fresh tensor, and the padding rows are its tail.
         return [(entry.hf[0], full[: arch.vocab_size])]
     if entry.kind == FC1:
         halves = full.view(tp, 2, arch.ffn_hidden_size // tp, *full.shape[1:])
-        return [(name, halves[:, i].reshape(arch.ffn_hidden_size, *full.shape[1:]))
-                for i, name in enumerate(entry.hf)]
+        return [
+            (name, halves[:, i].reshape(arch.ffn_hidden_size, *full.shape[1:]))
+            for i, name in enumerate(entry.hf)
+        ]
     if entry.kind == QKV:
         ng, hn = arch.num_query_groups, arch.head_dim
         q_per_group = arch.num_attention_heads // ng
@@ -404,8 +489,9 @@ def hf_weight_specs(arch: ModelArch, dims: ParallelDims) -> list[tuple[str, tupl
 
 
 @torch.no_grad()
-def export_hf_weights(model: torch.nn.Module, arch: ModelArch, dims: ParallelDims
-                      ) -> Iterator[tuple[str, torch.Tensor]]:
+def export_hf_weights(
+    model: torch.nn.Module, arch: ModelArch, dims: ParallelDims
+) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full tensor)`` for every HF weight, on every rank, same order.
 
     Tensors are complete (TP shards gathered, vocabulary padding removed), in the model's
