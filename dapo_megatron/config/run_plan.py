@@ -133,7 +133,25 @@ def runtime_problems(plan: RunPlan) -> list[str]:
             f"generation.backend=megatron, or cluster.colocated=false with "
             f"cluster.generation_num_devices"
         )
+    if plan.device == "cuda" and not config.policy.allow_local_spec and not te_installed():
+        # The worker would raise TransformerEngineUnavailable after Ray started every rank;
+        # a missing package is visible here already (a broken one only when imported there).
+        problems.append(
+            "policy.allow_local_spec = false and cluster.device resolves to cuda, but "
+            "transformer_engine is not installed here: the policy would run the unfused "
+            "local layer spec that the memory plan does not count. Install the gpu extra "
+            "(pip install -e '.[gpu]'), or set policy.allow_local_spec=true to run the "
+            "local spec on purpose"
+        )
     return problems
+
+
+def te_installed() -> bool:
+    """Whether the transformer_engine package is installed (found, not imported: importing
+    it initialises CUDA in the driver)."""
+    import importlib.util
+
+    return importlib.util.find_spec("transformer_engine") is not None
 
 
 def resolve_device(cluster: ClusterConfig) -> Device:

@@ -73,10 +73,12 @@ def _transport_member(
             buffer = SharedBuffer.open(handle)
             recv_stats = TransferStats()
             mismatched = []
+            checking = 0.0  # time spent regenerating and comparing, left out of the rate
             start = time.perf_counter()
             for name, tensor in receive_shared(
                 plan, group, buffer, device=device, stats=recv_stats
             ):
+                check_start = time.perf_counter()
                 index = int(name[1:])
                 want = _tensor(index, shapes[index], device)
                 same = tensor.shape == want.shape and torch.equal(
@@ -84,7 +86,8 @@ def _transport_member(
                 )
                 if not same:
                     mismatched.append(name)
-            seconds = time.perf_counter() - start
+                checking += time.perf_counter() - check_start
+            seconds = time.perf_counter() - start - checking
             group.barrier()
             buffer.close()
             queue.put(
@@ -141,7 +144,7 @@ def ipc_section() -> dict[str, Any]:
         "tensors": recv["tensors"],
         "buckets": recv["buckets"],
         "mib": round(recv["bytes"] / 2**20, 1),
-        "receiver_gb_s": round(recv["bytes"] / max(recv["seconds"], 1e-9) / 1e9, 2),
+        "receiver_gb_s_without_check": round(recv["bytes"] / max(recv["seconds"], 1e-9) / 1e9, 2),
         "byte_exact": True,
     }
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_megatron.config import ConfigError, load_config
+from dapo_megatron.config import ConfigError, load_config, run_plan
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.run_plan import RunPlan, policy_plan, runtime_problems
@@ -60,7 +60,8 @@ def test_split_vllm_plan_by_hand() -> None:
     assert plan.padded_vocab_size == 256  # 64 padded to a multiple of 128 * 2
 
 
-def test_colocated_vllm_on_gpu_shares_devices_and_uses_ipc() -> None:
+def test_colocated_vllm_on_gpu_shares_devices_and_uses_ipc(monkeypatch) -> None:
+    monkeypatch.setattr(run_plan, "te_installed", lambda: True)
     plan = plan_of(
         "cluster.device=cuda", "cluster.gpus_per_node=4", "generation.backend=vllm",
         "generation.engine.tensor_parallel_size=2", "policy.train_micro_batch_size=8",
@@ -75,6 +76,23 @@ def test_colocated_vllm_that_resolves_to_cpu_is_a_runtime_problem() -> None:
     assert plan.device == "cpu"
     (problem,) = runtime_problems(plan)
     assert "cluster.colocated = true needs GPUs" in problem and "cluster.device = auto" in problem
+
+
+def test_missing_transformer_engine_on_cuda_is_a_runtime_problem(monkeypatch) -> None:
+    """Refused before any worker starts, unless the user opts into the local spec."""
+    monkeypatch.setattr(run_plan, "te_installed", lambda: False)
+    plan = plan_of("cluster.device=cuda", "generation.backend=megatron")
+    (problem,) = runtime_problems(plan)
+    assert "transformer_engine is not installed" in problem
+    assert "policy.allow_local_spec=true" in problem and "'.[gpu]'" in problem
+    opted_in = plan_of(
+        "cluster.device=cuda", "generation.backend=megatron", "policy.allow_local_spec=true"
+    )
+    assert runtime_problems(opted_in) == []
+    monkeypatch.setattr(run_plan, "te_installed", lambda: True)
+    assert runtime_problems(plan) == []
+    # CPU runs never need it.
+    assert runtime_problems(plan_of("generation.backend=megatron")) == []
 
 
 def test_plan_is_frozen_and_picklable_for_ray() -> None:
