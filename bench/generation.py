@@ -38,10 +38,9 @@ from pathlib import Path
 import torch
 import transformers
 
-from dapo_megatron.config.model_arch import PRESETS, ModelArch, arch_from_hf_config
+from dapo_megatron.config.model_arch import PRESETS, ModelArch, arch_from_hf_config, qwen2_hf_config
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.data.tiny_model import qwen2_hf_config
-from dapo_megatron.generation import SamplingParams
+from dapo_megatron.shared.sampling import SamplingParams
 
 
 def _prompts(num: int, lengths: tuple[int, int], vocab: int, seed: int) -> list[list[int]]:
@@ -145,8 +144,8 @@ def main() -> None:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
     from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
+    from dapo_megatron.megatron.inference import MegatronGenerationBackend
 
     hf_config = qwen2_hf_config(PRESETS[args.preset])
     torch.manual_seed(0)

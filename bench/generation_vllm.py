@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 import transformers
 
-from dapo_megatron.generation import SamplingParams
+from dapo_megatron.shared.sampling import SamplingParams
 
 
 def main() -> None:

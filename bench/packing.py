@@ -113,7 +113,7 @@ def expected_mix(cap: int) -> dict[str, float]:
 
 def make_batch(prompts: list[int], responses: list[int], vocab: int, seed: int):
     """Right-padded PolicyBatch: random tokens, response tokens in the loss, [B] advantages."""
-    from dapo_megatron.data.batch import PolicyBatch
+    from dapo_megatron.shared.batch import PolicyBatch
 
     gen = torch.Generator().manual_seed(seed + 1)
     lengths = [p + r for p, r in zip(prompts, responses, strict=True)]

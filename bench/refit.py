@@ -278,7 +278,7 @@ def _config(args: argparse.Namespace, tp: int, transport: str = "broadcast"):
 
 
 def _greedy(engines, vocab: int) -> list[tuple[list[int], list[float]]]:
-    from dapo_megatron.generation import SamplingParams
+    from dapo_megatron.shared.sampling import SamplingParams
 
     gen = torch.Generator().manual_seed(7)
     prompts = [torch.randint(0, vocab, (8,), generator=gen).tolist() for _ in range(4)]

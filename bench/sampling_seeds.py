@@ -54,7 +54,7 @@ import torch
 
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.data.tiny_model import create_tiny_model
-from dapo_megatron.generation import SamplingParams
+from dapo_megatron.shared.sampling import SamplingParams
 
 MODES = ("per_request", "engine")
 

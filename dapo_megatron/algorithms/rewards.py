@@ -15,21 +15,15 @@ from collections.abc import Sequence
 
 import torch
 
+from dapo_megatron.shared.sampling import FINISH_REASON_LENGTH, FINISH_REASON_STOP
+
 __all__ = [
-    "FINISH_REASON_LENGTH",
-    "FINISH_REASON_STOP",
     "apply_soft_overlong_punishment",
     "overlong_filter_mask",
     "scale_rewards",
     "soft_overlong_penalty",
     "truncated_from_finish_reasons",
 ]
-
-FINISH_REASON_STOP = "stop"
-"""Finish reason of a sample that ended on a stop token (EOS or a stop string)."""
-
-FINISH_REASON_LENGTH = "length"
-"""Finish reason of a sample that was cut off by the response-length cap."""
 
 
 def _check_finite_number(name: str, value: float) -> None:

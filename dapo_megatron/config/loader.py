@@ -407,5 +407,5 @@ def load_config(
     config = build(DapoMegatronConfig, tree, sources)
     loaded = LoadedConfig(config=config, sources=sources, files=files)
     if validate:
-        loaded.plan = validate_config(loaded)
+        loaded.plan = validate_config(config, sources)
     return loaded

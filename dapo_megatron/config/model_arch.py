@@ -11,9 +11,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from dapo_megatron.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    import transformers
 
 VOCAB_DIVISIBLE_BY = 128
 """Megatron pads the vocabulary to a multiple of this times the TP size."""
@@ -184,6 +187,20 @@ def hf_config_fields(arch: ModelArch) -> dict[str, object]:
         "rms_norm_eps": arch.norm_epsilon,
         "tie_word_embeddings": arch.tie_word_embeddings,
     }
+
+
+def qwen2_hf_config(arch: ModelArch, **extra: object) -> transformers.Qwen2Config:
+    """The HF Qwen2 config of a (qwen2-family) ModelArch; `extra` adds HF-only fields.
+
+    Here, beside ``hf_config_fields``, because both the tiny-model writer (data/) and the HF
+    exporter (megatron/) build it, and both import config/."""
+    import transformers  # lazily: importing the config package stays light
+
+    # Keywords gathered in a dict[str, Any]: transformers 5's typed signature lacks
+    # `rope_theta` (still accepted and turned into rope_parameters; 4.x needs it), and
+    # `extra` may hold values for any field.
+    kwargs: dict[str, Any] = {**hf_config_fields(arch), **extra}
+    return transformers.Qwen2Config(**kwargs)
 
 
 def arch_from_hf_config(hf: dict[str, Any], source: str) -> ModelArch:

@@ -100,3 +100,19 @@ def parallel_dims(config: DapoMegatronConfig) -> ParallelDims:
         dp=m.data_parallel_size,
         sequence_parallel=m.sequence_parallel,
     )
+
+
+# Sequence lengths under the layout: config validation checks the token budget with these,
+# and the packer (data/pack_plan.py, data/packing.py) pads with them.
+
+
+def sequence_multiple(*, tp: int, cp: int, sequence_parallel: bool) -> int:
+    """What every sequence length must be a multiple of: 2*CP chunks under context
+    parallelism, each divisible by TP under sequence parallelism."""
+    multiple = 2 * cp if cp > 1 else 1
+    return multiple * (tp if sequence_parallel else 1)
+
+
+def padded_length(length: int, multiple: int) -> int:
+    """``length`` rounded up to a multiple of ``multiple`` (0 stays 0)."""
+    return -(-length // multiple) * multiple

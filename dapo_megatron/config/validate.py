@@ -6,32 +6,37 @@ file that set it and the constraint, so one edit-run cycle fixes a whole recipe.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from dapo_megatron.config.arithmetic_task import num_distinct_problems
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import ModelArch, resolve_arch
-from dapo_megatron.config.parallel import ParallelDims, generation_devices, parallel_dims
+from dapo_megatron.config.parallel import (
+    ParallelDims,
+    generation_devices,
+    padded_length,
+    parallel_dims,
+    sequence_multiple,
+)
 from dapo_megatron.config.run_plan import RunPlan, make_plan, resolve_device
-from dapo_megatron.data.pack_plan import padded_length, sequence_multiple
-
-if TYPE_CHECKING:  # the loader imports this module: no runtime import back
-    from dapo_megatron.config.loader import LoadedConfig
+from dapo_megatron.config.schema import DapoMegatronConfig
 
 
 class _Checker:
-    def __init__(self, loaded: LoadedConfig) -> None:
-        self.loaded = loaded
+    def __init__(self, config: DapoMegatronConfig, sources: dict[str, str]) -> None:
+        self.config = config
+        self.sources = sources
         self.errors: list[str] = []
 
     def value(self, key: str) -> Any:
-        node: Any = self.loaded.config
+        node: Any = self.config
         for part in key.split("."):
             node = getattr(node, part)
         return node
 
     def require(self, ok: bool, key: str, constraint: str) -> None:
         if not ok:
-            source = self.loaded.sources.get(key, "configs")
+            source = self.sources.get(key, "configs")
             self.errors.append(f"{key} = {self.value(key)!r} (set in {source}): {constraint}")
 
     def at_least(self, key: str, low: float) -> None:
@@ -45,10 +50,14 @@ class _Checker:
         self.require(0 < v <= 1, key, "must be in (0, 1]")
 
 
-def validate_config(loaded: LoadedConfig) -> RunPlan:
-    """Check every constraint; raise ConfigError listing all violations. Returns the run
-    plan: the config with every value derived from it (config/run_plan.py)."""
-    c = _Checker(loaded)
+def validate_config(config: DapoMegatronConfig, sources: dict[str, str]) -> RunPlan:
+    """Check every constraint of ``config`` (``sources``: dotted key -> the file that set it,
+    for the messages); raise ConfigError listing all violations. Returns the run plan: the
+    config with every value derived from it (config/run_plan.py).
+
+    Takes the config and its sources rather than the loader's ``LoadedConfig``, so that the
+    loader imports this module and nothing here imports the loader back."""
+    c = _Checker(config, sources)
     _check_run_and_cluster(c)
     _check_policy(c)
     _check_generation(c)
@@ -57,14 +66,12 @@ def validate_config(loaded: LoadedConfig) -> RunPlan:
     warnings: list[str] = _check_rollout(c)
     dims = None
     try:
-        dims = parallel_dims(loaded.config)
+        dims = parallel_dims(config)
     except ConfigError as e:
         c.errors.append(str(e))
     arch, arch_source = None, ""
     try:
-        arch, arch_source = resolve_arch(
-            loaded.config.policy.model_name_or_path, loaded.config.policy.model_arch
-        )
+        arch, arch_source = resolve_arch(config.policy.model_name_or_path, config.policy.model_arch)
     except ConfigError as e:
         c.errors.append(str(e))
     if dims is not None:
@@ -80,18 +87,18 @@ def validate_config(loaded: LoadedConfig) -> RunPlan:
         )
     assert dims is not None
     return make_plan(
-        loaded.config,
+        config,
         dims=dims,
         arch=arch,
         arch_source=arch_source,
         warnings=tuple(warnings),
-        device=resolve_device(loaded.config.cluster),
+        device=resolve_device(config.cluster),
     )
 
 
 def _check_rollout(c: _Checker) -> list[str]:
     """Overlapped rollouts; returns the warnings (settings that work but are unusual)."""
-    config = c.loaded.config
+    config = c.config
     r = config.rollout
     c.at_least("rollout.max_staleness", 0)
     if r.prompts_per_request is not None:
@@ -126,7 +133,7 @@ def _check_run_and_cluster(c: _Checker) -> None:
     c.at_least("run.max_restarts", 0)
     c.at_least("cluster.num_nodes", 1)
     c.at_least("cluster.gpus_per_node", 1)
-    cl = c.loaded.config.cluster
+    cl = c.config.cluster
     total = cl.num_nodes * cl.gpus_per_node
     if cl.colocated:
         c.require(
@@ -145,7 +152,7 @@ def _check_run_and_cluster(c: _Checker) -> None:
 
 
 def _check_policy(c: _Checker) -> None:
-    p = c.loaded.config.policy
+    p = c.config.policy
     c.require(bool(p.model_name_or_path), "policy.model_name_or_path", "must not be empty")
     if p.init_model_if_missing:
         c.require(
@@ -178,7 +185,7 @@ def _check_policy(c: _Checker) -> None:
     c.at_least("policy.train_global_batch_size", 1)
     c.at_least("policy.train_micro_batch_size", 1)
     c.at_least("policy.logprob_micro_batch_size", 1)
-    needed = c.loaded.config.data.max_prompt_length + c.loaded.config.generation.max_response_length
+    needed = c.config.data.max_prompt_length + c.config.generation.max_response_length
     c.require(
         p.max_total_sequence_length >= needed,
         "policy.max_total_sequence_length",
@@ -187,7 +194,7 @@ def _check_policy(c: _Checker) -> None:
 
 
 def _check_generation(c: _Checker) -> None:
-    g = c.loaded.config.generation
+    g = c.config.generation
     c.positive("generation.temperature")
     c.in_unit("generation.top_p")
     c.require(g.top_k == -1 or g.top_k >= 1, "generation.top_k", "must be -1 (off) or >= 1")
@@ -196,7 +203,7 @@ def _check_generation(c: _Checker) -> None:
     c.in_unit("generation.engine.gpu_memory_utilization")
     c.at_least("generation.engine.max_num_seqs", 1)
     c.positive("generation.refit_bucket_mb")
-    cluster = c.loaded.config.cluster
+    cluster = c.config.cluster
     c.require(
         not (g.refit_transport == "ipc" and cluster.num_nodes > 1 and not cluster.colocated),
         "generation.refit_transport",
@@ -205,7 +212,7 @@ def _check_generation(c: _Checker) -> None:
     )
     if g.engine.tensor_parallel_size < 1:
         return
-    devices = generation_devices(c.loaded.config)
+    devices = generation_devices(c.config)
     tp = g.engine.tensor_parallel_size
     if g.engine.num_engines is None:
         c.require(
@@ -221,7 +228,7 @@ def _check_generation(c: _Checker) -> None:
             f"num_engines * tensor_parallel_size = {g.engine.num_engines * tp} exceeds "
             f"the {devices} generation devices",
         )
-    if g.backend == "megatron" and not c.loaded.config.cluster.colocated:
+    if g.backend == "megatron" and not c.config.cluster.colocated:
         # A split Megatron engine is one process with a model of its own (TP1); colocated,
         # the policy ranks generate on their own layout instead.
         c.require(
@@ -230,11 +237,11 @@ def _check_generation(c: _Checker) -> None:
             "must be 1 for the megatron backend in split mode (use generation.backend=vllm "
             "for tensor-parallel engines)",
         )
-    if g.backend == "megatron" and c.loaded.config.cluster.colocated:
+    if g.backend == "megatron" and c.config.cluster.colocated:
         # Colocated, the policy ranks generate on their own layout, and Megatron generation
         # has no pipeline or context parallelism: refused here, not by the engine once the
         # workers (and an SFT warm-up) have run.
-        m = c.loaded.config.policy.megatron
+        m = c.config.policy.megatron
         for key, size in (
             ("pipeline_model_parallel_size", m.pipeline_model_parallel_size),
             ("context_parallel_size", m.context_parallel_size),
@@ -247,10 +254,10 @@ def _check_generation(c: _Checker) -> None:
                 "use cluster.colocated=false with cluster.generation_num_devices, or "
                 "generation.backend=vllm",
             )
-    if g.backend == "vllm" and c.loaded.config.cluster.colocated:
+    if g.backend == "vllm" and c.config.cluster.colocated:
         # A colocated vLLM engine is a second process on a policy rank's GPU.
         c.require(
-            c.loaded.config.cluster.device != "cpu",
+            c.config.cluster.device != "cpu",
             "generation.backend",
             "vllm cannot be colocated with the policy on CPU; use generation.backend=megatron "
             "or cluster.colocated=false with cluster.generation_num_devices",
@@ -258,7 +265,7 @@ def _check_generation(c: _Checker) -> None:
         # The broadcast puts policy rank 0 and the engine worker on its GPU into one NCCL
         # communicator, and NCCL refuses two ranks of a communicator on one device (gloo on
         # CPU would not, but a colocated vLLM engine runs on GPUs only: cuda, or auto).
-        colocated_from = c.loaded.sources.get("cluster.colocated", "configs")
+        colocated_from = c.sources.get("cluster.colocated", "configs")
         c.require(
             g.refit_transport != "broadcast",
             "generation.refit_transport",
@@ -271,7 +278,7 @@ def _check_generation(c: _Checker) -> None:
 
 
 def _check_dapo(c: _Checker) -> None:
-    d = c.loaded.config.dapo
+    d = c.config.dapo
     c.at_least("dapo.num_prompts_per_step", 1)
     c.at_least("dapo.num_generations_per_prompt", 1)
     c.at_least("dapo.max_num_steps", 1)
@@ -312,7 +319,7 @@ def _check_dapo(c: _Checker) -> None:
         )
     ob = d.overlong_buffer
     if ob.enabled:
-        max_len = c.loaded.config.generation.max_response_length
+        max_len = c.config.generation.max_response_length
         c.require(
             0 < ob.length < max_len,
             "dapo.overlong_buffer.length",
@@ -330,7 +337,7 @@ def _check_dapo(c: _Checker) -> None:
 
 
 def _check_validation_data_reward(c: _Checker) -> None:
-    cfg = c.loaded.config
+    cfg = c.config
     c.at_least("sft_warmup.num_steps", 0)
     c.at_least("sft_warmup.batch_size", 1)
     c.positive("sft_warmup.lr")
@@ -346,8 +353,6 @@ def _check_validation_data_reward(c: _Checker) -> None:
         c.at_least("data.arithmetic.num_val", 0)
         c.at_least("data.arithmetic.difficulty", 2)
         if cfg.data.arithmetic.difficulty >= 2:
-            from dapo_megatron.data.arithmetic import num_distinct_problems
-
             distinct = num_distinct_problems(num_operands=cfg.data.arithmetic.difficulty)
             c.require(
                 cfg.data.arithmetic.num_val < distinct,
@@ -372,7 +377,7 @@ def _check_validation_data_reward(c: _Checker) -> None:
 
 
 def _check_batches(c: _Checker, dims: ParallelDims) -> None:
-    cfg = c.loaded.config
+    cfg = c.config
     if dims.cp > 1:
         # Each CP rank sees part of every sequence; the per-sequence token count this mode
         # divides by would be the local one.
@@ -433,14 +438,14 @@ def _check_arch(
         "policy.megatron.pipeline_model_parallel_size",
         f"must divide num_layers = {arch.num_layers} ({source})",
     )
-    engine_tp = c.loaded.config.generation.engine.tensor_parallel_size
+    engine_tp = c.config.generation.engine.tensor_parallel_size
     if engine_tp >= 1:
         c.require(
             arch.num_query_groups % engine_tp == 0 or engine_tp % arch.num_query_groups == 0,
             "generation.engine.tensor_parallel_size",
             f"must divide or be a multiple of num_query_groups = {arch.num_query_groups}",
         )
-    length = c.loaded.config.policy.max_total_sequence_length
+    length = c.config.policy.max_total_sequence_length
     if length > arch.max_position_embeddings:
         warnings.append(
             f"policy.max_total_sequence_length = {length} exceeds the model's "

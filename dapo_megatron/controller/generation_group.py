@@ -43,7 +43,7 @@ from dapo_megatron.controller.placement import (
 )
 from dapo_megatron.controller.policy_group import PolicyGroup, shard_bounds
 from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, first_line, gather
-from dapo_megatron.generation.base import Sample, SamplingParams
+from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.weight_sync.group import GroupAddress, backend_for
 from dapo_megatron.workers.generation_worker import VLLM_DTYPES, GenerationWorker
 

@@ -30,9 +30,9 @@ from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied
 from dapo_megatron.controller.rollout import RolloutGroup, rollout_metrics, staleness_metrics
 from dapo_megatron.controller.rollouts import Rollouts, make_rollouts
-from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.generation.startup_check import check_engine_logprobs
 from dapo_megatron.logging import MetricsLogger, StepProgress
+from dapo_megatron.shared.batch import PolicyBatch
 
 
 def _resume(ctx: RunContext, policy: PolicyGroup) -> dict[str, Any]:

@@ -23,9 +23,9 @@ from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
 from dapo_megatron.controller.placement import policy_placements
 from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather
-from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.data.pack_plan import balance_by_tokens
-from dapo_megatron.generation.base import Sample, SamplingParams
+from dapo_megatron.shared.batch import PolicyBatch
+from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers.policy_worker import PolicyWorker
 
 __all__ = ["PolicyGroup", "WorkerDied", "WorkerFailure", "shard_bounds"]

@@ -22,8 +22,8 @@ from dapo_megatron.algorithms.rewards import (
     truncated_from_finish_reasons,
 )
 from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.data.batch import PolicyBatch
-from dapo_megatron.generation.base import Sample
+from dapo_megatron.shared.batch import PolicyBatch
+from dapo_megatron.shared.sampling import Sample
 
 
 @dataclass

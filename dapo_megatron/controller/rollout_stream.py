@@ -61,7 +61,7 @@ from dapo_megatron.controller import steps
 from dapo_megatron.controller.context import RunContext, round_seed
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.rollout import RolloutGroup
-from dapo_megatron.generation.base import Sample, SamplingParams
+from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 # How often a waiting call wakes to look for an error of the generation thread.
 _POLL_S = 0.5

@@ -5,7 +5,7 @@ the functions that need them. `create_tiny_model` is imported from dapo_megatron
 (not re-exported here, so that ``python -m dapo_megatron.data.tiny_model`` runs cleanly).
 """
 
-from dapo_megatron.data.arithmetic import make_problems, make_train_val_split, num_distinct_problems
+from dapo_megatron.data.arithmetic import make_problems, make_train_val_split
 from dapo_megatron.data.datasets import (
     DatasetSplits,
     EncodedPrompts,
@@ -30,5 +30,4 @@ __all__ = [
     "load_prompt_file",
     "make_problems",
     "make_train_val_split",
-    "num_distinct_problems",
 ]

@@ -17,10 +17,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from dapo_megatron.config.arithmetic_task import check_task, num_distinct_problems
 from dapo_megatron.data.records import PromptRecord
-
-OPERATORS = "+-*"
-"""Operators the task (and the char tokenizer) supports."""
 
 # Task spaces up to this size are enumerated (exact balanced sampling); larger ones are
 # sampled by rejection, which is fast because the held-out set is then a tiny fraction.
@@ -34,21 +32,13 @@ class _Task:
     ops: str
 
     def __post_init__(self) -> None:
-        if self.num_operands < 2:
-            raise ValueError(
-                f"num_operands (data.arithmetic.difficulty) must be >= 2, got {self.num_operands}"
-            )
-        if self.max_operand < 1:
-            raise ValueError(f"max_operand must be >= 1, got {self.max_operand}")
-        if not self.ops or len(set(self.ops)) != len(self.ops) or set(self.ops) - set(OPERATORS):
-            raise ValueError(
-                f"ops must be distinct characters from {OPERATORS!r}, got {self.ops!r}"
-            )
+        check_task(self.num_operands, self.max_operand, self.ops)
 
     @property
     def size(self) -> int:
-        base = self.max_operand + 1
-        return base**self.num_operands * len(self.ops) ** (self.num_operands - 1)
+        return num_distinct_problems(
+            num_operands=self.num_operands, max_operand=self.max_operand, ops=self.ops
+        )
 
     def record(self, index: int) -> PromptRecord:
         """Decode a problem index into its prompt and ground truth."""
@@ -77,11 +67,6 @@ def _evaluate(operands: list[int], operators: list[str]) -> int:
         else:
             terms.append(value if op == "+" else -value)
     return sum(terms)
-
-
-def num_distinct_problems(*, num_operands: int, max_operand: int = 9, ops: str = "+") -> int:
-    """How many different problems the task has (the most a split can hold out)."""
-    return _Task(num_operands, max_operand, ops).size
 
 
 def make_problems(

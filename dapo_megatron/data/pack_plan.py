@@ -1,26 +1,17 @@
 """Which sequences go in which packed micro-batch, and on which data-parallel rank.
 
-Plain Python (no torch): config validation checks the token budget with it and the
-controller deals rows to ranks with it. The tensors of a pack are built in data/packing.py.
+Plain Python (no torch): the controller deals rows to ranks with it. The tensors of a pack
+are built in data/packing.py; the sequence-length multiple of the parallel layout, which
+config validation also checks the token budget with, is in config/parallel.py.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+from dapo_megatron.config.parallel import padded_length
+
 MAX_TOKENS_KEY = "policy.max_tokens_per_microbatch"
-
-
-def sequence_multiple(*, tp: int, cp: int, sequence_parallel: bool) -> int:
-    """What every sequence length must be a multiple of: 2*CP chunks under context
-    parallelism, each divisible by TP under sequence parallelism."""
-    multiple = 2 * cp if cp > 1 else 1
-    return multiple * (tp if sequence_parallel else 1)
-
-
-def padded_length(length: int, multiple: int) -> int:
-    """``length`` rounded up to a multiple of ``multiple`` (0 stays 0)."""
-    return -(-length // multiple) * multiple
 
 
 def plan_packs(lengths: Sequence[int], max_tokens: int, *, multiple: int) -> list[list[int]]:

@@ -33,7 +33,7 @@ from functools import cached_property
 
 import torch
 
-from dapo_megatron.data.pack_plan import padded_length
+from dapo_megatron.config.parallel import padded_length
 
 
 @dataclass(frozen=True)

@@ -22,18 +22,9 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
-from dapo_megatron.config.model_arch import (
-    PRESETS,
-    ModelArch,
-    arch_from_hf_config,
-    hf_config_fields,
-)
+from dapo_megatron.config.model_arch import PRESETS, ModelArch, arch_from_hf_config, qwen2_hf_config
 from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
-
-if TYPE_CHECKING:
-    import transformers
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
 """Files whose presence makes a checkpoint directory complete."""
@@ -85,17 +76,6 @@ def _write_checkpoint(out: Path, arch: ModelArch, seed: int) -> None:
         model = transformers.Qwen2ForCausalLM(config)
     model.save_pretrained(out)
     save_char_tokenizer(tokenizer, out)
-
-
-def qwen2_hf_config(arch: ModelArch, **extra: object) -> transformers.Qwen2Config:
-    """The HF Qwen2 config of a (qwen2-family) ModelArch; `extra` adds HF-only fields."""
-    import transformers  # lazily: importing the data package stays light
-
-    # Keywords gathered in a dict[str, Any]: transformers 5's typed signature lacks
-    # `rope_theta` (still accepted and turned into rope_parameters; 4.x needs it), and
-    # `extra` may hold values for any field.
-    kwargs: dict[str, Any] = {**hf_config_fields(arch), **extra}
-    return transformers.Qwen2Config(**kwargs)
 
 
 def create_tiny_model(

@@ -2,8 +2,9 @@
 
 The controller and the workers talk to every engine through ``GenerationBackend``:
 token ids in, token ids with their logprobs and finish reasons out, HF-named weights in
-for the refit. Backends: ``megatron_backend.MegatronGenerationBackend`` (Megatron-Core
-inference with a KV cache; the CPU default) and a vLLM one (GPU default).
+for the refit. Backends: ``megatron.inference.MegatronGenerationBackend`` (Megatron-Core
+inference with a KV cache; the CPU default) and a vLLM one (GPU default). The sample and
+sampling types are in ``shared/sampling.py``.
 
 Conventions every backend follows:
 
@@ -21,96 +22,14 @@ Conventions every backend follows:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+# The types an engine returns live on the ground floor (shared/), where the Megatron
+# engine (megatron/inference.py) imports them without importing this package.
+from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 if TYPE_CHECKING:
     import torch
-
-    from dapo_megatron.config.schema import GenerationConfig
-
-FinishReason = Literal["stop", "length"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How to sample the responses of one ``generate`` call (same for every prompt)."""
-
-    temperature: float = 1.0
-    """Logits are divided by it before softmax; must be > 0 (use top_k=1 for greedy)."""
-    top_p: float = 1.0
-    """Nucleus sampling: sample among the most likely tokens whose cumulative probability
-    reaches top_p (the token that crosses it included); 1.0 = off. In (0, 1]."""
-    top_k: int = -1
-    """Sample among the top_k most likely tokens; -1 = off; 1 = greedy (argmax, no draw)."""
-    max_tokens: int = 16
-    """Response cap in tokens (not counting the prompt); a response that reaches it
-    finishes with reason "length". >= 1."""
-    stop_token_ids: list[int] = field(default_factory=list)
-    """Token ids that end a response (typically the tokenizer's EOS); the stop token is
-    kept as the last response token and the finish reason is "stop"."""
-    seed: int | None = None
-    """Seed of the per-call random generator: the same seed and the same inputs give the
-    same samples; None draws a fresh seed."""
-    n: int = 1
-    """Samples per prompt (the DAPO group size); each is drawn independently."""
-    logprobs: bool = True
-    """Return the logprob of each sampled token (``Sample.logprobs``); False leaves it empty."""
-
-    def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {self.temperature} (greedy: top_k=1)")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            raise ValueError(f"top_k must be -1 (off) or >= 1, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if self.n < 1:
-            raise ValueError(f"n must be >= 1, got {self.n}")
-        if any(int(t) < 0 for t in self.stop_token_ids):
-            raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
-
-    @classmethod
-    def from_generation_config(
-        cls,
-        config: GenerationConfig,
-        *,
-        n: int,
-        eos_token_ids: list[int],
-        seed: int | None = None,
-    ) -> SamplingParams:
-        """Rollout sampling of a run config; null ``stop_token_ids`` means the tokenizer EOS."""
-        stop = list(config.stop_token_ids) if config.stop_token_ids is not None else []
-        return cls(
-            temperature=config.temperature,
-            top_p=config.top_p,
-            top_k=config.top_k,
-            max_tokens=config.max_response_length,
-            stop_token_ids=stop or list(eos_token_ids),
-            seed=seed,
-            n=n,
-        )
-
-
-@dataclass
-class Sample:
-    """One generated response."""
-
-    response_token_ids: list[int]
-    """Generated tokens, prompt excluded; ends with the stop token when finish_reason is
-    "stop"."""
-    logprobs: list[float]
-    """Per response token: ``log softmax(logits / temperature)`` of the sampled token under
-    the engine's weights, over the full (unpadded) vocabulary and before top-k/top-p
-    truncation; empty when ``SamplingParams.logprobs`` is False."""
-    finish_reason: FinishReason
-    """"stop": ended on a stop token; "length": reached max_tokens (or the context limit)."""
-
-    @property
-    def response_length(self) -> int:
-        """Number of response tokens (the L of the overlong shaping)."""
-        return len(self.response_token_ids)
 
 
 @runtime_checkable

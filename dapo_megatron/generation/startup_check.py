@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from dapo_megatron.data.batch import PolicyBatch
-from dapo_megatron.generation.base import Sample, SamplingParams
+from dapo_megatron.shared.batch import PolicyBatch
+from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 if TYPE_CHECKING:
     from dapo_megatron.controller.context import RunContext

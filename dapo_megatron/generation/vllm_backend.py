@@ -123,7 +123,7 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from dapo_megatron.generation.base import FinishReason, Sample, SamplingParams
+from dapo_megatron.shared.sampling import FinishReason, Sample, SamplingParams
 
 if TYPE_CHECKING:
     import torch

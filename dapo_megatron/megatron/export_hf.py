@@ -45,7 +45,12 @@ import torch
 
 from dapo_megatron.checkpoint_dirs import MARKER, latest_checkpoint, read_marker
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config, hf_config_fields
+from dapo_megatron.config.model_arch import (
+    ModelArch,
+    arch_from_hf_config,
+    hf_config_fields,
+    qwen2_hf_config,
+)
 
 if TYPE_CHECKING:
     import transformers
@@ -203,8 +208,6 @@ def hf_config(
             not read back as ``arch``).
     """
     import transformers
-
-    from dapo_megatron.data.tiny_model import qwen2_hf_config
 
     extra: dict[str, Any] = {
         k: base_config[k] for k in _CARRIED_CONFIG_KEYS if base_config and k in base_config

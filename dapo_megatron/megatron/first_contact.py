@@ -95,8 +95,8 @@ def megatron_step_section() -> dict[str, Any]:
     from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
     from dapo_megatron.config.parallel import ParallelDims
     from dapo_megatron.config.run_plan import build_loss_spec, policy_plan
-    from dapo_megatron.data.batch import PolicyBatch
     from dapo_megatron.megatron.policy import MegatronPolicy
+    from dapo_megatron.shared.batch import PolicyBatch
 
     for key in ("MASTER_ADDR", "MASTER_PORT", "RANK"):  # one rank: an in-memory rendezvous
         os.environ.pop(key, None)

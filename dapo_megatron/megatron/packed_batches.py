@@ -16,9 +16,8 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.packed_seq_params import PackedSeqParams
 
-from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.data.batch import PolicyBatch
-from dapo_megatron.data.pack_plan import plan_packs, sequence_multiple
+from dapo_megatron.config.parallel import ParallelDims, sequence_multiple
+from dapo_megatron.data.pack_plan import plan_packs
 from dapo_megatron.data.packing import (
     PackLayout,
     make_layout,
@@ -27,6 +26,7 @@ from dapo_megatron.data.packing import (
     unpack_predictions,
 )
 from dapo_megatron.megatron.context_parallel import gather_packed_from_context_parallel
+from dapo_megatron.shared.batch import PolicyBatch
 
 
 def pad_multiple(dims: ParallelDims) -> int:

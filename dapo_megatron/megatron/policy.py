@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from dapo_megatron.config.run_plan import PolicyPlan
-from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.megatron import checkpoint as ckpt
 from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
 from dapo_megatron.megatron.hf_weights import (
@@ -45,6 +44,7 @@ from dapo_megatron.megatron.policy_step import (
     sft_step,
     train_step,
 )
+from dapo_megatron.shared.batch import PolicyBatch
 
 logger = logging.getLogger(__name__)
 

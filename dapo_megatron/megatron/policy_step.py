@@ -41,7 +41,6 @@ from dapo_megatron.algorithms.loss import (
 from dapo_megatron.algorithms.loss_spec import LossAggMode, LossSpec
 from dapo_megatron.algorithms.rollout_correction import mismatch_from_sums, mismatch_sums
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.kernels import linear_logprob
 from dapo_megatron.kernels.pg_loss import pg_loss
 from dapo_megatron.megatron.context_parallel import (
@@ -56,6 +55,7 @@ from dapo_megatron.megatron.packed_batches import (
     to_rows,
     unpack_outputs,
 )
+from dapo_megatron.shared.batch import PolicyBatch
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.generation.base import GenerationBackend, Sample, SamplingParams
+from dapo_megatron.generation.base import GenerationBackend
 from dapo_megatron.memory_release import release_cached_memory
+from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.weight_sync.group import GroupAddress
 from dapo_megatron.workers import ignore_expected_megatron_warnings
 
@@ -122,9 +123,9 @@ class GenerationWorker:
 
     def _megatron_engine(self) -> GenerationBackend:
         from dapo_megatron.config.parallel import ParallelDims
-        from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
         from dapo_megatron.megatron.distributed import initialize_parallel
         from dapo_megatron.megatron.hf_weights import load_hf_checkpoint
+        from dapo_megatron.megatron.inference import MegatronGenerationBackend
         from dapo_megatron.megatron.model import build_model
 
         policy = self.config.policy

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.data.batch import PolicyBatch
-from dapo_megatron.generation.base import Sample, SamplingParams
 from dapo_megatron.memory_release import release_cached_memory
+from dapo_megatron.shared.batch import PolicyBatch
+from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers import ignore_expected_megatron_warnings
 
 if TYPE_CHECKING:
@@ -82,7 +82,7 @@ class PolicyWorker:
 
     def _engine(self):
         if self.engine is None:
-            from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
+            from dapo_megatron.megatron.inference import MegatronGenerationBackend
 
             policy = self._require_policy()
             self.engine = MegatronGenerationBackend(

@@ -28,7 +28,7 @@ from launch import run_distributed
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.shared.batch import PolicyBatch
 
 pytestmark = pytest.mark.distributed
 

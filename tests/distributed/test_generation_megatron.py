@@ -35,7 +35,7 @@ from launch import run_distributed
 
 from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.generation import Sample, SamplingParams
+from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 pytestmark = pytest.mark.distributed
 
@@ -177,7 +177,7 @@ def _score_with_policy(
     policy, prompts: list[list[int]], groups: list[list[Sample]]
 ) -> list[list[float]]:
     """The policy's logprobs of each response token (its training-time forward)."""
-    from dapo_megatron.data.batch import PolicyBatch
+    from dapo_megatron.shared.batch import PolicyBatch
 
     rows = [(p, s.response_token_ids) for p, g in zip(prompts, groups, strict=True) for s in g]
     seq = max(len(p) + len(r) for p, r in rows)
@@ -192,9 +192,9 @@ def _score_with_policy(
 
 def _refit(policy, dims: ParallelDims) -> dict:
     """A policy, an engine sharing its model and an engine with a model of its own."""
-    from dapo_megatron.data.batch import PolicyBatch
-    from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
+    from dapo_megatron.megatron.inference import MegatronGenerationBackend
     from dapo_megatron.megatron.model import build_model
+    from dapo_megatron.shared.batch import PolicyBatch
 
     arch = policy.arch
     shared = MegatronGenerationBackend(policy.model[0], arch, dims, shares_policy_model=True)
@@ -230,12 +230,12 @@ def _refit(policy, dims: ParallelDims) -> dict:
 
 def _checkpoint_engines(dims: ParallelDims, models: dict) -> dict:
     """Greedy / sampled outputs of engines loaded from the HF checkpoints."""
-    from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
     from dapo_megatron.megatron.hf_weights import (
         export_hf_weights,
         hf_weight_specs,
         load_hf_checkpoint,
     )
+    from dapo_megatron.megatron.inference import MegatronGenerationBackend
     from dapo_megatron.megatron.model import build_model
 
     greedy = SamplingParams(top_k=1, max_tokens=GREEDY_TOKENS)
@@ -290,8 +290,8 @@ def _checkpoint_engines(dims: ParallelDims, models: dict) -> dict:
 
 
 def _error_messages(engine, model, copy, arch: ModelArch, dims: ParallelDims) -> dict[str, str]:
-    from dapo_megatron.generation.megatron_backend import MegatronGenerationBackend
     from dapo_megatron.megatron.hf_weights import export_hf_weights
+    from dapo_megatron.megatron.inference import MegatronGenerationBackend
 
     messages = {}
     exported = list(export_hf_weights(model, arch, dims))

@@ -28,8 +28,8 @@ from launch import run_distributed
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.memory_plan import GIB, stage_memory
+from dapo_megatron.shared.batch import PolicyBatch
 
 pytestmark = pytest.mark.distributed
 

@@ -18,8 +18,8 @@ from test_policy_step import B, S, _batch, _config, _hf_model, _reference
 
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.run_plan import build_loss_spec
-from dapo_megatron.data.batch import PolicyBatch
 from dapo_megatron.data.pack_plan import balance_by_tokens
+from dapo_megatron.shared.batch import PolicyBatch
 
 pytestmark = pytest.mark.distributed
 

@@ -22,7 +22,7 @@ from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.run_plan import build_loss_spec
-from dapo_megatron.data.batch import PolicyBatch
+from dapo_megatron.shared.batch import PolicyBatch
 
 pytestmark = pytest.mark.distributed
 

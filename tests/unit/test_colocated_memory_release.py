@@ -25,7 +25,7 @@ from dapo_megatron.controller import generation_group, policy_group
 from dapo_megatron.controller.generation_group import GenerationGroup
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.rollouts import SyncRollouts
-from dapo_megatron.generation.base import Sample
+from dapo_megatron.shared.sampling import Sample
 from dapo_megatron.weight_sync.buckets import plan_buckets
 from dapo_megatron.workers.generation_worker import GenerationWorker
 from dapo_megatron.workers.policy_worker import PolicyWorker

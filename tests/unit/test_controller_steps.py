@@ -14,7 +14,7 @@ from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.context import RunContext
 from dapo_megatron.controller.rollout import build_policy_batch, make_groups
-from dapo_megatron.generation.base import Sample
+from dapo_megatron.shared.sampling import Sample
 
 REPO = Path(__file__).resolve().parents[2]
 N = 4  # samples per prompt

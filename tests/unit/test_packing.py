@@ -5,13 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from dapo_megatron.data.batch import PolicyBatch
-from dapo_megatron.data.pack_plan import (
-    balance_by_tokens,
-    padded_length,
-    plan_packs,
-    sequence_multiple,
-)
+from dapo_megatron.config.parallel import padded_length, sequence_multiple
+from dapo_megatron.data.pack_plan import balance_by_tokens, plan_packs
 from dapo_megatron.data.packing import (
     local_order,
     make_layout,
@@ -19,6 +14,7 @@ from dapo_megatron.data.packing import (
     positions,
     unpack_predictions,
 )
+from dapo_megatron.shared.batch import PolicyBatch
 
 
 def test_first_fit_decreasing_by_hand() -> None:

@@ -18,7 +18,7 @@ from fake_context import fake_context
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller.context import RunContext
 from dapo_megatron.controller.rollout_stream import RolloutStream, _prompts_for, _Request
-from dapo_megatron.generation.base import Sample
+from dapo_megatron.shared.sampling import Sample
 
 REPO = Path(__file__).resolve().parents[2]
 N = 4  # samples per prompt

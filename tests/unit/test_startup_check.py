@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.generation.base import Sample, SamplingParams
 from dapo_megatron.generation.startup_check import (
     TOLERANCES,
     EngineLogprobMismatch,
@@ -17,6 +16,7 @@ from dapo_megatron.generation.startup_check import (
     compare_logprobs,
     probe_batch,
 )
+from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.7)
 

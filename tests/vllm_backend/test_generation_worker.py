@@ -19,7 +19,7 @@ import transformers
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.data.tiny_model import create_tiny_model
-from dapo_megatron.generation import SamplingParams
+from dapo_megatron.shared.sampling import SamplingParams
 from dapo_megatron.workers.generation_worker import GenerationWorker
 
 REPO = Path(__file__).resolve().parents[2]

@@ -33,7 +33,8 @@ import torch
 import transformers
 
 from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
-from dapo_megatron.generation import GenerationBackend, Sample, SamplingParams
+from dapo_megatron.generation.base import GenerationBackend
+from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 VOCAB = 64
 MAX_MODEL_LEN = 64
