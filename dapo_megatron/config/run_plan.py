@@ -68,6 +68,9 @@ class RunPlan:
     """Generation engines (colocated Megatron: the policy's DP replicas)."""
     needs_engine_workers: bool
     """False only when the policy ranks generate themselves (colocated megatron backend)."""
+    overlapped: bool
+    """Whether rollouts overlap training (rollout.max_staleness >= 1; split mode only): the
+    loop, the rollout source, the dynamic sampler and the memory plan all read it here."""
     refit_transport: RefitTransport
     """generation.refit_transport with auto resolved."""
     sampling_seeds: Literal["per_request", "engine"]
@@ -230,6 +233,7 @@ def make_plan(
         generation_devices=generation_devices(config),
         num_engines=num_engines(config) if needs_workers else dims.dp,
         needs_engine_workers=needs_workers,
+        overlapped=config.rollout.max_staleness >= 1,
         refit_transport=transport,
         sampling_seeds=(
             gen.sampling_seeds

@@ -96,7 +96,8 @@ class Workers:
 class RunContext:
     """What lives for the whole run, across worker restarts."""
 
-    config: DapoMegatronConfig
+    plan: RunPlan
+    """The run plan: the config and what is decided from it once (``plan.overlapped``...)."""
     run_dir: Path
     checkpoint_dir: Path
     tokenizer: Tokenizer
@@ -105,6 +106,11 @@ class RunContext:
     sampler: PromptSampler
     dynamic: DynamicSampler[RolloutGroup]
     verifier: VerifierPool
+
+    @property
+    def config(self) -> DapoMegatronConfig:
+        """The run config (``plan.config``)."""
+        return self.plan.config
 
     @property
     def pad_id(self) -> int:
@@ -119,7 +125,7 @@ class RunContext:
     def reset_state(self) -> None:
         """Fresh prompt and dynamic samplers (a checkpoint, if any, restores them next)."""
         self.sampler = make_sampler(self.config, len(self.train.input_ids))
-        self.dynamic = make_dynamic_sampler(self.config)
+        self.dynamic = make_dynamic_sampler(self.plan)
 
     def close(self) -> None:
         """Stop the verifier (the workers are stopped by the attempt that started them)."""
@@ -201,14 +207,14 @@ def build_context(plan: RunPlan) -> RunContext:
         records = splits.val.records[: config.validation.max_prompts or None]
         val = _encode(records, tokenizer, config, "validation")
     return RunContext(
-        config=config,
+        plan=plan,
         run_dir=plan.run_dir,
         checkpoint_dir=plan.checkpoint_dir,
         tokenizer=tokenizer,
         train=train,
         val=val,
         sampler=make_sampler(config, len(train.input_ids)),
-        dynamic=make_dynamic_sampler(config),
+        dynamic=make_dynamic_sampler(plan),
         verifier=VerifierPool(
             config.reward.verifier,
             num_workers=config.reward.num_workers,
@@ -221,11 +227,11 @@ def make_sampler(config: DapoMegatronConfig, num_prompts: int) -> PromptSampler:
     return PromptSampler(num_prompts, seed=config.run.seed, shuffle=config.data.shuffle)
 
 
-def make_dynamic_sampler(config: DapoMegatronConfig) -> DynamicSampler[RolloutGroup]:
+def make_dynamic_sampler(plan: RunPlan) -> DynamicSampler[RolloutGroup]:
     """The step's dynamic sampler. "auto" starts at 2 (capped by the maximum) before any keep
     rate is observed; the loop sets it from the observed keep rate after the first step."""
+    config = plan.config
     ds = config.dapo.dynamic_sampling
-    staleness = config.rollout.max_staleness
     multiplier = (
         min(2.0, ds.max_batch_multiplier) if ds.batch_multiplier == "auto" else ds.batch_multiplier
     )
@@ -235,11 +241,11 @@ def make_dynamic_sampler(config: DapoMegatronConfig) -> DynamicSampler[RolloutGr
         max_gen_batches=ds.max_gen_batches,
         surplus=ds.surplus,
         # One bound for carried and (overlapped) fresh groups: K when rollouts overlap.
-        max_carry_age=staleness if staleness > 0 else ds.max_carry_age,
+        max_carry_age=config.rollout.max_staleness if plan.overlapped else ds.max_carry_age,
         enabled=ds.enabled,
         group_size=config.dapo.num_generations_per_prompt,
         auto_max_multiplier=ds.max_batch_multiplier if ds.batch_multiplier == "auto" else None,
-        streaming=staleness > 0,
+        streaming=plan.overlapped,
     )
 
 

@@ -122,7 +122,7 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
             rollouts.arm_refit(policy, done, hold=validate is not None)
             refit = None
             prepared = None
-            if _prepares_next(config, done):
+            if _prepares_next(ctx.plan, done):
                 # Overlapped: while this step trains, take the next batch, queue the refit
                 # behind the train step and the next train step behind the refit, so the
                 # policy goes from one to the next without a controller round trip.
@@ -208,13 +208,13 @@ def _prepare(ctx: RunContext, rollouts: Rollouts, step: int) -> _Prepared:
     return _Prepared(groups, stats, metrics, steps.make_batch(ctx, groups))
 
 
-def _prepares_next(config: DapoMegatronConfig, done: int) -> bool:
+def _prepares_next(plan: RunPlan, done: int) -> bool:
     """Overlapped rollouts take the next step's batch while this step trains, except
     before a checkpoint (which must not hold a batch taken but not trained) and at the
     end."""
-    if config.rollout.max_staleness == 0 or done >= config.dapo.max_num_steps:
+    if not plan.overlapped or done >= plan.config.dapo.max_num_steps:
         return False
-    ckpt = config.checkpointing
+    ckpt = plan.config.checkpointing
     return not (ckpt.enabled and done % ckpt.save_period == 0)
 
 

@@ -116,7 +116,7 @@ def make_rollouts(
 ) -> Rollouts:
     """The run's rollout source, starting at policy ``version`` (the engines already hold
     its weights); ``pending_prompts`` come from a checkpoint of an overlapped run."""
-    if ctx.config.rollout.max_staleness == 0:
+    if not ctx.plan.overlapped:
         if pending_prompts:  # a checkpoint of an overlapped run, resumed with K = 0
             print(
                 f"[resume] {len(pending_prompts)} prompts drawn but not trained by the "

@@ -8,13 +8,13 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.controller.context import RunContext, make_dynamic_sampler, make_sampler
 from dapo_megatron.data.datasets import EncodedPrompts, PromptRecord
 
 
 def fake_context(
-    config: DapoMegatronConfig,
+    plan: RunPlan,
     num_prompts: int,
     verifier: Any,
     ground_truth: Callable[[int], str] = str,
@@ -32,13 +32,13 @@ def fake_context(
         decode=lambda ids, skip_special_tokens: str(ids), eos_token_id=2, pad_token_id=0
     )
     return RunContext(
-        config=config,
+        plan=plan,
         run_dir=Path("."),
         checkpoint_dir=Path("."),
         tokenizer=tokenizer,
         train=train,
         val=None,
-        sampler=make_sampler(config, num_prompts),
-        dynamic=make_dynamic_sampler(config),
+        sampler=make_sampler(plan.config, num_prompts),
+        dynamic=make_dynamic_sampler(plan),
         verifier=verifier,
     )

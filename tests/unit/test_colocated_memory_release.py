@@ -191,7 +191,7 @@ def colocated(monkeypatch: pytest.MonkeyPatch):
     policy.workers = [Handle(FakePolicyWorker(recorder), "policy", recorder)]
     policy.layouts = [{"rank": 0}]
     engines = GenerationGroup(plan, policy)  # the real constructor, on the stand-ins
-    ctx = fake_context(plan.config, 8, FakeVerifier())
+    ctx = fake_context(plan, 8, FakeVerifier())
     yield recorder, policy, engines, SyncRollouts(ctx, engines)
     gc.collect()
     torch.set_num_threads(threads)

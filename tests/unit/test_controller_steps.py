@@ -49,7 +49,7 @@ class FakeVerifier:
 
 def _ctx(pattern, *overrides) -> tuple[RunContext, FakeEngines]:
     """A run context of 30 one-token prompts with a fake verifier, and fake engines."""
-    config = load_config(
+    plan = load_config(
         REPO / "recipes" / "dapo-tiny-cpu.yaml",
         [
             f"dapo.num_generations_per_prompt={N}",
@@ -59,8 +59,8 @@ def _ctx(pattern, *overrides) -> tuple[RunContext, FakeEngines]:
             "data.shuffle=false",
             *overrides,
         ],
-    ).config
-    return fake_context(config, 30, FakeVerifier(pattern)), FakeEngines()
+    ).require_plan()
+    return fake_context(plan, 30, FakeVerifier(pattern)), FakeEngines()
 
 
 def test_all_equal_groups_exhaust_after_exactly_max_gen_batches_rounds():

@@ -102,7 +102,7 @@ def test_a_finished_run_closes_the_loggers_as_successful(fake_run, monkeypatch):
 def test_the_progress_bar_closes_when_a_step_raises(fake_run, monkeypatch):
     plan, ctx, run_dir = fake_run
     monkeypatch.setattr(loop, "_resume", lambda ctx, policy: {"step": 5})
-    ctx.config = plan.config
+    ctx.plan, ctx.config = plan, plan.config
 
     def failing_rollouts(ctx, engines, step):
         raise RuntimeError("generation failed")

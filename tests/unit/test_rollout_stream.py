@@ -89,7 +89,7 @@ class HalfVerifier:
 
 
 def _ctx(*overrides: str, verifier=None) -> RunContext:
-    config = load_config(
+    plan = load_config(
         REPO / "recipes" / "dapo-tiny-cpu.yaml",
         [
             f"dapo.num_generations_per_prompt={N}",
@@ -103,11 +103,11 @@ def _ctx(*overrides: str, verifier=None) -> RunContext:
             "rollout.prompts_per_request=2",
             *overrides,
         ],
-    ).config
+    ).require_plan()
     if verifier is None:
-        return fake_context(config, PROMPTS, AlternatingVerifier(), ground_truth=lambda i: "1")
+        return fake_context(plan, PROMPTS, AlternatingVerifier(), ground_truth=lambda i: "1")
     return fake_context(
-        config, PROMPTS, verifier, ground_truth=lambda i: "vary" if i % 2 == 0 else "flat"
+        plan, PROMPTS, verifier, ground_truth=lambda i: "vary" if i % 2 == 0 else "flat"
     )
 
 
