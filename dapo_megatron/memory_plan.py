@@ -1,58 +1,14 @@
 """Per-GPU memory model of a DAPO run: does a recipe fit its devices before anything starts?
 
-Pure arithmetic on the architecture, the parallel layout and the batch sizes (no torch).
-Every term is computed for one policy rank of each pipeline stage; the worst stage counts.
+Pure arithmetic (no torch). The terms of one policy rank and of one engine GPU, with their
+formulas (policy states, parameters, activations, logits, the engine's KV cache), are in
+memory_terms.py; this module adds them up into the peak of each phase (train, logprob,
+generation, refit) on the worst pipeline stage, says which knobs to change when a phase does
+not fit, and extracts the model's inputs from a run plan.
 
-Policy states (Megatron-Core, as ``megatron/optimizer.py`` configures it):
-  weights      params x precision bytes (in Megatron DDP's param buffer; no second copy)
-  master       params x 4 / (dp if distributed optimizer else 1): the fp32 main params of the
-               mixed-precision optimizer (none for fp32, where the params are the main params)
-  grads        params x 4: DDP's contiguous grad buffer is fp32 (``grad_reduce_in_fp32``)
-               and is NOT sharded by the distributed optimizer (it reduce-scatters in place)
-  optimizer    params x 8 (Adam exp_avg + exp_avg_sq, fp32) or x 4 (SGD momentum),
-               divided by dp with the distributed optimizer
-  KL reference params x precision bytes when dapo.loss.kl_coef > 0: megatron/policy.py
-               keeps a frozen GPTModel of the rank's own TP/PP shard (same build_model,
-               same dtype, on the policy's GPU, no DDP/grads/optimizer), replicated over
-               DP and never offloaded, so it is resident in every phase
-  refit buffer the ipc transport's shared bucket buffer, kept between refits
-               (memory_refit.py); resident in every phase on the exporting ranks
-Per-rank params are the real Megatron split: each layer's GEMMs (and the q/k/v bias) are
-1/TP shards, its two RMSNorm weights are whole on every TP rank; the embedding sits on the
-first stage and the output layer on the last (a tied embedding is a second copy on the
-last stage when PP > 1), both with ``padded_vocab_size`` rows (a multiple of 128 x TP).
-
-Activations of one micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation
-in Large Transformer Models", per-layer accounting redone for this architecture: RMSNorm,
-SwiGLU, grouped-query attention, no dropout). With n = micro_batch x seq_len / CP tokens on
-a rank, t = TP, sp = t with sequence parallelism else 1, p = precision bytes, one layer
-saves, in bytes:
-  none       n p (4h/sp + (2h + 2kv)/t + 3f/t) + core
-               4h/sp: inputs of both norms and of the QKV and FC1 GEMMs (SP shards them)
-               (2h + 2kv)/t: q, k, v and the attention output (the out-projection's input)
-               3f/t: SwiGLU input [gate; up] and its output (FC2's input)
-               core: flash attention keeps only its fp32 log-sum-exp, n 4 a/t; unfused
-               attention (CPU) keeps the softmax, n p (a/t) s  (Korthikanti's 5as/h term)
-  selective  none minus core (Megatron recomputes the core attention)
-  full       n p h/sp: only the layer input; the layer is recomputed during its backward
-A backward pass also holds one layer's worth of "none" activations (its gradients, or the
-recomputed layer under full recompute). Under 1F1B, stage k keeps min(PP - k, M) micro-
-batches in flight (M: micro-batches per mini-batch), so the first stage holds PP of them.
-
-Logits (last stage; the trainer never materialises them, see kernels/):
-  naive      n x V/t x (p + 4 + 4): the output GEMM's logits, their fp32 copy kept by
-             log-softmax, and the fp32 gradient of the same shape
-  fused      saved: the TP-gathered hidden states n h p + five O(n) fp32 vectors; backward:
-             dH and dW in fp32 plus their casts, n h (4 + p) + V/t h (4 + p); the chunked
-             CPU path adds two [chunk, V/t] fp32 buffers and an fp32 copy of its weight shard
-
-Generation (vLLM): the engine takes gpu_memory_utilization x GPU memory for its weights at
-engine TP (vocab padded to 64, KV heads replicated when engine TP > KV heads), its profile
-activations and runtime, and the KV cache (the rest). KV bytes per token per GPU =
-2 x layers x kv_heads/engine_tp x head_dim x p. Colocated, the policy's weights, grads and
-optimizer stay resident while the engine is awake (only the engine sleeps), so the
-generation phase needs resident policy + utilisation x GPU memory <= GPU memory. That
-holds only because the policy ranks return their cached CUDA blocks before an engine maps
+Generation (vLLM): colocated, the policy's weights, grads and optimizer stay resident while
+the engine is awake (only the engine sleeps), so the generation phase needs resident policy
++ utilisation x GPU memory <= GPU memory. That holds only because the policy ranks return their cached CUDA blocks before an engine maps
 its weights or KV cache back (memory_release.py, called by controller/generation_group.py):
 PyTorch's caching allocator would otherwise keep the training peak (activations, logits,
 workspaces) reserved in the policy process. ``unreleased_generation`` is the generation
@@ -71,199 +27,20 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
-from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.memory_refit import (
-    MIB,
-    RefitInputs,
-    refit_receive_bytes,
-    refit_stage,
+from dapo_megatron.memory_refit import MIB, RefitInputs, refit_receive_bytes
+from dapo_megatron.memory_terms import (
+    GIB,
+    PRECISION_BYTES,
+    RECOMPUTE_MODES,
+    EngineInputs,
+    EngineMemory,
+    MemoryInputs,
+    StageMemory,
+    engine_memory,
+    stage_memory,
 )
-
-GIB = 2**30
-PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-VLLM_VOCAB_MULTIPLE = 64
-"""vLLM pads the vocabulary of its embedding and LM head to a multiple of this."""
-CHUNK_BYTES = 2**28
-"""Budget of one [chunk, V/t] fp32 buffer of the chunked logprob path (kernels/chunked.py)."""
-RECOMPUTE_MODES = ("none", "selective", "full")
-
-
-@dataclass(frozen=True)
-class Overheads:
-    """Memory no tensor formula covers, in GiB per GPU (documented estimates)."""
-
-    policy_process_gib: float = 1.5
-    """CUDA context with Megatron/TE kernels (~0.6) and NCCL communicators of the TP, PP, CP
-    and DP groups: held by the policy process in every phase."""
-    train_workspace_gib: float = 2.5
-    """Training phase only: caching-allocator fragmentation, cuBLAS/TE workspaces, pipeline
-    send/receive and DDP bucket buffers."""
-    engine_runtime_gib: float = 1.5
-    """vLLM process: CUDA context, NCCL and CUDA-graph pools (0.5 less with enforce_eager);
-    taken from its gpu_memory_utilization budget."""
-    sleeping_engine_gib: float = 1.0
-    """Colocated training phase: what a sleeping engine keeps (its CUDA context and graph
-    pools): ``VllmGenerationBackend.sleep`` is vLLM's level 2, weights and KV cache
-    discarded."""
-    engine_profile_tokens: int = 16384
-    """Tokens of vLLM's profiling forward (max_num_batched_tokens); its activation peak is
-    reserved out of the KV cache budget."""
-
-
-@dataclass(frozen=True)
-class EngineInputs:
-    """What the generation estimate needs from generation.engine."""
-
-    tensor_parallel_size: int
-    """Engine TP."""
-    gpu_memory_utilization: float
-    """Fraction of the GPU the engine may use."""
-    max_num_seqs: int
-    """Concurrent sequences per engine (sizes the sampler's logits)."""
-    enforce_eager: bool
-    """No CUDA graphs (less runtime memory)."""
-
-
-@dataclass(frozen=True)
-class MemoryInputs:
-    """Everything the memory model reads, extracted from a validated config."""
-
-    arch: ModelArch
-    """Policy architecture."""
-    dims: ParallelDims
-    """Policy layout."""
-    precision: str
-    """fp32 | bf16 | fp16."""
-    optimizer: str
-    """adam | sgd."""
-    distributed_optimizer: bool
-    """Shard master params and optimizer states over DP."""
-    recompute: str
-    """none | selective | full."""
-    micro_batch_size: int
-    """Samples per training micro-batch."""
-    logprob_micro_batch_size: int
-    """Samples per forward-only micro-batch."""
-    seq_len: int
-    """Tokens per sample (max_total_sequence_length)."""
-    micro_batches: int
-    """Training micro-batches per DP rank per mini-batch (bounds the 1F1B in-flight count)."""
-    gpu_mem_gib: float
-    """Memory of one device."""
-    on_gpu: bool
-    """GPU run: flash attention and the Triton logprob kernel; else unfused attention and
-    the chunked kernel (CPU numbers are informative only)."""
-    colocated: bool
-    """Engines share the policy's devices."""
-    engine: EngineInputs | None
-    """vLLM engine settings; None when generation uses the Megatron backend."""
-    fused_logits: bool = True
-    """The trainer's fused/chunked logprob kernel; False models naive fp32 logits."""
-    packed_tokens: int | None = None
-    """policy.max_tokens_per_microbatch: a packed micro-batch (train and logprob pass) holds
-    this many tokens, whatever the row counts; None = rows x seq_len."""
-    overheads: Overheads = Overheads()
-    """Constant overheads."""
-    kl_reference: bool = False
-    """dapo.loss.kl_coef > 0: every policy rank keeps a frozen copy of its weight shard."""
-    refit: RefitInputs | None = None
-    """Bucketed weight refit into separate engines; None when no bucket moves (colocated
-    Megatron generation, or the object_store transport)."""
-
-
-@dataclass(frozen=True)
-class RankParams:
-    """Parameter elements held by the policy rank at (pp_rank, tp_rank)."""
-
-    layers: int
-    """Transformer layers of the stage: 1/TP shards of GEMMs and q/k/v bias, whole norms."""
-    embedding: int
-    """Input embedding shard (padded_vocab/TP rows), first stage only."""
-    output: int
-    """Output layer shard, last stage only (a tied embedding's copy when PP > 1)."""
-    final_norm: int
-    """Final RMSNorm, last stage only (whole on every TP rank)."""
-    replicated: int
-    """Elements of the total that every TP rank of the stage holds whole (the norms)."""
-    vocab_padding: int
-    """Elements in padded vocabulary rows of the embedding and an untied output layer."""
-    tied_copy: int
-    """Elements duplicating the first stage's embedding, padding rows included (tied
-    embeddings, PP > 1)."""
-
-    @property
-    def total(self) -> int:
-        return self.layers + self.embedding + self.output + self.final_norm
-
-
-@dataclass(frozen=True)
-class StageMemory:
-    """One pipeline stage's policy rank, in GiB."""
-
-    stage: int
-    """Pipeline rank."""
-    params: int
-    """Parameter elements on the rank."""
-    weights: float
-    """Model weights in the training precision."""
-    master: float
-    """fp32 main params of the mixed-precision optimizer."""
-    grads: float
-    """fp32 grad buffer."""
-    optimizer: float
-    """Optimizer states."""
-    reference: float
-    """Frozen KL reference weights in the training precision (kl_coef > 0)."""
-    refit_buffer: float
-    """ipc transport: the shared bucket buffer kept between refits (exporting ranks)."""
-    refit_staging: float
-    """Refit phase, broadcast: the exporter's staging buffer."""
-    refit_export: float
-    """Refit phase: the export's tensors held at once (memory_refit.refit_stage)."""
-    in_flight: int
-    """Micro-batches whose activations the stage holds at once (1F1B)."""
-    activations: float
-    """Saved activations of the in-flight micro-batches plus one layer's backward set."""
-    logits: float
-    """Logprob head of the training step (last stage)."""
-    logprob_pass: float
-    """Transient memory of the forward-only logprob pass."""
-
-    @property
-    def resident(self) -> float:
-        """What stays on the GPU in every phase (nothing of the policy is offloaded)."""
-        return (
-            self.weights
-            + self.master
-            + self.grads
-            + self.optimizer
-            + self.reference
-            + self.refit_buffer
-        )
-
-
-@dataclass(frozen=True)
-class EngineMemory:
-    """One GPU of a vLLM engine, in GiB unless stated."""
-
-    budget: float
-    """gpu_memory_utilization x GPU memory."""
-    weights: float
-    """Engine weights at engine TP."""
-    overhead: float
-    """Runtime, profile activations and sampler logits."""
-    kv_cache: float
-    """What is left of the budget for the KV cache."""
-    kv_bytes_per_token: int
-    """KV cache bytes of one token on one GPU."""
-    kv_tokens: int
-    """Tokens the KV cache holds."""
-    full_sequences: int
-    """Concurrent sequences of max_total_sequence_length that fit."""
 
 
 @dataclass(frozen=True)
@@ -306,202 +83,6 @@ class MemoryReport:
     """Every phase fits and the KV cache holds a full-length sequence."""
     reason: str
     """Why it does not fit, naming the term and the knobs; empty when it fits."""
-
-
-def _div(n: int, d: int, what: str) -> int:
-    # A ConfigError, so that dapo-plan prints one line instead of a traceback.
-    if n % d:
-        raise ConfigError(f"{what} = {n} is not divisible by the tensor parallel size {d}")
-    return n // d
-
-
-def _gib(n_bytes: float) -> float:
-    return n_bytes / GIB
-
-
-# ---------------------------------------------------------------------------------------
-# Parameters
-
-
-def layer_params(arch: ModelArch, tp: int) -> tuple[int, int]:
-    """(elements sharded 1/TP on each rank, elements whole on every rank) of one layer."""
-    h, f = arch.hidden_size, arch.ffn_hidden_size
-    kv = arch.num_query_groups * arch.head_dim
-    qkv = h + 2 * kv
-    shard = _div(qkv, tp, "q/k/v width") * (h + (1 if arch.add_qkv_bias else 0))
-    shard += _div(h, tp, "hidden size") * h  # attention output projection
-    shard += 3 * _div(f, tp, "ffn_hidden_size") * h  # gate, up, down
-    return shard, 2 * h
-
-
-def rank_params(arch: ModelArch, tp: int, pp: int, pp_rank: int, tp_rank: int = 0) -> RankParams:
-    """Parameter elements of one policy rank under Megatron's TP x PP split."""
-    h = arch.hidden_size
-    per_stage = arch.num_layers // pp  # validation requires PP to divide the layers
-    shard, whole = layer_params(arch, tp)
-    vp = padded_vocab_size(arch.vocab_size, tp)
-    rows = vp // tp
-    pad_rows = max(0, min((tp_rank + 1) * rows, vp) - max(tp_rank * rows, arch.vocab_size))
-    first, last = pp_rank == 0, pp_rank == pp - 1
-    embedding = rows * h if first else 0
-    has_output = last and (not arch.tie_word_embeddings or pp > 1)
-    output = rows * h if has_output else 0
-    tied_copy = output if arch.tie_word_embeddings else 0
-    # A tied copy is counted whole (padding included) in tied_copy, not again here.
-    n_vocab_tensors = int(first) + int(has_output and not arch.tie_word_embeddings)
-    return RankParams(
-        layers=per_stage * (shard + whole),
-        embedding=embedding,
-        output=output,
-        final_norm=h if last else 0,
-        replicated=per_stage * whole + (h if last else 0),
-        vocab_padding=n_vocab_tensors * pad_rows * h,
-        tied_copy=tied_copy,
-    )
-
-
-# ---------------------------------------------------------------------------------------
-# Activations and logits
-
-
-def layer_activation_bytes(inputs: MemoryInputs, tokens: int, recompute: str) -> float:
-    """Bytes one layer saves for backward for `tokens` tokens on a rank (module docstring)."""
-    arch, dims = inputs.arch, inputs.dims
-    p = PRECISION_BYTES[inputs.precision]
-    h, f, t = arch.hidden_size, arch.ffn_hidden_size, dims.tp
-    kv = arch.num_query_groups * arch.head_dim
-    sp = t if dims.sequence_parallel else 1
-    heads = arch.num_attention_heads / t
-    if recompute == "full":
-        return tokens * p * h / sp
-    saved = tokens * p * (4 * h / sp + (2 * h + 2 * kv) / t + 3 * f / t)
-    if recompute == "selective":
-        return saved
-    # Flash attention keeps an fp32 log-sum-exp per head; unfused attention the softmax
-    # over all keys (CP ranks gather K/V, so every query sees seq_len keys).
-    core = tokens * 4 * heads if inputs.on_gpu else tokens * p * heads * inputs.seq_len
-    return saved + core
-
-
-def logits_bytes(inputs: MemoryInputs, tokens: int, *, backward: bool) -> float:
-    """Peak bytes of the logprob head for `tokens` tokens on a last-stage rank."""
-    arch, t = inputs.arch, inputs.dims.tp
-    p = PRECISION_BYTES[inputs.precision]
-    h = arch.hidden_size
-    v_local = padded_vocab_size(arch.vocab_size, t) // t
-    if not inputs.fused_logits:
-        per_elem = p + 4 + (4 if backward else 0)
-        return tokens * v_local * per_elem
-    saved = tokens * h * p + tokens * 5 * 4
-    chunked = 0.0
-    if not inputs.on_gpu:
-        chunk = max(1, CHUNK_BYTES // (4 * v_local))
-        weight_fp32 = v_local * h * 4 if p < 4 else 0
-        chunked = weight_fp32 + (2 if backward else 1) * min(tokens, chunk) * v_local * 4
-    if not backward:
-        return saved + chunked
-    return saved + chunked + tokens * h * (4 + p) + v_local * h * (4 + p)
-
-
-def _in_flight(inputs: MemoryInputs, stage: int) -> int:
-    return max(1, min(inputs.dims.pp - stage, inputs.micro_batches))
-
-
-def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
-    """Every policy term of one pipeline stage's rank."""
-    dims = inputs.dims
-    params = rank_params(inputs.arch, dims.tp, dims.pp, stage).total
-    p = PRECISION_BYTES[inputs.precision]
-    shard = dims.dp if inputs.distributed_optimizer else 1
-    master = 0 if inputs.precision == "fp32" else params * 4 / shard
-    states = 2 if inputs.optimizer == "adam" else 1
-    if inputs.packed_tokens is not None:
-        # Packed: the token budget bounds every micro-batch's activations (and attention
-        # still spans at most one sequence's keys, seq_len).
-        tokens = lp_tokens = inputs.packed_tokens // dims.cp
-    else:
-        tokens = inputs.micro_batch_size * inputs.seq_len // dims.cp
-        lp_tokens = inputs.logprob_micro_batch_size * inputs.seq_len // dims.cp
-    layers = inputs.arch.num_layers // dims.pp
-    in_flight = _in_flight(inputs, stage)
-    per_layer = layer_activation_bytes(inputs, tokens, inputs.recompute)
-    working = layer_activation_bytes(inputs, tokens, "none")
-    activations = in_flight * layers * per_layer + working
-    last = stage == dims.pp - 1
-    if last:
-        sp = dims.tp if dims.sequence_parallel else 1
-        activations += tokens * p * inputs.arch.hidden_size / sp  # final norm input
-    logits = logits_bytes(inputs, tokens, backward=True) if last else 0.0
-    lp_pass = layer_activation_bytes(inputs, lp_tokens, "none")
-    if last:
-        lp_pass += logits_bytes(inputs, lp_tokens, backward=False)
-    refit = refit_stage(inputs.refit, inputs.arch, dims, p, stage)
-    return StageMemory(
-        stage=stage,
-        params=params,
-        weights=_gib(params * p),
-        master=_gib(master),
-        grads=_gib(params * 4),
-        optimizer=_gib(params * 4 * states / shard),
-        # The reference is built like the policy (build_model: this rank's shard, the
-        # training dtype) but not sharded over DP: the same bytes as the weights.
-        reference=_gib(params * p) if inputs.kl_reference else 0.0,
-        refit_buffer=_gib(refit.buffer),
-        refit_staging=_gib(refit.staging),
-        refit_export=_gib(refit.export),
-        in_flight=in_flight,
-        activations=_gib(activations),
-        logits=_gib(logits),
-        logprob_pass=_gib(lp_pass),
-    )
-
-
-# ---------------------------------------------------------------------------------------
-# Generation engine
-
-
-def engine_params(arch: ModelArch, engine_tp: int) -> int:
-    """Parameter elements of one vLLM engine rank (KV heads replicated past their count)."""
-    h, f, d = arch.hidden_size, arch.ffn_hidden_size, arch.head_dim
-    kv_heads = max(1, arch.num_query_groups // engine_tp)
-    q = _div(h, engine_tp, "hidden size")
-    layer = (q + 2 * kv_heads * d) * h + q * h + 3 * _div(f, engine_tp, "ffn_hidden_size") * h
-    if arch.add_qkv_bias:
-        layer += q + 2 * kv_heads * d
-    layer += 2 * h
-    rows = -(-padded_vocab_size(arch.vocab_size, 1, divisible_by=VLLM_VOCAB_MULTIPLE) // engine_tp)
-    vocab = rows * h * (1 if arch.tie_word_embeddings else 2)
-    return arch.num_layers * layer + vocab + h
-
-
-def engine_memory(inputs: MemoryInputs) -> EngineMemory | None:
-    """KV cache capacity of one engine GPU; None without a vLLM engine."""
-    e, arch = inputs.engine, inputs.arch
-    if e is None:
-        return None
-    p = PRECISION_BYTES[inputs.precision]
-    h, f, et = arch.hidden_size, arch.ffn_hidden_size, e.tensor_parallel_size
-    kv_heads = max(1, arch.num_query_groups // et)
-    budget = e.gpu_memory_utilization * inputs.gpu_mem_gib * GIB
-    weights = engine_params(arch, et) * p
-    ov = inputs.overheads
-    runtime = ov.engine_runtime_gib - (0.5 if e.enforce_eager else 0.0)
-    qkv = (h // et) + 2 * kv_heads * arch.head_dim
-    profile = ov.engine_profile_tokens * p * (2 * h + qkv + 3 * f / et)
-    sampler = e.max_num_seqs * arch.vocab_size * 4 * 2  # fp32 logits + processed logprobs
-    overhead = runtime * GIB + profile + sampler
-    kv_per_token = 2 * arch.num_layers * kv_heads * arch.head_dim * p
-    kv_cache = max(0.0, budget - weights - overhead)
-    kv_tokens = int(kv_cache // kv_per_token)
-    return EngineMemory(
-        budget=_gib(budget),
-        weights=_gib(weights),
-        overhead=_gib(overhead),
-        kv_cache=_gib(kv_cache),
-        kv_bytes_per_token=kv_per_token,
-        kv_tokens=kv_tokens,
-        full_sequences=kv_tokens // inputs.seq_len,
-    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -564,7 +145,7 @@ def _refit_phases(inputs: MemoryInputs, stages: tuple[StageMemory, ...]) -> list
     engine: Terms = []
     e = engine_memory(inputs)
     if inputs.engine is not None and e is not None:
-        receive = _gib(refit_receive_bytes(refit, inputs.arch, PRECISION_BYTES[inputs.precision]))
+        receive = refit_receive_bytes(refit, inputs.arch, PRECISION_BYTES[inputs.precision]) / GIB
         if refit.engine_asleep:
             # Level-2 sleep freed weights and KV cache; the refit maps the weights back
             # (vllm_backend._llm_for_refit), the KV cache returns with the next generate.
@@ -705,7 +286,7 @@ def _alternatives(inputs: MemoryInputs) -> dict[str, float]:
 
 
 def plan_memory(inputs: MemoryInputs) -> MemoryReport:
-    """The memory report of a run (see the module docstring for every formula)."""
+    """The memory report of a run (memory_terms.py's docstring has every formula)."""
     stages, phases = _core(inputs)
     engine = engine_memory(inputs)
     failing = [ph for ph in phases if not ph.fits]

@@ -54,16 +54,6 @@ def preflight(config: DapoMegatronConfig, device: str) -> list[str]:
     return problems
 
 
-def require_preflight(config: DapoMegatronConfig, device: str) -> None:
-    """`preflight`, raising one ConfigError that lists every problem (validate.py's format)."""
-    problems = preflight(config, device)
-    if problems:
-        n = len(problems)
-        raise ConfigError(
-            f"{n} pre-flight problem{'s' if n > 1 else ''}:\n  - " + "\n  - ".join(problems)
-        )
-
-
 # ----------------------------------------------------------------------------- model
 
 

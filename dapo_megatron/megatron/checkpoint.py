@@ -30,7 +30,8 @@ checkpoint and the OS error, after removing its ``.tmp`` directory.
 them together. ``latest_checkpoint`` and ``prune_checkpoints`` only read/change the file
 system; they live in ``dapo_megatron.checkpoint_dirs`` (no Megatron import, for the controller) and are
 re-exported here. The checkpoint directory must be on a file system
-that all ranks see (as for any Megatron checkpoint).
+that all ranks see (as for any Megatron checkpoint). The state dict itself (model chunks,
+reference, optimizer, scheduler, RNG states) is described by ``checkpoint_state.py``.
 """
 
 from __future__ import annotations
@@ -40,21 +41,17 @@ import io
 import logging
 import os
 import queue
-import random
 import shutil
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from megatron.core import dist_checkpointing, parallel_state, tensor_parallel
-from megatron.core.dist_checkpointing.mapping import ShardedObject
+from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.strategies import filesystem_async
 from megatron.core.optimizer import MegatronOptimizer
-from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.distributed.checkpoint import CheckpointException
 
@@ -73,18 +70,27 @@ from dapo_megatron.checkpoint_dirs import (
     write_durably,
     write_marker,
 )
+from dapo_megatron.megatron.checkpoint_state import (
+    DIST_OPTIMIZER_SHARDING,
+    REFERENCE_PREFIX,
+    current_layout,
+    is_distributed_optimizer,
+    model_keys,
+    restore_adam_steps,
+    restore_rng_state,
+    saved_adam_steps,
+    sharded_state_dict,
+    virtual_pipeline_rank,
+)
 from dapo_megatron.megatron.model import unwrap_model
-from dapo_megatron.megatron.optimizer import sub_optimizers
 
 __all__ = [
     "CheckpointSaveError",
-    "capture_rng_state",
     "checkpoint_name",
     "latest_checkpoint",
     "load_checkpoint",
     "prune_checkpoints",
     "read_marker",
-    "restore_rng_state",
     "save_checkpoint",
 ]
 
@@ -93,213 +99,6 @@ logger = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 """Bumped when the layout of a checkpoint directory changes incompatibly."""
 EXTRA_STATE_FILE = "extra_state.pt"
-REFERENCE_PREFIX = "reference."
-"""Key prefix of the KL reference model's tensors (distinct from the policy's)."""
-DIST_OPTIMIZER_SHARDING = "dp_reshardable"
-"""DistributedOptimizer format. ``fully_reshardable`` (TP/PP resharding of optimizer state)
-fails to load with torch's Adam on Megatron-Core 0.16 (KeyError 'step', no Apex/TE)."""
-
-
-# ----------------------------------------------------------------------------- RNG
-
-
-def capture_rng_state() -> dict[str, Any]:
-    """This process's RNG states: Python, NumPy, torch (CPU and CUDA) and Megatron's tracker.
-
-    Megatron's tracker holds the per-TP-rank stream used for weight init and dropout
-    (``model_parallel_cuda_manual_seed``); on CPU it lives in the default generator (see
-    cpu_compat). Tensors are cloned: the result does not change when training goes on.
-    """
-    tracker = tensor_parallel.get_cuda_rng_tracker()
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "tracker": {name: s.clone() for name, s in tracker.get_states().items()},
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state()
-    return state
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    """Inverse of ``capture_rng_state`` (on the same rank of the same layout)."""
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-    tensor_parallel.get_cuda_rng_tracker().set_states(
-        {name: s.clone() for name, s in state["tracker"].items()}
-    )
-
-
-# ------------------------------------------------------------------- state dicts
-
-
-def _layout() -> dict[str, int]:
-    return {
-        "tp": parallel_state.get_tensor_model_parallel_world_size(),
-        "pp": parallel_state.get_pipeline_model_parallel_world_size(),
-        "cp": parallel_state.get_context_parallel_world_size(),
-        "dp": parallel_state.get_data_parallel_world_size(),
-        "world_size": dist.get_world_size(),
-    }
-
-
-def _is_distributed(optimizer: MegatronOptimizer) -> bool:
-    return any(isinstance(o, DistributedOptimizer) for o in sub_optimizers(optimizer))
-
-
-@contextlib.contextmanager
-def _virtual_pipeline_rank(index: int, chunks: int) -> Iterator[None]:
-    """With interleaved PP, layer numbering of a chunk depends on the virtual rank."""
-    if chunks == 1:
-        yield
-        return
-    previous = parallel_state.get_virtual_pipeline_model_parallel_rank()
-    parallel_state.set_virtual_pipeline_model_parallel_rank(index)
-    try:
-        yield
-    finally:
-        parallel_state.set_virtual_pipeline_model_parallel_rank(previous)
-
-
-def _model_keys(model: Sequence[torch.nn.Module]) -> list[str]:
-    return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
-
-
-def _rng_sharded_object(state: dict[str, Any] | None) -> ShardedObject:
-    """Each rank's RNG states as one element of a world-sized array of objects."""
-    return ShardedObject(
-        "rng_state", state, (dist.get_world_size(),), (dist.get_rank(),), replica_id=0
-    )
-
-
-def _sharded_state_dict(
-    model: Sequence[torch.nn.Module],
-    optimizer: MegatronOptimizer | None,
-    scheduler: OptimizerParamScheduler | None,
-    *,
-    is_loading: bool,
-    with_rng: bool,
-    reference: torch.nn.Module | None = None,
-) -> dict[str, Any]:
-    """The state dict that dist_checkpointing saves, or fills on load."""
-    # Megatron's modules and optimizers read their options from this dict; it is the same
-    # on save and load so that both sides describe the same sharded keys.
-    metadata = {
-        "distrib_optim_sharding_type": DIST_OPTIMIZER_SHARDING,
-        "chained_optim_avoid_prefix": True,
-        "singleton_local_shards": False,
-    }
-    state: dict[str, Any] = {}
-    for index, (key, chunk) in enumerate(zip(_model_keys(model), model, strict=True)):
-        with _virtual_pipeline_rank(index, len(model)):
-            state[key] = unwrap_model(chunk).sharded_state_dict(metadata=metadata)
-    if reference is not None:
-        state["reference"] = unwrap_model(reference).sharded_state_dict(
-            prefix=REFERENCE_PREFIX, metadata=metadata
-        )
-    if optimizer is not None:
-        _init_optimizer_state(optimizer)
-        state["optimizer"] = optimizer.sharded_state_dict(
-            state, is_loading=is_loading, metadata=metadata
-        )
-    if scheduler is not None:
-        state["scheduler"] = scheduler.state_dict()
-    if with_rng:
-        state["rng_state"] = _rng_sharded_object(None if is_loading else capture_rng_state())
-    return state
-
-
-def _init_optimizer_state(optimizer: MegatronOptimizer) -> None:
-    """Give every parameter without optimizer state a fresh one: zero moments, step 0.
-
-    Megatron describes the optimizer's checkpoint from its current state. Before the first
-    step torch's Adam has none: the DistributedOptimizer then fails on save and load (it
-    reads a per-parameter 'step' that Megatron's ``init_state_fn`` does not create, torch
-    Adam without Apex/TE), and the plain optimizer saves no moments that a load could ask
-    for. Zero moments at step 0 are exactly what Adam's first step would create, so this
-    changes no result.
-    """
-    for sub in sub_optimizers(optimizer):
-        inner = getattr(sub, "optimizer", None)
-        if inner is None or sub.init_state_fn is None:
-            continue
-        sub.init_state_fn(inner, sub.config)
-        _give_each_param_a_step(inner, None)
-
-
-def _is_torch_adam(inner: Any) -> bool:
-    """torch's Adam/AdamW keep 'step' per parameter (Apex/TE FusedAdam: per param group)."""
-    return isinstance(inner, torch.optim.Adam | torch.optim.AdamW)
-
-
-def _give_each_param_a_step(inner: Any, step: float | None) -> None:
-    """Set each torch-Adam parameter state's 'step' to its own tensor: ``step``, or 0 where
-    it has none. Other optimizers are left alone."""
-    if not _is_torch_adam(inner):
-        return
-    for group in inner.param_groups:
-        for param in group["params"]:
-            param_state = inner.state.get(param)
-            if not param_state or (step is None and "step" in param_state):
-                continue
-            old = param_state.get("step")
-            # Same dtype/device as torch keeps it (CPU unless capturable/fused).
-            like = old if isinstance(old, torch.Tensor) else torch.tensor(0.0)
-            param_state["step"] = torch.full_like(like, float(step or 0.0))
-
-
-def _saved_adam_steps(optimizer: MegatronOptimizer, loaded: Any) -> list[float | None]:
-    """Per sub-optimizer: the step count a DistributedOptimizer saved, else None.
-
-    Also completes the plain optimizers' loaded state for a checkpoint taken before the
-    first step: Megatron saves their shared Adam step as 'common_step' only when it is
-    non-zero, and torch's Adam refuses to load a state without one.
-    """
-    subs = sub_optimizers(optimizer)
-    if len(subs) == 1:
-        per_sub = [loaded]
-    else:
-        per_sub = [loaded[k] for k in sorted(loaded)] if isinstance(loaded, dict) else loaded
-    steps: list[float | None] = []
-    for sub, sub_state in zip(subs, per_sub, strict=True):
-        step = None
-        if isinstance(sub, DistributedOptimizer):
-            groups = sub_state["optimizer"]["param_groups"]
-            found = {g["step"] for g in groups if g.get("step") is not None}
-            if len(found) > 1:
-                raise ValueError(f"checkpoint has different optimizer steps per group: {found}")
-            step = found.pop() if found else None
-        elif _is_torch_adam(getattr(sub, "optimizer", None)):
-            # FP32Optimizer saves torch's state dict; the mixed-precision one nests it.
-            torch_state = sub_state if "param_groups" in sub_state else sub_state["optimizer"]
-            per_param = torch_state["state"]
-            if "common_step" not in per_param and any("step" not in v for v in per_param.values()):
-                per_param["common_step"] = torch.tensor(0.0, dtype=torch.float32)
-        steps.append(step)
-    return steps
-
-
-def _restore_adam_steps(optimizer: MegatronOptimizer, steps: list[float | None]) -> None:
-    """Give torch Adam's per-parameter 'step' its saved value, one tensor per parameter.
-
-    DistributedOptimizer.load_state_dict (torch Adam, no Apex/TE) puts ONE step tensor into
-    every parameter's state, which Adam would then increment once per parameter on each
-    step, and the dp_reshardable loader overwrites it with the pre-load value (the step is
-    a non-persistent local object in that format). Adam's bias correction reads the step,
-    so a resume is bit-exact only with the saved value restored per parameter. The plain
-    optimizer restores its steps itself, except for a checkpoint taken before the first
-    step (no step saved): those states get step 0, like a fresh Adam state.
-    """
-    for sub, step in zip(sub_optimizers(optimizer), steps, strict=True):
-        inner = getattr(sub, "optimizer", None)
-        if inner is not None:
-            _give_each_param_a_step(inner, step)
-
-
 # -------------------------------------------------------------------------- save
 
 
@@ -352,7 +151,7 @@ def save_checkpoint(
     with _write_results_in_process() as writer_errors:
         try:
             tmp = _make_temporary_dir(root, final)
-            state = _sharded_state_dict(
+            state = sharded_state_dict(
                 model, optimizer, scheduler, is_loading=False, with_rng=True, reference=reference
             )
             dist_checkpointing.save(state, str(tmp))  # ends with a collective: shards written
@@ -401,11 +200,11 @@ def _marker_metadata(
     return {
         "format_version": FORMAT_VERSION,
         "step": step,
-        "layout": _layout(),
+        "layout": current_layout(),
         "model_chunks": len(model),
         "optimizer": None
         if optimizer is None
-        else (DIST_OPTIMIZER_SHARDING if _is_distributed(optimizer) else "per_parameter"),
+        else (DIST_OPTIMIZER_SHARDING if is_distributed_optimizer(optimizer) else "per_parameter"),
         "scheduler": scheduler is not None,
         "reference": reference is not None,
         "saved_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -602,25 +401,25 @@ def load_checkpoint(
     _check_compatible(marker, path, model, optimizer, scheduler)
     if reference is not None and not marker.get("reference"):
         raise ValueError(f"{path} has no KL reference model; pass reference=None")
-    same_layout = marker["layout"] == _layout()
+    same_layout = marker["layout"] == current_layout()
     with_rng = restore_rng and same_layout
-    state = _sharded_state_dict(
+    state = sharded_state_dict(
         model, optimizer, scheduler, is_loading=True, with_rng=with_rng, reference=reference
     )
     loaded = dist_checkpointing.load(state, str(path))
-    for index, (key, chunk) in enumerate(zip(_model_keys(model), model, strict=True)):
-        with _virtual_pipeline_rank(index, len(model)):
+    for index, (key, chunk) in enumerate(zip(model_keys(model), model, strict=True)):
+        with virtual_pipeline_rank(index, len(model)):
             unwrap_model(chunk).load_state_dict(loaded[key], strict=True)
     if reference is not None:
         weights = {k.removeprefix(REFERENCE_PREFIX): v for k, v in loaded["reference"].items()}
         with torch.no_grad():
             unwrap_model(reference).load_state_dict(weights, strict=True)
     if optimizer is not None:
-        steps = _saved_adam_steps(optimizer, loaded["optimizer"])
+        steps = saved_adam_steps(optimizer, loaded["optimizer"])
         # Loading copies into parameters and optimizer state in place: no autograd history.
         with torch.no_grad():
             optimizer.load_state_dict(loaded["optimizer"])
-        _restore_adam_steps(optimizer, steps)
+        restore_adam_steps(optimizer, steps)
     if scheduler is not None:
         scheduler.load_state_dict(loaded["scheduler"])
     extra_state = torch.load(path / EXTRA_STATE_FILE, weights_only=False)
@@ -632,7 +431,7 @@ def load_checkpoint(
             "checkpoint %s was saved at layout %s, now %s: RNG states not restored",
             path,
             marker["layout"],
-            _layout(),
+            current_layout(),
         )
     return extra_state
 
@@ -657,7 +456,7 @@ def _check_compatible(
     saved = marker["optimizer"]
     if saved is None:
         raise ValueError(f"{path} has no optimizer state; pass optimizer=None (weights only)")
-    wanted = DIST_OPTIMIZER_SHARDING if _is_distributed(optimizer) else "per_parameter"
+    wanted = DIST_OPTIMIZER_SHARDING if is_distributed_optimizer(optimizer) else "per_parameter"
     if saved != wanted:
         raise ValueError(
             f"{path} holds {saved} optimizer state, the optimizer expects {wanted}: set "
@@ -666,7 +465,7 @@ def _check_compatible(
     # dp_reshardable state is a list of grad-buffer buckets, whose contents depend on the
     # parameters each rank holds: TP, PP and the model chunks (virtual pipeline stages).
     was = (marker["layout"]["tp"], marker["layout"]["pp"], marker["model_chunks"])
-    now = (_layout()["tp"], _layout()["pp"], len(model))
+    now = (current_layout()["tp"], current_layout()["pp"], len(model))
     if saved == DIST_OPTIMIZER_SHARDING and was != now:
         raise ValueError(
             f"{path}: the distributed optimizer state was saved at (tp, pp, model chunks) = "

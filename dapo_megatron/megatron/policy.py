@@ -30,6 +30,7 @@ import torch
 
 from dapo_megatron.config.run_plan import PolicyPlan
 from dapo_megatron.megatron import checkpoint as ckpt
+from dapo_megatron.megatron.checkpoint_state import capture_rng_state, restore_rng_state
 from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
 from dapo_megatron.megatron.hf_weights import (
     export_hf_weights,
@@ -114,7 +115,7 @@ class MegatronPolicy:
         run with the reference draws the same random numbers as one without, and a resume
         that builds it at another moment stays bit-exact.
         """
-        rng = ckpt.capture_rng_state()
+        rng = capture_rng_state()
         reference = build_model(
             self.arch,
             self.dims,
@@ -122,7 +123,7 @@ class MegatronPolicy:
             packed=self.ctx.max_tokens_per_microbatch is not None,
             allow_local_spec=self.config.policy.allow_local_spec,
         )
-        ckpt.restore_rng_state(rng)
+        restore_rng_state(rng)
         reference.config.calculate_per_token_loss = True  # as the policy's (forward only)
         reference.requires_grad_(False)
         return reference.eval()

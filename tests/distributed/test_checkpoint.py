@@ -261,7 +261,7 @@ def _save(policy: _Policy, directory: Path, step: int, note: str) -> Path:
 
 def _train_and_save_worker(tiny: TinyModel, root: str) -> dict:
     """Per optimizer kind: 4 uninterrupted steps; then save, 2 steps, save, 2 more steps."""
-    from dapo_megatron.megatron.checkpoint import capture_rng_state, restore_rng_state
+    from dapo_megatron.megatron.checkpoint_state import capture_rng_state, restore_rng_state
     from dapo_megatron.megatron.distributed import destroy_parallel
 
     _init(_layout(dp=2))

@@ -12,20 +12,18 @@ from dapo_megatron.cli import plan_main
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.memory_plan import (
+from dapo_megatron.memory_plan import memory_inputs, plan_memory, unreleased_generation
+from dapo_megatron.memory_refit import MIB, RefitInputs, largest_gathered_parameter
+from dapo_megatron.memory_terms import (
     GIB,
     EngineInputs,
     MemoryInputs,
     Overheads,
     engine_memory,
     logits_bytes,
-    memory_inputs,
-    plan_memory,
     rank_params,
     stage_memory,
-    unreleased_generation,
 )
-from dapo_megatron.memory_refit import MIB, RefitInputs, largest_gathered_parameter
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
