@@ -1,8 +1,9 @@
-"""Group-relative advantage estimation (GRPO / DAPO) and its broadcast onto response tokens.
+"""Group-relative advantage estimation (GRPO / DAPO).
 
 Each prompt is sampled N times; a sample's advantage is its reward relative to the other
 samples of the same prompt (its group), optionally normalised by the group's reward spread.
-The same scalar advantage then applies to every response token of the sample.
+The same scalar advantage then applies to every response token of the sample (the loss
+spreads it: ``algorithms.loss.expand_advantages``).
 
 Shape suffixes: ``_GN`` is G groups x N samples per prompt (a group's samples contiguous in a
 row), ``_B`` is one value per sample, ``_BT`` is B samples x T response tokens.
@@ -14,7 +15,7 @@ import math
 
 import torch
 
-__all__ = ["broadcast_to_tokens", "group_advantages"]
+__all__ = ["group_advantages"]
 
 
 def group_advantages(
@@ -83,30 +84,3 @@ def group_advantages(
     # would be an O(1e-3) spurious advantage, so constant groups are forced to exactly 0.
     constant_G1 = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)
     return torch.where(constant_G1, torch.zeros_like(advantages), advantages)
-
-
-def broadcast_to_tokens(advantages_B: torch.Tensor, mask_BT: torch.Tensor) -> torch.Tensor:
-    """Spread one advantage per sample over its response tokens.
-
-    Args:
-        advantages_B: per-sample advantages, shape ``[B]`` (e.g. ``group_advantages(...)``
-            flattened row-major, which keeps each group's samples contiguous).
-        mask_BT: response-token mask, shape ``[B, T]``, any dtype; nonzero means "in the loss".
-
-    Returns:
-        Float tensor ``[B, T]``: ``advantages_B[:, None] * mask_BT`` (mask cast to float), so
-        masked-out tokens are exactly 0.
-
-    Raises:
-        ValueError: on wrong ranks or mismatched B.
-    """
-    if advantages_B.ndim != 1:
-        raise ValueError(f"advantages_B must be 1-D [B], got shape {tuple(advantages_B.shape)}")
-    if mask_BT.ndim != 2 or mask_BT.shape[0] != advantages_B.shape[0]:
-        raise ValueError(
-            f"mask_BT must have shape [B, T] with B={advantages_B.shape[0]}, got "
-            f"{tuple(mask_BT.shape)}"
-        )
-    dtype = advantages_B.dtype if advantages_B.is_floating_point() else torch.get_default_dtype()
-    advantages = advantages_B.to(dtype)
-    return advantages[:, None] * mask_BT.to(device=advantages.device, dtype=dtype)

@@ -1,9 +1,9 @@
 """Reward shaping for DAPO: score rescaling, the soft overlong punishment and overlong filtering.
 
 The verifier produces one raw score per sample; these functions turn it into the scalar reward
-the advantage estimator sees (``scale_rewards`` then ``apply_soft_overlong_punishment``), and
-build the loss mask that drops truncated samples (``overlong_filter_mask``), following DAPO
-(arXiv 2503.14476) sections 3.4 and Eq. 13.
+the advantage estimator sees (``scale_rewards``, then ``soft_overlong_penalty`` added by
+controller/rollout.py's ``shape_rewards``), and build the loss mask that drops truncated
+samples (``overlong_filter_mask``), following DAPO (arXiv 2503.14476) sections 3.4 and Eq. 13.
 
 Shape suffixes: ``_B`` is one value per sample, ``_BT`` is B samples x T response tokens.
 """
@@ -18,7 +18,6 @@ import torch
 from dapo_megatron.shared.sampling import FINISH_REASON_LENGTH, FINISH_REASON_STOP
 
 __all__ = [
-    "apply_soft_overlong_punishment",
     "overlong_filter_mask",
     "scale_rewards",
     "soft_overlong_penalty",
@@ -161,49 +160,6 @@ def soft_overlong_penalty(
     # is what keeps L > Lmax (an engine that overshoots its cap) at exactly -penalty_factor.
     linear = (ramp_start - lengths) / buffer_length * penalty_factor
     return linear.clamp(min=-penalty_factor, max=0.0)
-
-
-def apply_soft_overlong_punishment(
-    scores_B: torch.Tensor,
-    response_lengths_B: torch.Tensor,
-    *,
-    max_response_length: int,
-    buffer_length: int,
-    penalty_factor: float,
-) -> torch.Tensor:
-    """Add the soft overlong penalty (see ``soft_overlong_penalty``) to already-scaled rewards.
-
-    Args:
-        scores_B: scaled rewards, shape ``[B]``.
-        response_lengths_B: response lengths in tokens, shape ``[B]``.
-        max_response_length: ``Lmax``, the response generation cap given to the engine.
-        buffer_length: ``Lcache``, width of the penalty ramp.
-        penalty_factor: penalty magnitude at the cap (>= 0).
-
-    Returns:
-        Float tensor ``[B]``: ``scores_B + penalty``.
-
-    Raises:
-        ValueError: if the shapes differ or any argument of ``soft_overlong_penalty`` is bad.
-    """
-    if scores_B.shape != response_lengths_B.shape:
-        raise ValueError(
-            f"scores_B and response_lengths_B must have the same shape, got "
-            f"{tuple(scores_B.shape)} and {tuple(response_lengths_B.shape)}"
-        )
-    dtype = _float_dtype(scores_B)
-    lengths_B = response_lengths_B
-    if lengths_B.dtype != torch.bool:
-        # Sum in float64 and round once: a float32 penalty added to float64 scores could exceed
-        # penalty_factor by float32 rounding, and bf16 cannot even hold lengths like 16383.
-        lengths_B = lengths_B.to(device=scores_B.device, dtype=torch.float64)
-    penalty_B = soft_overlong_penalty(
-        lengths_B,
-        max_response_length=max_response_length,
-        buffer_length=buffer_length,
-        penalty_factor=penalty_factor,
-    )
-    return (scores_B.to(torch.float64) + penalty_B).to(dtype)
 
 
 def overlong_filter_mask(mask_BT: torch.Tensor, truncated_B: torch.Tensor) -> torch.Tensor:

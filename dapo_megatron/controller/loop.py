@@ -1,4 +1,4 @@
-"""The DAPO training loop (DESIGN.md section 2), one readable function.
+"""The DAPO training loop, one readable function (docs/ARCHITECTURE.md walks through a step).
 
 Algorithm choices, all from the config: rollouts are sampled n per prompt; the raw
 verifier score is scaled and the soft overlong penalty added (Lmax = the engine's response

@@ -174,10 +174,6 @@ class PolicyGroup:
         parts: list[torch.Tensor] = self._call_sharded("ref_logprobs", shards)
         return self._unshard(rows, parts)
 
-    def train_step(self, mini_batch: PolicyBatch) -> dict[str, float]:
-        """One optimizer step on a mini-batch (split evenly over DP ranks)."""
-        return self.train_step_result(self.submit_train_step(mini_batch))
-
     def submit_train_step(self, mini_batch: PolicyBatch) -> list[ray.ObjectRef[Any]]:
         """Start ``train_step`` without waiting: it runs on each rank after the calls
         already submitted to it (Ray runs one submitter's calls to an actor in order), so a

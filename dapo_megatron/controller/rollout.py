@@ -2,7 +2,7 @@
 
 A RolloutGroup is one prompt with its n samples, their raw verifier scores and shaped
 rewards; groups are what dynamic sampling keeps, carries and discards, so they are plain
-picklable data. Shaping follows DESIGN.md section 3: scale the raw score, add the soft
+picklable data. Shaping (docs/ARCHITECTURE.md): scale the raw score, add the soft
 overlong penalty measured on the RESPONSE length against the engine's response cap.
 """
 

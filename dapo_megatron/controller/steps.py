@@ -1,10 +1,10 @@
 """The named phases of a DAPO step, called in order by controller/loop.py.
 
-Each function does one thing of DESIGN.md section 2 and returns its metrics; none keeps
-state of its own (the RunContext does), so the loop reads like the algorithm. The workers
-are passed explicitly, and only the part a phase uses: the rollout engines to generation
-phases, the policy to training phases (they are rebuilt after a worker dies; the RunContext
-is not).
+Each function does one thing of a step (docs/ARCHITECTURE.md, the data path of one step)
+and returns its metrics; none keeps state of its own (the RunContext does), so the loop
+reads like the algorithm. The workers are passed explicitly, and only the part a phase
+uses: the rollout engines to generation phases, the policy to training phases (they are
+rebuilt after a worker dies; the RunContext is not).
 """
 
 from __future__ import annotations
@@ -183,13 +183,6 @@ def start_train(
             for i in range(0, len(batch), size)
         ],
     )
-
-
-def train_on_batch(
-    ctx: RunContext, policy: PolicyGroup, batch: PolicyBatch, step: int
-) -> dict[str, float]:
-    """Shuffle samples, then one optimizer step per mini-batch; averaged metrics."""
-    return start_train(ctx, policy, batch, step).result()
 
 
 def validation_sampling(

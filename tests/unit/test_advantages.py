@@ -1,4 +1,5 @@
-"""Tests of dapo_megatron.algorithms.advantages: group-relative advantages and token broadcast."""
+"""Group-relative advantages (algorithms/advantages.py) and their spread over a sample's tokens
+(algorithms/loss.py's expand_advantages)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_megatron.algorithms.advantages import broadcast_to_tokens, group_advantages
+from dapo_megatron.algorithms.advantages import group_advantages
+from dapo_megatron.algorithms.loss import expand_advantages
 
 # One correct answer out of four: mean 0.25, deviations [0.75, -0.25, -0.25, -0.25],
 # unbiased variance (0.75^2 + 3 * 0.25^2) / (4 - 1) = 0.75 / 3 = 0.25, std 0.5.
@@ -195,56 +197,27 @@ def test_property_matches_definition(rows: list[list[float]], leave_one_out: boo
             assert out[g, i].item() == pytest.approx((r - baseline) / (std + eps), abs=1e-7)
 
 
-# --------------------------------------------------------------------------- broadcast_to_tokens
+# ------------------------------------------ expand_advantages: one advantage per sample's tokens
 
 
-def test_broadcast_to_tokens() -> None:
-    advantages_B = torch.tensor([1.5, -0.5])
-    mask_BT = torch.tensor([[1, 1, 0], [1, 0, 0]])
-    out = broadcast_to_tokens(advantages_B, mask_BT)
-    # row b is advantage_b on unmasked tokens, 0 elsewhere
-    assert out.dtype == torch.float32
-    assert out.tolist() == [[1.5, 1.5, 0.0], [-0.5, 0.0, 0.0]]
-
-
-def test_broadcast_to_tokens_bool_mask_and_int_advantages() -> None:
-    out = broadcast_to_tokens(torch.tensor([2, -1]), torch.tensor([[True, False], [True, True]]))
-    assert out.dtype == torch.get_default_dtype()
-    assert out.tolist() == [[2.0, 0.0], [-1.0, -1.0]]
-    f64 = broadcast_to_tokens(torch.tensor([0.25], dtype=torch.float64), torch.ones(1, 2))
-    assert f64.dtype == torch.float64 and f64.tolist() == [[0.25, 0.25]]
-
-
-def test_broadcast_to_tokens_from_group_advantages() -> None:
+def test_expand_advantages_spreads_group_advantages_over_tokens() -> None:
     advantages_B = group_advantages(ONE_OF_FOUR, eps=0.0).flatten()
-    out = broadcast_to_tokens(advantages_B, torch.ones(4, 2, dtype=torch.bool))
+    out = expand_advantages(advantages_B, torch.Size([4, 2]))
     # 1.5 and -0.5 from the hand-derived default case, repeated over 2 tokens
     assert out.tolist() == [[1.5, 1.5], [-0.5, -0.5], [-0.5, -0.5], [-0.5, -0.5]]
 
 
+def test_expand_advantages_keeps_per_token_advantages() -> None:
+    per_token_BT = torch.arange(6.0).reshape(2, 3)
+    assert expand_advantages(per_token_BT, per_token_BT.shape) is per_token_BT
+
+
 @pytest.mark.parametrize(
-    ("advantages", "mask", "match"),
-    [
-        (torch.zeros(2, 1), torch.ones(2, 3), "advantages_B"),
-        (torch.zeros(2), torch.ones(3, 3), "mask_BT"),
-        (torch.zeros(2), torch.ones(2), "mask_BT"),
-    ],
+    ("advantages", "shape"),
+    [(torch.zeros(2, 1), (2, 3)), (torch.zeros(3), (2, 3)), (torch.zeros(2, 3), (3, 2))],
 )
-def test_broadcast_to_tokens_rejects_bad_shapes(
-    advantages: torch.Tensor, mask: torch.Tensor, match: str
+def test_expand_advantages_rejects_bad_shapes(
+    advantages: torch.Tensor, shape: tuple[int, ...]
 ) -> None:
-    with pytest.raises(ValueError, match=match):
-        broadcast_to_tokens(advantages, mask)
-
-
-@settings(max_examples=40, deadline=None)
-@given(data=st.data(), batch=st.integers(0, 6), tokens=st.integers(0, 6))
-def test_broadcast_to_tokens_property(data: st.DataObject, batch: int, tokens: int) -> None:
-    advs = data.draw(st.lists(st.floats(-10, 10), min_size=batch, max_size=batch))
-    bits = data.draw(st.lists(st.booleans(), min_size=batch * tokens, max_size=batch * tokens))
-    mask_BT = torch.tensor(bits, dtype=torch.bool).reshape(batch, tokens)
-    out = broadcast_to_tokens(torch.tensor(advs, dtype=torch.float64), mask_BT)
-    assert out.shape == (batch, tokens)
-    for b in range(batch):
-        for t in range(tokens):
-            assert out[b, t].item() == (advs[b] if bits[b * tokens + t] else 0.0)
+    with pytest.raises(ValueError, match="advantages_BT"):
+        expand_advantages(advantages, torch.Size(shape))

@@ -1,6 +1,10 @@
-"""Tests of dapo_megatron.algorithms.rewards: scaling, soft overlong punishment, overlong filter."""
+"""Reward shaping: dapo_megatron.algorithms.rewards (scaling, soft overlong penalty, overlong
+filter) and controller/rollout.py's shape_rewards, which applies them to rollouts."""
 
 from __future__ import annotations
+
+import functools
+from pathlib import Path
 
 import pytest
 import torch
@@ -8,12 +12,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dapo_megatron.algorithms.rewards import (
-    apply_soft_overlong_punishment,
     overlong_filter_mask,
     scale_rewards,
     soft_overlong_penalty,
     truncated_from_finish_reasons,
 )
+from dapo_megatron.config.loader import load_config
+from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.controller.rollout import shape_rewards
 
 # ------------------------------------------------------------------------------ scale_rewards
 
@@ -236,56 +242,46 @@ def test_soft_overlong_penalty_bounded_and_monotone(
     assert (out[lengths_B >= max_len] == -factor).all()
 
 
-# ------------------------------------------------------------- apply_soft_overlong_punishment
+# ------------------------------------------- shape_rewards: the shaping rollouts go through
+
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "dapo-tiny-cpu.yaml"
 
 
-def test_apply_soft_overlong_punishment_adds_penalty() -> None:
+@functools.cache
+def _shaping_config(penalty_factor: float) -> DapoMegatronConfig:
+    """The tiny recipe (Lmax = 16, Lcache = 4: the ramp runs from 12 to 16) with reward
+    scaling off, so that shape_rewards adds the soft overlong penalty alone."""
+    return load_config(
+        RECIPE,
+        [
+            "dapo.reward_scaling.enabled=false",
+            "dapo.overlong_buffer.enabled=true",
+            f"dapo.overlong_buffer.penalty_factor={penalty_factor}",
+        ],
+    ).config
+
+
+def test_shape_rewards_adds_the_penalty_to_the_score() -> None:
+    config = _shaping_config(1.0)
+    assert (config.generation.max_response_length, config.dapo.overlong_buffer.length) == (16, 4)
     scores_B = torch.tensor([1.0, -1.0, 0.5])
-    lengths_B = torch.tensor([10, 18, 30])
-    out = apply_soft_overlong_punishment(
-        scores_B, lengths_B, max_response_length=LMAX, buffer_length=LCACHE, penalty_factor=1.0
-    )
-    # 1 + 0; -1 + (16 - 18) / 4 = -1.5; 0.5 + (-1, beyond the cap) = -0.5
-    torch.testing.assert_close(out, torch.tensor([1.0, -1.5, -0.5]))
+    rewards_B, penalty_B = shape_rewards(scores_B, torch.tensor([10, 14, 30]), config)
+    # 1 + 0; -1 + (12 - 14) / 4 = -1.5; 0.5 + (-1, beyond the cap) = -0.5
+    torch.testing.assert_close(penalty_B, torch.tensor([0.0, -0.5, -1.0], dtype=torch.float64))
+    torch.testing.assert_close(rewards_B, torch.tensor([1.0, -1.5, -0.5], dtype=torch.float64))
     assert scores_B.tolist() == [1.0, -1.0, 0.5]
 
 
-def test_apply_soft_overlong_punishment_shape_mismatch() -> None:
-    with pytest.raises(ValueError, match="scores_B"):
-        apply_soft_overlong_punishment(
-            torch.zeros(3),
-            torch.zeros(2, dtype=torch.long),
-            max_response_length=LMAX,
-            buffer_length=LCACHE,
-            penalty_factor=1.0,
-        )
-
-
-def test_apply_soft_overlong_punishment_validates_penalty_args() -> None:
-    with pytest.raises(ValueError, match="buffer_length"):
-        apply_soft_overlong_punishment(
-            torch.zeros(1),
-            torch.zeros(1, dtype=torch.long),
-            max_response_length=4,
-            buffer_length=4,
-            penalty_factor=1.0,
-        )
-
-
+@pytest.mark.parametrize("factor", [0.0, 0.5, 1.0, 2.0])
 @settings(max_examples=40, deadline=None)
-@given(
-    pairs=st.lists(st.tuples(st.floats(-1.0, 1.0), st.integers(0, 100)), min_size=1, max_size=20),
-    factor=st.floats(0.0, 2.0),
-)
-def test_apply_soft_overlong_punishment_stays_within_factor_of_score(
-    pairs: list[tuple[float, int]], factor: float
+@given(pairs=st.lists(st.tuples(st.floats(-1.0, 1.0), st.integers(0, 40)), min_size=1, max_size=20))
+def test_shape_rewards_stays_within_factor_of_score(
+    factor: float, pairs: list[tuple[float, int]]
 ) -> None:
     scores_B = torch.tensor([p[0] for p in pairs], dtype=torch.float64)
     lengths_B = torch.tensor([p[1] for p in pairs])
-    out = apply_soft_overlong_punishment(
-        scores_B, lengths_B, max_response_length=50, buffer_length=10, penalty_factor=factor
-    )
-    delta = out - scores_B
+    rewards_B, _ = shape_rewards(scores_B, lengths_B, _shaping_config(factor))
+    delta = rewards_B - scores_B
     assert (delta <= 1e-12).all() and (delta >= -factor - 1e-12).all()
 
 
@@ -384,16 +380,3 @@ def test_finish_reasons_feed_overlong_filter() -> None:
     out = overlong_filter_mask(torch.ones(2, 3), truncated_B)
     # the "length" sample's row is dropped, the "stop" sample's row stays
     assert out.tolist() == [[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]]
-
-
-def test_apply_soft_overlong_punishment_keeps_score_dtype() -> None:
-    out = apply_soft_overlong_punishment(
-        torch.tensor([1.0], dtype=torch.float32),
-        torch.tensor([17]),
-        max_response_length=LMAX,
-        buffer_length=LCACHE,
-        penalty_factor=1.0,
-    )
-    # 1 + (16 - 17) / 4 = 0.75, still float32
-    assert out.dtype == torch.float32
-    torch.testing.assert_close(out, torch.tensor([0.75]))
