@@ -259,13 +259,14 @@ def main() -> int:
 
     # Token counts from the very micro-batches train_step builds (timed: part of a step).
     t0 = time.perf_counter()
-    padded_micro, padded_len, _ = _micro_batches(batch, args.micro, dims)
+    padded = _micro_batches(batch, args.micro, dims)
     padded_build_s = time.perf_counter() - t0
-    padded_tokens = sum(int(mb["input_ids"].numel()) for mb in padded_micro)
+    padded_micro, padded_len = padded.micro, padded.seq_len
+    padded_tokens = sum(int(mb.input_ids.numel()) for mb in padded_micro)
     t0 = time.perf_counter()
     packs = packed_micro_batches(batch, budget, dims)
     packed_build_s = time.perf_counter() - t0
-    pack_totals = [int(m["layout"].total) for m in packs.micro]
+    pack_totals = [int(m.layout.total) for m in packs.micro if m.layout is not None]
     packed_tokens = sum(pack_totals)
     useful_tokens = int(batch.lengths.sum())
 
@@ -372,7 +373,7 @@ def main() -> int:
             "budget": f"{args.budget_factor} x (longest prompt + cap) = {budget}",
             "micro_batches": len(pack_totals),
             "pack_tokens": pack_totals,
-            "rows_per_pack": [len(m["layout"].rows) for m in packs.micro],
+            "rows_per_pack": [len(m.layout.rows) for m in packs.micro if m.layout is not None],
             "build_micro_batches_s": packed_build_s,
         },
         "attention_score_entries": attention,

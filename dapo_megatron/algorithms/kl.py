@@ -14,11 +14,14 @@ caller's job (see ``dapo_megatron.algorithms.loss``).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from dapo_megatron.algorithms.loss_spec import (
     KL_ESTIMATORS,
     KLEstimator,
+    LossSpec,
     validate_choice,
     validate_coef,
 )
@@ -100,3 +103,82 @@ def entropy_bonus_per_token(entropy_BT: torch.Tensor, entropy_coef: float) -> to
     """
     validate_coef("entropy_coef", entropy_coef)
     return -entropy_coef * entropy_BT.to(compute_dtype(entropy_BT))
+
+
+# --------------------------------------------------------------------------------------------
+# The KL and entropy terms of the policy loss (both loss implementations call this)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KLEntropyTerms:
+    """The KL and entropy terms of one micro-batch's policy loss (``kl_entropy_terms``)."""
+
+    per_token_BT: torch.Tensor | None
+    """``[B, T]``: the per-token loss passed in plus ``kl_coef * kl`` and the entropy bonus,
+    each added only when its coefficient is > 0; None when None was passed in and nothing was
+    added."""
+    kl_BT: torch.Tensor | None
+    """``[B, T]`` ``kl_estimator`` estimate against the reference (0-filled inputs outside the
+    loss mask); None without reference logprobs."""
+    entropy_BT: torch.Tensor | None
+    """``[B, T]`` entropy, 0 outside the loss mask; None without entropies."""
+
+    def metric_sums(self, effective_BT: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``kl_sum`` / ``entropy_sum`` (for the terms present): detached float64 sums over
+        ``effective_BT`` (the loss mask AND the MIS acceptance), as ``policy_loss`` reports
+        its other metrics."""
+
+        def masked_sum(x_BT: torch.Tensor) -> torch.Tensor:
+            return torch.where(effective_BT, x_BT.detach(), 0).sum().to(torch.float64)
+
+        metrics: dict[str, torch.Tensor] = {}
+        if self.kl_BT is not None:
+            metrics["kl_sum"] = masked_sum(self.kl_BT)
+        if self.entropy_BT is not None:
+            metrics["entropy_sum"] = masked_sum(self.entropy_BT)
+        return metrics
+
+
+def kl_entropy_terms(
+    per_token_BT: torch.Tensor | None,
+    logprobs_BT: torch.Tensor,
+    valid_BT: torch.Tensor,
+    spec: LossSpec,
+    *,
+    ref_logprobs_BT: torch.Tensor | None,
+    entropy_BT: torch.Tensor | None,
+) -> KLEntropyTerms:
+    """Add ``kl_coef * kl`` and ``-entropy_coef * entropy`` to a per-token loss.
+
+    The one place these terms are formed: the torch loss passes its rollout-weighted clipped
+    PG term, the fused kernel's dispatch passes None (the kernel has aggregated the PG term
+    already; the aggregation is linear, so the terms are aggregated apart and added).
+
+    Args:
+        per_token_BT: ``[B, T]`` per-token loss to add to, or None to start from nothing.
+        logprobs_BT: ``[B, T]`` current log-probabilities, already 0 outside ``valid_BT``
+            (the very tensor the PG term read, so both gradients meet in one node).
+        valid_BT: ``[B, T]`` bool loss mask; padding in the optional inputs (NaN, -inf) is
+            selected away with it before any arithmetic.
+        spec: ``kl_coef``, ``kl_estimator`` and ``entropy_coef`` are read.
+        ref_logprobs_BT: ``[B, T]`` reference log-probabilities, or None.
+        entropy_BT: ``[B, T]`` per-token entropy, or None.
+    """
+
+    def clean(t_BT: torch.Tensor) -> torch.Tensor:
+        return torch.where(valid_BT, t_BT, 0)
+
+    kl_BT = None
+    if ref_logprobs_BT is not None:
+        kl_BT = kl_penalty(logprobs_BT, clean(ref_logprobs_BT), spec.kl_estimator)
+        if spec.kl_coef > 0:
+            kl_term_BT = spec.kl_coef * kl_BT
+            per_token_BT = kl_term_BT if per_token_BT is None else per_token_BT + kl_term_BT
+    clean_entropy_BT = None
+    if entropy_BT is not None:
+        clean_entropy_BT = clean(entropy_BT)
+        if spec.entropy_coef > 0:
+            bonus_BT = entropy_bonus_per_token(clean_entropy_BT, spec.entropy_coef)
+            per_token_BT = bonus_BT if per_token_BT is None else per_token_BT + bonus_BT
+    return KLEntropyTerms(per_token_BT=per_token_BT, kl_BT=kl_BT, entropy_BT=clean_entropy_BT)

@@ -18,7 +18,7 @@ padding cannot turn into NaN).
 Micro-batch invariance, the contract between caller and this module::
 
     denom = sum(loss_denominator(mb.mask, mode) for mb in all micro-batches on all DP ranks)
-    loss_mb = policy_loss(..., normalizer=denom).loss  # for each micro-batch
+    loss_mb = policy_loss(LossInputs(..., normalizer=denom), spec).loss  # each micro-batch
     sum(loss_mb) == loss of the whole mini-batch       # whatever the split
 
 With data parallelism, the gradients of the per-rank sums are summed (not averaged) across
@@ -36,11 +36,13 @@ import torch
 
 from dapo_megatron.algorithms.kl import (
     LOG_RATIO_CLAMP,
+    KLEntropyTerms,
     check_same_shape,
     compute_dtype,
-    entropy_bonus_per_token,
+    kl_entropy_terms,
     kl_penalty,
 )
+from dapo_megatron.algorithms.loss_inputs import LossInputs
 
 # LossAggMode and LOSS_AGG_MODES are re-exported: callers import them from here.
 from dapo_megatron.algorithms.loss_spec import LOSS_AGG_MODES as LOSS_AGG_MODES
@@ -328,8 +330,7 @@ def _loss_metrics(
     logprobs_BT: torch.Tensor,
     valid_BT: torch.Tensor,
     effective_BT: torch.Tensor,
-    kl_BT: torch.Tensor | None,
-    entropy_BT: torch.Tensor | None,
+    terms: KLEntropyTerms,
 ) -> dict[str, torch.Tensor]:
     """Detached per-micro-batch sums/extrema over the effective tokens (see PolicyLossOutput)."""
     f64 = torch.float64
@@ -359,60 +360,11 @@ def _loss_metrics(
         "num_valid_tokens": effective_BT.sum().to(f64),
         "num_masked_by_mis": (valid_BT & ~effective_BT).sum().to(f64),
     }
-    if kl_BT is not None:
-        metrics["kl_sum"] = masked_sum(kl_BT)
-    if entropy_BT is not None:
-        metrics["entropy_sum"] = masked_sum(entropy_BT)
+    metrics.update(terms.metric_sums(effective_BT))
     return metrics
 
 
-def validate_policy_loss_args(
-    logprobs_BT: torch.Tensor,
-    old_logprobs_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    spec: LossSpec,
-    rollout_logprobs_BT: torch.Tensor | None,
-    ref_logprobs_BT: torch.Tensor | None,
-    entropy_BT: torch.Tensor | None,
-) -> None:
-    """The tensor checks of ``policy_loss`` (shared with the fused kernel's dispatch, so both
-    implementations reject the same calls): shapes, and the optional inputs that ``spec``
-    makes required. The scalars need no check here: ``LossSpec`` validated them when it was
-    built. Raises ValueError naming the argument."""
-    _check_2d("logprobs_BT", logprobs_BT)
-    for name, t in (("old_logprobs_BT", old_logprobs_BT), ("mask_BT", mask_BT)):
-        check_same_shape("logprobs_BT", logprobs_BT, name, t)
-    optional = (
-        ("rollout_logprobs_BT", rollout_logprobs_BT),
-        ("ref_logprobs_BT", ref_logprobs_BT),
-        ("entropy_BT", entropy_BT),
-    )
-    for name, opt in optional:
-        if opt is not None:
-            check_same_shape("logprobs_BT", logprobs_BT, name, opt)
-    if spec.rollout_correction != "none" and rollout_logprobs_BT is None:
-        raise ValueError(
-            f"rollout_correction={spec.rollout_correction!r} requires rollout_logprobs_BT "
-            "(got None)"
-        )
-    if spec.kl_coef > 0 and ref_logprobs_BT is None:
-        raise ValueError(f"kl_coef={spec.kl_coef!r} > 0 requires ref_logprobs_BT (got None)")
-    if spec.entropy_coef > 0 and entropy_BT is None:
-        raise ValueError(f"entropy_coef={spec.entropy_coef!r} > 0 requires entropy_BT (got None)")
-
-
-def policy_loss(
-    logprobs_BT: torch.Tensor,
-    old_logprobs_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    *,
-    normalizer: torch.Tensor | float,
-    spec: LossSpec,
-    rollout_logprobs_BT: torch.Tensor | None = None,
-    ref_logprobs_BT: torch.Tensor | None = None,
-    entropy_BT: torch.Tensor | None = None,
-) -> PolicyLossOutput:
+def policy_loss(inputs: LossInputs, spec: LossSpec) -> PolicyLossOutput:
     """DAPO policy loss of one micro-batch.
 
     Per token: ``w * pg + kl_coef * kl - entropy_coef * entropy`` where ``pg`` is
@@ -428,32 +380,17 @@ def policy_loss(
     using the raw mask instead counts them as zero-loss tokens (still micro-batch invariant).
 
     Args:
-        logprobs_BT: ``[B, T]`` current log-probabilities (with grad).
-        old_logprobs_BT: ``[B, T]`` trainer log-probabilities before the update.
-        advantages_BT: ``[B, T]`` or ``[B]`` (broadcast over tokens).
-        mask_BT: ``[B, T]`` loss mask, non-zero = valid.
-        normalizer: global denominator (see above).
+        inputs: the micro-batch's tensors and the global normaliser (see ``LossInputs``).
         spec: the loss's hyper-parameters (clip ratios: see ``clipped_pg_loss_per_token``;
-            rollout correction: see ``rollout_correction_weights``).
-        rollout_logprobs_BT: ``[B, T]`` engine log-probabilities; required unless
-            ``spec.rollout_correction == "none"``.
-        ref_logprobs_BT: ``[B, T]`` reference-policy log-probabilities; required if
-            ``spec.kl_coef > 0``. If given with ``kl_coef == 0`` the KL is only reported.
-        entropy_BT: ``[B, T]`` per-token entropy (with grad if trained); required if
-            ``spec.entropy_coef > 0``. If given with ``entropy_coef == 0`` it is only reported.
+            rollout correction: see ``rollout_correction_weights``; KL and entropy: see
+            ``kl.kl_entropy_terms``).
 
     Returns:
         ``PolicyLossOutput`` (loss and detached metric sums).
     """
-    validate_policy_loss_args(
-        logprobs_BT,
-        old_logprobs_BT,
-        mask_BT,
-        spec,
-        rollout_logprobs_BT,
-        ref_logprobs_BT,
-        entropy_BT,
-    )
+    inputs.check(spec)
+    logprobs_BT, mask_BT = inputs.logprobs_BT, inputs.mask_BT
+    rollout_logprobs_BT = inputs.rollout_logprobs_BT
 
     valid_BT = mask_BT != 0
 
@@ -463,8 +400,8 @@ def policy_loss(
         return torch.where(valid_BT, t_BT, 0)
 
     lp_BT = clean(logprobs_BT)
-    old_BT = clean(old_logprobs_BT)
-    adv_BT = clean(expand_advantages(advantages_BT, logprobs_BT.shape))
+    old_BT = clean(inputs.old_logprobs_BT)
+    adv_BT = clean(expand_advantages(inputs.advantages, logprobs_BT.shape))
 
     pg = clipped_pg_loss_per_token(
         lp_BT,
@@ -492,20 +429,17 @@ def policy_loss(
         effective_BT = valid_BT
 
     weighted_pg_BT = weights_BT.to(dtype) * pg.loss_BT
-    per_token_BT = weighted_pg_BT
-    kl_BT = None
-    if ref_logprobs_BT is not None:
-        kl_BT = kl_penalty(lp_BT, clean(ref_logprobs_BT), spec.kl_estimator)
-        if spec.kl_coef > 0:
-            per_token_BT = per_token_BT + spec.kl_coef * kl_BT
-    clean_entropy_BT = None
-    if entropy_BT is not None:
-        clean_entropy_BT = clean(entropy_BT)
-        if spec.entropy_coef > 0:
-            bonus_BT = entropy_bonus_per_token(clean_entropy_BT, spec.entropy_coef)
-            per_token_BT = per_token_BT + bonus_BT
+    terms = kl_entropy_terms(
+        weighted_pg_BT,
+        lp_BT,
+        valid_BT,
+        spec,
+        ref_logprobs_BT=inputs.ref_logprobs_BT,
+        entropy_BT=inputs.entropy_BT,
+    )
+    assert terms.per_token_BT is not None  # it started from weighted_pg_BT
 
-    loss = aggregate_loss(per_token_BT, effective_BT, spec.loss_agg_mode, normalizer)
+    loss = aggregate_loss(terms.per_token_BT, effective_BT, spec.loss_agg_mode, inputs.normalizer)
     metrics = _loss_metrics(
         pg,
         weighted_pg_BT,
@@ -514,8 +448,7 @@ def policy_loss(
         lp_BT,
         valid_BT,
         effective_BT,
-        kl_BT,
-        clean_entropy_BT,
+        terms,
     )
     return PolicyLossOutput(loss=loss, metrics=metrics)
 

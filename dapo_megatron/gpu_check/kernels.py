@@ -192,6 +192,7 @@ def pg_loss_section(b: int = 64, t: int = 8192) -> dict[str, Any] | str:
     if not torch.cuda.is_available():
         return _NO_CUDA
     from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
+    from dapo_megatron.algorithms.loss_inputs import LossInputs
     from dapo_megatron.algorithms.loss_spec import LossSpec
     from dapo_megatron.kernels.pg_loss import pg_loss, resolve_pg_loss_impl
 
@@ -219,7 +220,7 @@ def pg_loss_section(b: int = 64, t: int = 8192) -> dict[str, Any] | str:
     norm = loss_denominator(mask, "token-mean")
     lp64 = lp.clone().requires_grad_()
     want = policy_loss(
-        lp64, old, adv, mask, rollout_logprobs_BT=rollout, normalizer=norm, spec=spec
+        LossInputs(lp64, old, adv, mask, rollout_logprobs_BT=rollout, normalizer=norm), spec
     )
     want.loss.backward()
     assert resolve_pg_loss_impl("auto", lp.float()) == "triton", "auto must pick Triton on CUDA"
@@ -230,13 +231,15 @@ def pg_loss_section(b: int = 64, t: int = 8192) -> dict[str, Any] | str:
     def fused(impl: str) -> tuple[Any, torch.Tensor]:
         x = lp.float().requires_grad_()
         out = pg_loss(
-            x,
-            f32["old"],
-            f32["adv"],
-            f32["mask"],
-            rollout_logprobs_BT=f32["rollout"],
-            normalizer=norm.float(),
-            spec=spec,
+            LossInputs(
+                x,
+                f32["old"],
+                f32["adv"],
+                f32["mask"],
+                rollout_logprobs_BT=f32["rollout"],
+                normalizer=norm.float(),
+            ),
+            spec,
             impl=impl,  # type: ignore[arg-type]
         )
         out.loss.backward()

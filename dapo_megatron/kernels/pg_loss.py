@@ -1,9 +1,9 @@
 """The DAPO policy loss with an implementation choice: torch (``algorithms.loss``) or fused Triton.
 
 :func:`pg_loss` takes exactly the arguments of
-:func:`dapo_megatron.algorithms.loss.policy_loss` (the tensors and one ``LossSpec``) plus
-``impl`` and ``block``, and returns the same ``PolicyLossOutput`` (loss and metric sums, same
-keys):
+:func:`dapo_megatron.algorithms.loss.policy_loss` (one ``LossInputs`` and one ``LossSpec``)
+plus ``impl`` and ``block``, and returns the same ``PolicyLossOutput`` (loss and metric sums,
+same keys):
 
   ``"torch"``   calls ``policy_loss`` itself (the reference semantics);
   ``"triton"``  the clipped PG term, rollout correction and metrics in one fused kernel
@@ -20,9 +20,11 @@ What the Triton path does in torch, and why:
   (``rollout_log_weights(level="sequence")``), computed in torch and handed to the kernel as
   a stride-0 view; token-level TIS/MIS run entirely in the kernel;
 - for ``seq-mean-token-mean`` with MIS, the per-sequence count of MIS-accepted tokens;
-- the optional KL and entropy terms (and their ``kl_sum``/``entropy_sum`` metrics): they are
-  added with ``aggregate_loss`` on the same effective mask, which is exact because the
-  aggregation is linear in the per-token values.
+- the optional KL and entropy terms (and their ``kl_sum``/``entropy_sum`` metrics): formed by
+  ``algorithms.kl.kl_entropy_terms``, the function ``policy_loss`` adds them with, and
+  aggregated with ``aggregate_loss`` on the same effective mask, which is exact because the
+  aggregation is linear in the per-token values. The kernel itself computes only the clipped
+  policy-gradient term and the rollout correction.
 """
 
 from __future__ import annotations
@@ -32,14 +34,14 @@ from typing import Literal
 
 import torch
 
-from dapo_megatron.algorithms.kl import entropy_bonus_per_token, kl_penalty
+from dapo_megatron.algorithms.kl import kl_entropy_terms
 from dapo_megatron.algorithms.loss import (
     PolicyLossOutput,
     aggregate_loss,
     expand_advantages,
     policy_loss,
-    validate_policy_loss_args,
 )
+from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.algorithms.rollout_correction import rollout_log_weights
 from dapo_megatron.kernels.dispatch import _triton_interpreted, triton_available
@@ -98,23 +100,16 @@ def _inverse_normalizer(normalizer: torch.Tensor | float, device: torch.device) 
 
 
 def pg_loss(
-    logprobs_BT: torch.Tensor,
-    old_logprobs_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    *,
-    normalizer: torch.Tensor | float,
+    inputs: LossInputs,
     spec: LossSpec,
-    rollout_logprobs_BT: torch.Tensor | None = None,
-    ref_logprobs_BT: torch.Tensor | None = None,
-    entropy_BT: torch.Tensor | None = None,
+    *,
     impl: PGLossImpl = "auto",
     block: int | None = None,
 ) -> PolicyLossOutput:
     """DAPO policy loss of one micro-batch; same arguments and result as ``policy_loss``.
 
     Args:
-        (all but the last two): see :func:`dapo_megatron.algorithms.loss.policy_loss`.
+        inputs, spec: see :func:`dapo_megatron.algorithms.loss.policy_loss`.
         impl: ``"auto"``, ``"torch"`` or ``"triton"`` (see the module docstring).
         block: tokens per Triton program (power of two; tests use small ones to cover
             several programs); None picks one per device. Ignored by the torch path.
@@ -123,42 +118,27 @@ def pg_loss(
         ``PolicyLossOutput``: a 0-dim loss (fp32 on the Triton path, ``policy_loss``'s dtype
         on the torch path) and detached float64 metric sums with ``policy_loss``'s keys.
     """
+    logprobs_BT = inputs.logprobs_BT
     if resolve_pg_loss_impl(impl, logprobs_BT) == "torch":
-        return policy_loss(
-            logprobs_BT,
-            old_logprobs_BT,
-            advantages_BT,
-            mask_BT,
-            normalizer=normalizer,
-            spec=spec,
-            rollout_logprobs_BT=rollout_logprobs_BT,
-            ref_logprobs_BT=ref_logprobs_BT,
-            entropy_BT=entropy_BT,
-        )
+        return policy_loss(inputs, spec)
 
-    validate_policy_loss_args(
-        logprobs_BT,
-        old_logprobs_BT,
-        mask_BT,
-        spec,
-        rollout_logprobs_BT,
-        ref_logprobs_BT,
-        entropy_BT,
-    )
+    inputs.check(spec)
+    old_logprobs_BT, mask_BT = inputs.old_logprobs_BT, inputs.mask_BT
+    rollout_logprobs_BT = inputs.rollout_logprobs_BT
     optional = {
         "old_logprobs_BT": old_logprobs_BT,
-        "advantages_BT": advantages_BT,
+        "advantages": inputs.advantages,
         "mask_BT": mask_BT,
         "rollout_logprobs_BT": rollout_logprobs_BT,
-        "ref_logprobs_BT": ref_logprobs_BT,
-        "entropy_BT": entropy_BT,
+        "ref_logprobs_BT": inputs.ref_logprobs_BT,
+        "entropy_BT": inputs.entropy_BT,
     }
     _validate_triton_inputs(logprobs_BT, {k: v for k, v in optional.items() if v is not None})
     from dapo_megatron.kernels.triton_pg_loss import CORR_NONE, PGKernelConfig, triton_pg_loss
 
     shape = logprobs_BT.shape
     device = logprobs_BT.device
-    advantages_BT = expand_advantages(advantages_BT, shape)
+    advantages_BT = expand_advantages(inputs.advantages, shape)
     valid_BT = mask_BT != 0
     cfg = PGKernelConfig.from_spec(spec, block=block)
     log_w_BT = None
@@ -177,14 +157,14 @@ def pg_loss(
 
     # The effective mask is needed in torch only for per-sequence lengths under MIS and for
     # the KL/entropy terms; otherwise it never leaves the kernel.
-    extras = ref_logprobs_BT is not None or entropy_BT is not None
+    extras = inputs.ref_logprobs_BT is not None or inputs.entropy_BT is not None
     effective_BT = valid_BT
     if spec.rollout_correction == "mis" and (extras or spec.loss_agg_mode == "seq-mean-token-mean"):
         effective_BT = _mis_effective_mask(
             old_logprobs_BT, rollout_logprobs_BT, mask_BT, log_w_BT, spec
         )
 
-    inv_norm = _inverse_normalizer(normalizer, device)
+    inv_norm = _inverse_normalizer(inputs.normalizer, device)
     if spec.loss_agg_mode == "seq-mean-token-mean":
         lengths_B = effective_BT.sum(dim=-1).clamp(min=1).to(torch.float32)
         scale_B = inv_norm / lengths_B
@@ -198,17 +178,20 @@ def pg_loss(
     metrics = dict(out.sums, ratio_max=out.ratio_max, ratio_min=out.ratio_min)
     loss = out.loss
     if extras:
-        loss, extra_metrics = _add_kl_and_entropy(
-            loss,
-            logprobs_BT,
+        terms = kl_entropy_terms(
+            None,
+            torch.where(valid_BT, logprobs_BT, 0),
             valid_BT,
-            effective_BT,
-            normalizer,
             spec,
-            ref_logprobs_BT=ref_logprobs_BT,
-            entropy_BT=entropy_BT,
+            ref_logprobs_BT=inputs.ref_logprobs_BT,
+            entropy_BT=inputs.entropy_BT,
         )
-        metrics.update(extra_metrics)
+        metrics.update(terms.metric_sums(effective_BT))
+        if terms.per_token_BT is not None:
+            extra = aggregate_loss(
+                terms.per_token_BT, effective_BT, spec.loss_agg_mode, inputs.normalizer
+            )
+            loss = loss + extra.to(loss.dtype)
     return PolicyLossOutput(loss=loss, metrics=metrics)
 
 
@@ -231,41 +214,3 @@ def _mis_effective_mask(
     log_w32_BT = log_w_full_BT.float()
     accepted_BT = (log_w32_BT >= log_low) & (log_w32_BT <= math.log(spec.mis_high))
     return (mask_BT != 0) & accepted_BT
-
-
-def _add_kl_and_entropy(
-    loss: torch.Tensor,
-    logprobs_BT: torch.Tensor,
-    valid_BT: torch.Tensor,
-    effective_BT: torch.Tensor,
-    normalizer: torch.Tensor | float,
-    spec: LossSpec,
-    *,
-    ref_logprobs_BT: torch.Tensor | None,
-    entropy_BT: torch.Tensor | None,
-) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """``policy_loss``'s KL and entropy terms in torch, on the fused path's effective mask."""
-
-    def clean(t_BT: torch.Tensor) -> torch.Tensor:
-        return torch.where(valid_BT, t_BT, 0)
-
-    def masked_sum(x_BT: torch.Tensor) -> torch.Tensor:
-        return torch.where(effective_BT, x_BT.detach(), 0).sum().to(torch.float64)
-
-    metrics: dict[str, torch.Tensor] = {}
-    extra_BT = None
-    if ref_logprobs_BT is not None:
-        kl_BT = kl_penalty(clean(logprobs_BT), clean(ref_logprobs_BT), spec.kl_estimator)
-        metrics["kl_sum"] = masked_sum(kl_BT)
-        if spec.kl_coef > 0:
-            extra_BT = spec.kl_coef * kl_BT
-    if entropy_BT is not None:
-        entropy_clean_BT = clean(entropy_BT)
-        metrics["entropy_sum"] = masked_sum(entropy_clean_BT)
-        if spec.entropy_coef > 0:
-            bonus_BT = entropy_bonus_per_token(entropy_clean_BT, spec.entropy_coef)
-            extra_BT = bonus_BT if extra_BT is None else extra_BT + bonus_BT
-    if extra_BT is not None:
-        extra = aggregate_loss(extra_BT, effective_BT, spec.loss_agg_mode, normalizer)
-        loss = loss + extra.to(loss.dtype)
-    return loss, metrics

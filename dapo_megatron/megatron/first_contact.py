@@ -93,6 +93,7 @@ def megatron_step_section() -> dict[str, Any]:
     import dataclasses
 
     from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
+    from dapo_megatron.algorithms.loss_inputs import LossInputs
     from dapo_megatron.config.parallel import ParallelDims
     from dapo_megatron.config.run_plan import build_loss_spec, policy_plan
     from dapo_megatron.megatron.policy import MegatronPolicy
@@ -142,12 +143,7 @@ def megatron_step_section() -> dict[str, Any]:
             loss_mask, spec.loss_agg_mode, loss_scale_length=spec.loss_scale_length
         )
         out = policy_loss(
-            lp64,
-            old.double(),
-            advantages.double(),
-            loss_mask,
-            normalizer=norm,
-            spec=spec,
+            LossInputs(lp64, old.double(), advantages.double(), loss_mask, normalizer=norm), spec
         )
         out.loss.backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}

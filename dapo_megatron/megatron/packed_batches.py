@@ -1,4 +1,5 @@
-"""Packed (THD) micro-batches for the logprob and train passes (data/packing.py's layout).
+"""Micro-batches (``MicroBatch``) and the packed (THD) ones for the logprob and train passes
+(data/packing.py's layout); policy_step.py builds the padded ones.
 
 A packed micro-batch feeds the model one row of concatenated sequences with
 ``PackedSeqParams(qkv_format="thd")``; everything the loss needs is gathered back into
@@ -10,7 +11,6 @@ the forward pass, not what is computed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 from megatron.core import parallel_state
@@ -55,20 +55,64 @@ def compute_device() -> torch.device:
 
 
 @dataclass(frozen=True)
-class PackedMicroBatches:
-    """The packed micro-batches of one pass."""
+class MicroBatch:
+    """One micro-batch: the model's inputs and the loss's per-row tensors, on the compute
+    device and CP-local. Padded: ``b`` rows of ``S_local`` tokens, and the loss's rows are the
+    model's rows. Packed: one model row of concatenated sequences, and the loss's ``n`` rows
+    of width ``W`` are gathered back from it by ``row_index``. Loss tensors are
+    prediction-aligned (see policy_step.py)."""
 
-    micro: list[dict[str, Any]]
-    """Per pack: model inputs ``input_ids``/``position_ids``/``labels`` ``[1, T_local]``,
-    ``packed_seq_params``, ``row_index`` ``[n, W]``, per-row loss tensors ``[n, W]`` and its
-    ``layout``."""
+    input_ids: torch.Tensor
+    """``[b, S_local]`` token ids the model reads (``[1, T_local]`` when packed)."""
+    position_ids: torch.Tensor
+    """``[b, S_local]`` positions, restarting at 0 for each packed sequence."""
+    labels: torch.Tensor
+    """``[b, S_local]`` the token each position predicts (input_ids shifted by one)."""
+    mask_BT: torch.Tensor
+    """``[B, T]`` float loss mask per loss row."""
+    advantages_BT: torch.Tensor | None
+    """``[B, T]`` per-token advantages (None in passes without them)."""
+    old_logprobs_BT: torch.Tensor | None
+    """``[B, T]`` logprobs before the update; None when the batch has none."""
+    rollout_logprobs_BT: torch.Tensor | None
+    """``[B, T]`` engine logprobs; None when the batch has none."""
+    ref_logprobs_BT: torch.Tensor | None
+    """``[B, T]`` reference-policy logprobs; None when the batch has none."""
+    packed_seq_params: PackedSeqParams | None = None
+    """THD sequence boundaries for the attention; None when padded."""
+    row_index: torch.Tensor | None = None
+    """``[B, T]`` position of each loss-row token in the local pack (-1: none); None when
+    padded."""
+    layout: PackLayout | None = None
+    """Where each sequence sits in the pack; None when padded."""
+
+    def loss_rows(self, values: torch.Tensor) -> torch.Tensor:
+        """Model outputs ``[b, S_local]`` as the loss's rows ``[B, T]`` (packed: gathered by
+        ``row_index``; padded: as they are). Differentiable."""
+        if self.row_index is None:
+            return values
+        return to_rows(values, self.row_index)
+
+
+@dataclass(frozen=True)
+class MicroBatches:
+    """The micro-batches of one pass, padded or packed."""
+
+    micro: list[MicroBatch]
+    """In schedule order."""
     seq_len: int
-    """Global tokens of the largest pack (the schedule's sequence length)."""
+    """The schedule's sequence length: the padded length, or the global tokens of the
+    largest pack."""
+    rows_per_micro: int
+    """The schedule's micro-batch size: rows of each model input (1 when packed)."""
+
+    @property
+    def packed(self) -> bool:
+        """Whether these are packed (THD) micro-batches."""
+        return self.micro[0].layout is not None
 
 
-def packed_micro_batches(
-    batch: PolicyBatch, max_tokens: int, dims: ParallelDims
-) -> PackedMicroBatches:
+def packed_micro_batches(batch: PolicyBatch, max_tokens: int, dims: ParallelDims) -> MicroBatches:
     """Pack this rank's rows into micro-batches of at most ``max_tokens`` tokens.
 
     Under pipeline parallelism every pack is padded to the budget (the stages exchange
@@ -116,28 +160,36 @@ def packed_micro_batches(
 
         ids = pack_tokens(layout, batch.input_ids)
         cu = layout.cu_seqlens().to(device)
+        mask_BT = per_row(batch.loss_mask.float())
+        assert mask_BT is not None
         micro.append(
-            {
-                "input_ids": local(ids),
-                "position_ids": local(positions(layout)),
-                "labels": local(_shift(ids)),
-                "packed_seq_params": PackedSeqParams(
+            MicroBatch(
+                input_ids=local(ids),
+                position_ids=local(positions(layout)),
+                labels=local(_shift(ids)),
+                packed_seq_params=PackedSeqParams(
                     qkv_format="thd",
                     cu_seqlens_q=cu,
                     cu_seqlens_kv=cu,
                     max_seqlen_q=layout.max_seqlen(),
                     max_seqlen_kv=layout.max_seqlen(),
                 ),
-                "row_index": row_index.to(device),
-                "layout": layout,
-                "mask": per_row(batch.loss_mask.float()),
-                "advantages": per_row(advantages),
-                "old_logprobs": per_row(batch.old_logprobs),
-                "rollout_logprobs": per_row(batch.rollout_logprobs),
-                "ref_logprobs": per_row(batch.ref_logprobs),
-            }
+                row_index=row_index.to(device),
+                layout=layout,
+                mask_BT=mask_BT,
+                advantages_BT=per_row(advantages),
+                old_logprobs_BT=per_row(batch.old_logprobs),
+                rollout_logprobs_BT=per_row(batch.rollout_logprobs),
+                ref_logprobs_BT=per_row(batch.ref_logprobs),
+            )
         )
-    return PackedMicroBatches(micro, max(m["layout"].total for m in micro))
+    seq_len = max(_layout(m).total for m in micro)
+    return MicroBatches(micro, seq_len, rows_per_micro=1)
+
+
+def _layout(mb: MicroBatch) -> PackLayout:
+    assert mb.layout is not None, "a packed micro-batch has a layout"
+    return mb.layout
 
 
 def to_rows(values_1T: torch.Tensor, row_index: torch.Tensor) -> torch.Tensor:
@@ -148,15 +200,15 @@ def to_rows(values_1T: torch.Tensor, row_index: torch.Tensor) -> torch.Tensor:
 
 
 def unpack_outputs(
-    micro: list[dict[str, Any]], outputs: list[torch.Tensor], shape: tuple[int, int]
+    micro: list[MicroBatch], outputs: list[torch.Tensor], shape: tuple[int, int]
 ) -> torch.Tensor:
     """Token-aligned ``[B, S]`` from each pack's local prediction-aligned ``[1, T_local]``
     outputs (gathered over the CP group first), on the outputs' device: nothing is read back
     to the host here (the caller does it once for the whole batch)."""
     out = torch.zeros(shape, dtype=torch.float32, device=outputs[0].device)
-    group = parallel_state.get_context_parallel_group() if micro[0]["layout"].cp_size > 1 else None
+    group = parallel_state.get_context_parallel_group() if _layout(micro[0]).cp_size > 1 else None
     for mb, values in zip(micro, outputs, strict=True):
-        layout: PackLayout = mb["layout"]
+        layout = _layout(mb)
         local = values.reshape(-1).float()
         full = gather_packed_from_context_parallel(
             local, layout.cu_seqlens(), seq_dim=0, group=group

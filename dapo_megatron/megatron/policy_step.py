@@ -38,6 +38,7 @@ from dapo_megatron.algorithms.loss import (
     metric_reduction,
     reduce_loss_metrics,
 )
+from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossAggMode, LossSpec
 from dapo_megatron.algorithms.rollout_correction import mismatch_from_sums, mismatch_sums
 from dapo_megatron.config.parallel import ParallelDims
@@ -49,10 +50,11 @@ from dapo_megatron.megatron.context_parallel import (
 )
 from dapo_megatron.megatron.model import unwrap_model
 from dapo_megatron.megatron.packed_batches import (
+    MicroBatch,
+    MicroBatches,
     compute_device,
     packed_micro_batches,
     pad_multiple,
-    to_rows,
     unpack_outputs,
 )
 from dapo_megatron.shared.batch import PolicyBatch
@@ -155,11 +157,9 @@ def _micro_batches(
     batch: PolicyBatch,
     micro_batch_size: int,
     dims: ParallelDims,
-) -> tuple[list[dict[str, torch.Tensor | None]], int, int]:
-    """Split into equal micro-batches of prediction-aligned, CP-local tensors.
-
-    Returns the micro-batches, the (padded) sequence length and the number of real samples.
-    """
+) -> MicroBatches:
+    """Split into equal padded micro-batches of prediction-aligned, CP-local tensors (filler
+    rows pad the last one)."""
     n_real = len(batch)
     multiple = pad_multiple(dims)
     seq_len = -(-batch.seq_len // multiple) * multiple
@@ -184,18 +184,26 @@ def _micro_batches(
         rows = slice(i * micro_batch_size, (i + 1) * micro_batch_size)
         mb = batch.select(rows)
         micro.append(
-            {
-                "input_ids": local(mb.input_ids),
-                "position_ids": local(position_ids[rows]),
-                "labels": local(_shifted(mb.input_ids)),
-                "mask": local(_shifted(mb.loss_mask).float()),
-                "advantages": local(_shifted(None if advantages is None else advantages[rows])),
-                "old_logprobs": local(_shifted(mb.old_logprobs)),
-                "rollout_logprobs": local(_shifted(mb.rollout_logprobs)),
-                "ref_logprobs": local(_shifted(mb.ref_logprobs)),
-            }
+            MicroBatch(
+                input_ids=local(mb.input_ids),
+                position_ids=local(position_ids[rows]),
+                labels=local(_shifted(mb.input_ids)),
+                mask_BT=local(_shifted(mb.loss_mask).float()),
+                advantages_BT=local(_shifted(None if advantages is None else advantages[rows])),
+                old_logprobs_BT=local(_shifted(mb.old_logprobs)),
+                rollout_logprobs_BT=local(_shifted(mb.rollout_logprobs)),
+                ref_logprobs_BT=local(_shifted(mb.ref_logprobs)),
+            )
         )
-    return micro, seq_len, n_real
+    return MicroBatches(micro, seq_len, rows_per_micro=micro_batch_size)
+
+
+def _split(batch: PolicyBatch, ctx: StepContext, micro_batch_size: int) -> MicroBatches:
+    """The one place a pass chooses its micro-batches: packed under a token budget
+    (``ctx.max_tokens_per_microbatch``), else padded ones of ``micro_batch_size`` rows."""
+    if ctx.max_tokens_per_microbatch is not None:
+        return packed_micro_batches(batch, ctx.max_tokens_per_microbatch, ctx.dims)
+    return _micro_batches(batch, micro_batch_size, ctx.dims)
 
 
 def _token_logprobs(
@@ -227,23 +235,22 @@ def _token_logprobs(
 
 def _run(
     model_chunks: list[torch.nn.Module],
-    micro: list[dict],
-    seq_len: int,
-    micro_batch_size: int,
+    split: MicroBatches,
     loss_fn: Callable,
     *,
     forward_only: bool,
 ) -> list[dict]:
     """Megatron's schedule over the micro-batches; returns the last stage's loss outputs."""
-    data = iter(micro)
+    data = iter(split.micro)
 
-    def forward_step(data_iterator: Iterator[dict], model: torch.nn.Module):
+    def forward_step(data_iterator: Iterator[MicroBatch], model: torch.nn.Module):
         mb = next(data_iterator)
-        packed = mb.get("packed_seq_params")
-        if packed is None:
-            output = model(mb["input_ids"], mb["position_ids"], None)
+        if mb.packed_seq_params is None:
+            output = model(mb.input_ids, mb.position_ids, None)
         else:
-            output = model(mb["input_ids"], mb["position_ids"], None, packed_seq_params=packed)
+            output = model(
+                mb.input_ids, mb.position_ids, None, packed_seq_params=mb.packed_seq_params
+            )
         return output, functools.partial(loss_fn, model, mb)
 
     with hidden_state_head(model_chunks):
@@ -251,9 +258,9 @@ def _run(
             forward_step_func=forward_step,
             data_iterator=data,
             model=model_chunks,
-            num_microbatches=len(micro),
-            seq_length=seq_len,
-            micro_batch_size=micro_batch_size,
+            num_microbatches=len(split.micro),
+            seq_length=split.seq_len,
+            micro_batch_size=split.rows_per_micro,
             forward_only=forward_only,
         )
 
@@ -303,21 +310,35 @@ def compute_logprobs(
     """
     for m in model_chunks:
         m.eval()
-    if ctx.max_tokens_per_microbatch is not None:
-        return _packed_logprobs(model_chunks, batch, ctx, compute_entropy)
-    micro, seq_len, n_real = _micro_batches(batch, micro_batch_size, ctx.dims)
+    split = _split(batch, ctx, micro_batch_size)
 
-    def loss_fn(model, mb, hidden):
-        lp, ent = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=compute_entropy)
+    def loss_fn(model, mb: MicroBatch, hidden):
+        lp, ent = _token_logprobs(model, hidden, mb.labels, ctx, entropy=compute_entropy)
         out = {"lp": lp}
         if ent is not None:
             out["ent"] = ent
         return torch.zeros((), device=lp.device), _no_tokens(lp.device), out
 
-    outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=True)
-    shape = (len(micro) * micro_batch_size, seq_len)
+    outputs = _run(model_chunks, split, loss_fn, forward_only=True)
+    keys = ("lp", "ent") if compute_entropy else ("lp",)
+    if split.packed:
+        results = _unpacked_outputs(split, outputs, keys, (len(batch), batch.seq_len))
+    else:
+        results = _padded_outputs(split, outputs, keys, batch, ctx)
+    return results[0], results[1] if compute_entropy else None
+
+
+def _padded_outputs(
+    split: MicroBatches,
+    outputs: list[dict],
+    keys: tuple[str, ...],
+    batch: PolicyBatch,
+    ctx: StepContext,
+) -> list[torch.Tensor]:
+    """Token-aligned ``[B, S]`` host tensors, one per key, from padded micro-batches."""
+    shape = (len(split.micro) * split.rows_per_micro, split.seq_len)
     results = []
-    for key in ("lp", "ent") if compute_entropy else ("lp",):
+    for key in keys:
         full = None
         if parallel_state.is_pipeline_last_stage():
             # Gathered and broadcast on the compute device; read back once, below.
@@ -329,36 +350,21 @@ def compute_logprobs(
         full = _broadcast_from_last_stage(full, shape, torch.float32).cpu()
         # prediction-aligned -> token-aligned: the logprob of token t sits at column t.
         token_aligned = torch.cat([full.new_zeros((shape[0], 1)), full[:, :-1]], dim=1)
-        results.append(token_aligned[:n_real, : batch.seq_len])
-    return results[0], results[1] if compute_entropy else None
+        results.append(token_aligned[: len(batch), : batch.seq_len])
+    return results
 
 
-def _packed_logprobs(
-    model_chunks: list[torch.nn.Module],
-    batch: PolicyBatch,
-    ctx: StepContext,
-    compute_entropy: bool,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``compute_logprobs`` over packed micro-batches (packed_batches.py)."""
-    assert ctx.max_tokens_per_microbatch is not None
-    packed = packed_micro_batches(batch, ctx.max_tokens_per_microbatch, ctx.dims)
-
-    def loss_fn(model, mb, hidden):
-        lp, ent = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=compute_entropy)
-        out = {"lp": lp}
-        if ent is not None:
-            out["ent"] = ent
-        return torch.zeros((), device=lp.device), _no_tokens(lp.device), out
-
-    outputs = _run(model_chunks, packed.micro, packed.seq_len, 1, loss_fn, forward_only=True)
-    shape = (len(batch), batch.seq_len)
+def _unpacked_outputs(
+    split: MicroBatches, outputs: list[dict], keys: tuple[str, ...], shape: tuple[int, int]
+) -> list[torch.Tensor]:
+    """Token-aligned ``[B, S]`` host tensors, one per key, from packed micro-batches."""
     results = []
-    for key in ("lp", "ent") if compute_entropy else ("lp",):
+    for key in keys:
         full = None
         if parallel_state.is_pipeline_last_stage():
-            full = unpack_outputs(packed.micro, [o[key] for o in outputs], shape)
+            full = unpack_outputs(split.micro, [o[key] for o in outputs], shape)
         results.append(_broadcast_from_last_stage(full, shape, torch.float32).cpu())
-    return results[0], results[1] if compute_entropy else None
+    return results
 
 
 # ---------------------------------------------------------------------------------------
@@ -499,42 +505,38 @@ def train_step(
     for m in model_chunks:
         m.train()
     normalizer = _global_denominator(batch, loss.loss_agg_mode, loss.loss_scale_length)
-    if ctx.max_tokens_per_microbatch is not None:
-        packed = packed_micro_batches(batch, ctx.max_tokens_per_microbatch, ctx.dims)
-        micro, seq_len, micro_batch_size = packed.micro, packed.seq_len, 1
-    else:
-        micro, seq_len, _ = _micro_batches(batch, micro_batch_size, ctx.dims)
+    split = _split(batch, ctx, micro_batch_size)
     want_entropy_grad = loss.entropy_coef > 0
 
-    def loss_fn(model, mb, hidden):
-        lp, ent = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=True)
-        if "row_index" in mb:  # packed: the loss sees per-row tensors, as unpacked
-            lp, ent = to_rows(lp, mb["row_index"]), to_rows(ent, mb["row_index"])
+    def loss_fn(model, mb: MicroBatch, hidden):
+        lp, ent = _token_logprobs(model, hidden, mb.labels, ctx, entropy=True)
+        # Packed: the loss sees per-row tensors, as unpacked.
+        lp, ent = mb.loss_rows(lp), mb.loss_rows(ent)
         # Without old logprobs this is the only update on the batch (the controller skips
         # the separate pass, controller/steps.py): the policy before the update IS the
         # current one, so old = lp.detached is exact (ratio 1, the same gradient).
-        reuse = mb["old_logprobs"] is None
-        old = lp.detach() if reuse else mb["old_logprobs"]
+        reuse = mb.old_logprobs_BT is None
+        old = lp.detach() if reuse else mb.old_logprobs_BT
         # algorithms.loss.policy_loss semantics; the fused Triton kernel on CUDA, that very
         # function on CPU (impl="auto").
-        out = pg_loss(
-            lp,
-            old,
-            mb["advantages"],
-            mb["mask"],
+        inputs = LossInputs(
+            logprobs_BT=lp,
+            old_logprobs_BT=old,
+            advantages=mb.advantages_BT,
+            mask_BT=mb.mask_BT,
             normalizer=normalizer,
-            spec=loss,
-            rollout_logprobs_BT=mb["rollout_logprobs"],
-            ref_logprobs_BT=mb["ref_logprobs"],
+            rollout_logprobs_BT=mb.rollout_logprobs_BT,
+            ref_logprobs_BT=mb.ref_logprobs_BT,
             entropy_BT=ent if want_entropy_grad else ent.detach(),
         )
+        out = pg_loss(inputs, loss)
         metrics = dict(out.metrics, loss_sum=out.loss.detach().double())
-        if reuse and mb["rollout_logprobs"] is not None:
+        if reuse and mb.rollout_logprobs_BT is not None:
             # The mismatch diagnostics the skipped pass would have reported.
-            metrics.update(mismatch_sums(old, mb["rollout_logprobs"], mb["mask"]))
+            metrics.update(mismatch_sums(old, mb.rollout_logprobs_BT, mb.mask_BT))
         return out.loss, _no_tokens(out.loss.device), metrics
 
-    outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=False)
+    outputs = _run(model_chunks, split, loss_fn, forward_only=False)
     metrics = _finish_metrics(outputs)
     metrics.update(_optimizer_step(model_chunks, optimizer, scheduler))
     return metrics
@@ -579,25 +581,20 @@ def sft_step(
     for m in model_chunks:
         m.train()
     normalizer = _global_denominator(batch, "token-mean", None)
-    if ctx.max_tokens_per_microbatch is not None:
-        packed = packed_micro_batches(batch, ctx.max_tokens_per_microbatch, ctx.dims)
-        micro, seq_len, micro_batch_size = packed.micro, packed.seq_len, 1
-    else:
-        micro, seq_len, _ = _micro_batches(batch, micro_batch_size, ctx.dims)
+    split = _split(batch, ctx, micro_batch_size)
 
-    def loss_fn(model, mb, hidden):
-        lp, _ = _token_logprobs(model, hidden, mb["labels"], ctx, entropy=False)
-        if "row_index" in mb:
-            lp = to_rows(lp, mb["row_index"])
-        nll_sum = -(lp * mb["mask"]).sum()
+    def loss_fn(model, mb: MicroBatch, hidden):
+        lp, _ = _token_logprobs(model, hidden, mb.labels, ctx, entropy=False)
+        lp = mb.loss_rows(lp)
+        nll_sum = -(lp * mb.mask_BT).sum()
         loss = nll_sum / normalizer.clamp(min=1).to(nll_sum.dtype)
         metrics = {
             "loss_sum": loss.detach().double(),
-            "num_valid_tokens": mb["mask"].sum().double(),
+            "num_valid_tokens": mb.mask_BT.sum().double(),
         }
         return loss, _no_tokens(loss.device), metrics
 
-    outputs = _run(model_chunks, micro, seq_len, micro_batch_size, loss_fn, forward_only=False)
+    outputs = _run(model_chunks, split, loss_fn, forward_only=False)
     metrics = _sft_metrics(outputs)
     metrics.update(_optimizer_step(model_chunks, optimizer, scheduler, lr))
     return metrics

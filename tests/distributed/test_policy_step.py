@@ -18,6 +18,7 @@ import transformers
 from launch import run_distributed
 
 from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
+from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.parallel import ParallelDims
@@ -98,12 +99,14 @@ def _reference(hf_dir: Path, batch: PolicyBatch, spec: LossSpec) -> dict:
         batch.loss_mask, spec.loss_agg_mode, loss_scale_length=spec.loss_scale_length
     )
     out = policy_loss(
-        lp,
-        batch.old_logprobs.double(),
-        batch.advantages.double(),
-        batch.loss_mask,
-        normalizer=normalizer,
-        spec=spec,
+        LossInputs(
+            lp,
+            batch.old_logprobs.double(),
+            batch.advantages.double(),
+            batch.loss_mask,
+            normalizer=normalizer,
+        ),
+        spec,
     )
     out.loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}

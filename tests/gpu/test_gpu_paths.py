@@ -56,6 +56,7 @@ def test_triton_pg_loss_on_cuda_matches_torch(mode):
     """The compiled fused PG loss (not the interpreter) against policy_loss in float64."""
     pytest.importorskip("triton")
     from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
+    from dapo_megatron.algorithms.loss_inputs import LossInputs
     from dapo_megatron.algorithms.loss_spec import LossSpec
     from dapo_megatron.kernels.pg_loss import pg_loss
 
@@ -81,19 +82,22 @@ def test_triton_pg_loss_on_cuda_matches_torch(mode):
         kl_estimator="k3",
         entropy_coef=0.0,
     )
-    kw = dict(normalizer=loss_denominator(mask, mode), spec=spec)
+    norm = loss_denominator(mask, mode)
     lp64 = lp.clone().requires_grad_()
-    want = policy_loss(lp64, old, adv, mask, rollout_logprobs_BT=rollout, **kw)
+    want = policy_loss(LossInputs(lp64, old, adv, mask, norm, rollout_logprobs_BT=rollout), spec)
     want.loss.backward()
     lp32 = lp.float().cuda().requires_grad_()
     got = pg_loss(
-        lp32,
-        old.float().cuda(),
-        adv.float().cuda(),
-        mask.cuda(),
-        rollout_logprobs_BT=rollout.float().cuda(),
+        LossInputs(
+            lp32,
+            old.float().cuda(),
+            adv.float().cuda(),
+            mask.cuda(),
+            norm,
+            rollout_logprobs_BT=rollout.float().cuda(),
+        ),
+        spec,
         impl="auto",  # must pick the Triton kernel on CUDA
-        **kw,
     )
     got.loss.backward()
     torch.testing.assert_close(got.loss.double().cpu(), want.loss, rtol=1e-5, atol=1e-6)

@@ -18,6 +18,7 @@ import torch
 pytest.importorskip("triton")
 
 from dapo_megatron.algorithms.loss import loss_denominator, policy_loss  # noqa: E402
+from dapo_megatron.algorithms.loss_inputs import LossInputs  # noqa: E402
 from dapo_megatron.algorithms.loss_spec import LOSS_AGG_MODES, LossSpec  # noqa: E402
 from dapo_megatron.kernels.pg_loss import pg_loss, resolve_pg_loss_impl  # noqa: E402
 
@@ -65,15 +66,15 @@ def _run(
     fn, case: dict, dtype: torch.dtype, loss_spec: LossSpec, **kw
 ) -> tuple[torch.Tensor, torch.Tensor, dict]:
     lp = case["lp"].detach().to(dtype).clone().requires_grad_()
-    if loss_spec.rollout_correction != "none":
-        kw["rollout_logprobs_BT"] = case["rollout"].to(dtype)
     normalizer = loss_denominator(
         case["mask"], loss_spec.loss_agg_mode, loss_scale_length=loss_spec.loss_scale_length
     )
-    out = fn(
-        lp, case["old"].to(dtype), case["adv"].to(dtype), case["mask"],
-        normalizer=normalizer, spec=loss_spec, **kw,
+    rollout = case["rollout"].to(dtype) if loss_spec.rollout_correction != "none" else None
+    inputs = LossInputs(
+        lp, case["old"].to(dtype), case["adv"].to(dtype), case["mask"], normalizer,
+        rollout_logprobs_BT=rollout,
     )  # fmt: skip
+    out = fn(inputs, loss_spec, **kw)
     out.loss.backward()
     return out.loss.detach(), lp.grad, out.metrics
 
@@ -153,28 +154,32 @@ def test_kl_and_entropy_terms_are_added() -> None:
     ref = case["old"] + 0.2 * torch.randn(B, T, generator=gen, dtype=torch.float64)
     entropy = torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
     for mode in ("token-mean", "seq-mean-token-mean"):
-        kw = dict(spec=spec(loss_agg_mode=mode, kl_coef=0.1, entropy_coef=0.01))
+        loss_spec = spec(loss_agg_mode=mode, kl_coef=0.1, entropy_coef=0.01)
         want = policy_loss(
-            case["lp"],
-            case["old"],
-            case["adv"],
-            case["mask"],
-            normalizer=loss_denominator(case["mask"], mode),
-            ref_logprobs_BT=ref,
-            entropy_BT=entropy,
-            **kw,
+            LossInputs(
+                case["lp"],
+                case["old"],
+                case["adv"],
+                case["mask"],
+                normalizer=loss_denominator(case["mask"], mode),
+                ref_logprobs_BT=ref,
+                entropy_BT=entropy,
+            ),
+            loss_spec,
         )
         got = pg_loss(
-            case["lp"].float(),
-            case["old"].float(),
-            case["adv"].float(),
-            case["mask"],
-            normalizer=loss_denominator(case["mask"], mode),
-            ref_logprobs_BT=ref.float(),
-            entropy_BT=entropy.float(),
+            LossInputs(
+                case["lp"].float(),
+                case["old"].float(),
+                case["adv"].float(),
+                case["mask"],
+                normalizer=loss_denominator(case["mask"], mode),
+                ref_logprobs_BT=ref.float(),
+                entropy_BT=entropy.float(),
+            ),
+            loss_spec,
             impl="triton",
             block=64,
-            **kw,
         )
         torch.testing.assert_close(got.loss.double(), want.loss, rtol=1e-5, atol=1e-6)
         for key in ("kl_sum", "entropy_sum"):
@@ -189,12 +194,8 @@ def test_no_valid_token_gives_zero_loss_and_grad(mode: str) -> None:
     metrics = _check(case, loss_agg_mode=mode, rollout_correction="tis")
     lp = case["lp"].float().requires_grad_()
     out = pg_loss(
-        lp,
-        case["old"].float(),
-        case["adv"].float(),
-        case["mask"],
-        normalizer=0.0,
-        spec=spec(loss_agg_mode=mode),
+        LossInputs(lp, case["old"].float(), case["adv"].float(), case["mask"], normalizer=0.0),
+        spec(loss_agg_mode=mode),
         impl="triton",
     )
     out.loss.backward()
@@ -206,7 +207,8 @@ def test_no_valid_token_gives_zero_loss_and_grad(mode: str) -> None:
 def test_empty_batch() -> None:
     lp = torch.zeros(0, 5, requires_grad=True)
     out = pg_loss(
-        lp, lp.detach(), torch.zeros(0), torch.zeros(0, 5), normalizer=0, spec=spec(),
+        LossInputs(lp, lp.detach(), torch.zeros(0), torch.zeros(0, 5), normalizer=0),
+        spec(),
         impl="triton",
     )  # fmt: skip
     out.loss.backward()
@@ -234,10 +236,12 @@ def test_bf16_logprobs_and_bool_mask() -> None:
     old = case["old"].bfloat16()
     mask = case["mask"] != 0
     norm = loss_denominator(mask, "token-mean")
-    got = pg_loss(lp, old, case["adv"].float(), mask, normalizer=norm, spec=spec(), impl="triton")
+    got = pg_loss(
+        LossInputs(lp, old, case["adv"].float(), mask, normalizer=norm), spec(), impl="triton"
+    )
     got.loss.backward()
     lp64 = lp.detach().double().requires_grad_()
-    want = policy_loss(lp64, old.double(), case["adv"], mask, normalizer=norm, spec=spec())
+    want = policy_loss(LossInputs(lp64, old.double(), case["adv"], mask, normalizer=norm), spec())
     want.loss.backward()
     assert lp.grad.dtype == torch.bfloat16
     torch.testing.assert_close(got.loss.double(), want.loss, rtol=1e-5, atol=1e-6)
@@ -251,8 +255,9 @@ def test_upstream_gradient_scales_saved_gradient() -> None:
     for factor in (1.0, -2.5):
         lp = case["lp"].float().requires_grad_()
         out = pg_loss(
-            lp, case["old"].float(), case["adv"].float(), case["mask"], normalizer=norm,
-            spec=spec(), impl="triton",
+            LossInputs(lp, case["old"].float(), case["adv"].float(), case["mask"], normalizer=norm),
+            spec(),
+            impl="triton",
         )  # fmt: skip
         (factor * out.loss).backward()
         grads.append(lp.grad)
@@ -266,11 +271,17 @@ def test_auto_is_torch_on_cpu_and_bad_impl_rejected() -> None:
         resolve_pg_loss_impl("cuda", lp)
     with pytest.raises(ValueError, match="float64"):
         pg_loss(
-            lp.double(), lp.double(), lp.double(), lp, normalizer=1.0, spec=spec(), impl="triton"
+            LossInputs(lp.double(), lp.double(), lp.double(), lp, normalizer=1.0),
+            spec(),
+            impl="triton",
         )
     # Both implementations share the tensor checks of policy_loss.
     for impl in ("torch", "triton"):
         with pytest.raises(ValueError, match=r"rollout_correction='mis' requires rollout_logprobs"):
-            pg_loss(lp, lp, lp, lp, normalizer=1.0, spec=spec(rollout_correction="mis"), impl=impl)
+            pg_loss(
+                LossInputs(lp, lp, lp, lp, normalizer=1.0),
+                spec(rollout_correction="mis"),
+                impl=impl,
+            )
         with pytest.raises(ValueError, match=r"mask_BT has shape \(2, 2\)"):
-            pg_loss(lp, lp, lp, lp[:, :2], normalizer=1.0, spec=spec(), impl=impl)
+            pg_loss(LossInputs(lp, lp, lp, lp[:, :2], normalizer=1.0), spec(), impl=impl)

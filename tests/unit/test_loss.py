@@ -20,6 +20,7 @@ from dapo_megatron.algorithms.loss import (
     policy_loss,
     reduce_loss_metrics,
 )
+from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.algorithms.rollout_correction import rollout_correction_weights
 
@@ -258,7 +259,7 @@ def test_policy_loss_token_mean_matches_hand_values() -> None:
     adv = _adv([[2.0, -0.5, 2.0, -0.5, 0.0]])
     mask = torch.ones(1, 5)
     norm = loss_denominator(mask, "token-mean")
-    out = policy_loss(lp, old, adv, mask, normalizer=norm, spec=spec())
+    out = policy_loss(LossInputs(lp, old, adv, mask, normalizer=norm), spec())
     # per-token losses (see the gradient test): -2.2 + 0.45 - 2.56 + 0.4 + 0 = -3.91; / 5
     assert out.loss.item() == pytest.approx(-0.782, abs=1e-12)
     out.loss.backward()
@@ -273,8 +274,9 @@ def test_tis_weights_scale_pg_loss() -> None:
     rollout = old - torch.tensor([[3.0, 0.6, 1.0]], dtype=F64).log()
     mask = torch.ones(1, 3)
     out = policy_loss(
-        lp, old, torch.ones(1, 3, dtype=F64), mask, normalizer=3.0,
-        spec=spec(rollout_correction="tis", tis_cap=2.0), rollout_logprobs_BT=rollout,
+        LossInputs(lp, old, torch.ones(1, 3, dtype=F64), mask, normalizer=3.0,
+                   rollout_logprobs_BT=rollout),
+        spec(rollout_correction="tis", tis_cap=2.0),
     )  # fmt: skip
     # weights min(w, 2) = [2, 0.6, 1]; loss = (-2 - 0.6 - 1) / 3 = -1.2
     assert out.loss.item() == pytest.approx(-1.2, abs=1e-12)
@@ -307,8 +309,9 @@ def test_mis_drops_tokens_from_loss(level: str) -> None:
     normalizer = loss_denominator(mis_mask, "token-mean")
     assert normalizer.item() == 2.0  # two kept tokens in both cases
     out = policy_loss(
-        lp, old, torch.ones(2, 2, dtype=F64), mask, normalizer=normalizer,
-        spec=spec(**kwargs), rollout_logprobs_BT=rollout,
+        LossInputs(lp, old, torch.ones(2, 2, dtype=F64), mask, normalizer=normalizer,
+                   rollout_logprobs_BT=rollout),
+        spec(**kwargs),
     )  # fmt: skip
     # (-1 - 1) / 2 = -1
     assert out.loss.item() == pytest.approx(-1.0, abs=1e-12)
@@ -339,8 +342,9 @@ def test_kl_penalty_enters_loss(estimator: str, loss: float, grad: list[float]) 
     lp = torch.tensor([[-1.0, -2.0]], dtype=F64, requires_grad=True)
     ref = torch.tensor([[-1.5, -1.0]], dtype=F64)
     out = policy_loss(
-        lp, lp.detach(), torch.zeros(1, 2, dtype=F64), torch.ones(1, 2), normalizer=2.0,
-        spec=spec(kl_coef=0.1, kl_estimator=estimator), ref_logprobs_BT=ref,
+        LossInputs(lp, lp.detach(), torch.zeros(1, 2, dtype=F64), torch.ones(1, 2), normalizer=2.0,
+                   ref_logprobs_BT=ref),
+        spec(kl_coef=0.1, kl_estimator=estimator),
     )  # fmt: skip
     assert out.loss.item() == pytest.approx(loss, abs=1e-10)
     out.loss.backward()
@@ -353,8 +357,9 @@ def test_entropy_bonus_decreases_loss_and_pushes_entropy_up() -> None:
     entropy = torch.tensor([[2.0, 1.0]], dtype=F64, requires_grad=True)
     lp = torch.tensor([[-1.0, -2.0]], dtype=F64)
     out = policy_loss(
-        lp, lp, torch.zeros(1, 2, dtype=F64), torch.ones(1, 2), normalizer=2.0,
-        spec=spec(entropy_coef=0.01), entropy_BT=entropy,
+        LossInputs(lp, lp, torch.zeros(1, 2, dtype=F64), torch.ones(1, 2), normalizer=2.0,
+                   entropy_BT=entropy),
+        spec(entropy_coef=0.01),
     )  # fmt: skip
     # loss = 0 (pg, A = 0) - 0.01 * (2 + 1) / 2 = -0.015
     assert out.loss.item() == pytest.approx(-0.015, abs=1e-12)
@@ -374,10 +379,10 @@ def test_zero_valid_tokens_gives_zero_loss_and_finite_grads() -> None:
         denom = loss_denominator(mask, mode, loss_scale_length=3)
         assert denom.item() == 0.0
         out = policy_loss(
-            lp, old, torch.full((2,), math.nan, dtype=F64), mask, normalizer=denom,
-            spec=spec(loss_agg_mode=mode, loss_scale_length=3, rollout_correction="tis",
-                      kl_coef=0.1, entropy_coef=0.01),
-            rollout_logprobs_BT=old, ref_logprobs_BT=old, entropy_BT=entropy,
+            LossInputs(lp, old, torch.full((2,), math.nan, dtype=F64), mask, normalizer=denom,
+                       rollout_logprobs_BT=old, ref_logprobs_BT=old, entropy_BT=entropy),
+            spec(loss_agg_mode=mode, loss_scale_length=3, rollout_correction="tis", kl_coef=0.1,
+                 entropy_coef=0.01),
         )  # fmt: skip
         assert out.loss.item() == 0.0
         lp.grad = None
@@ -395,17 +400,17 @@ def test_policy_loss_argument_validation() -> None:
     z = torch.zeros(1, 2)
     m = torch.ones(1, 2)
     with pytest.raises(ValueError, match=r"kl_coef=0.1 > 0 requires ref_logprobs_BT"):
-        policy_loss(z, z, z, m, normalizer=2.0, spec=spec(kl_coef=0.1))
+        policy_loss(LossInputs(z, z, z, m, normalizer=2.0), spec(kl_coef=0.1))
     with pytest.raises(ValueError, match=r"entropy_coef=0.1 > 0 requires entropy_BT"):
-        policy_loss(z, z, z, m, normalizer=2.0, spec=spec(entropy_coef=0.1))
+        policy_loss(LossInputs(z, z, z, m, normalizer=2.0), spec(entropy_coef=0.1))
     with pytest.raises(ValueError, match=r"rollout_correction='tis' requires rollout_logprobs_BT"):
-        policy_loss(z, z, z, m, normalizer=2.0, spec=spec(rollout_correction="tis"))
+        policy_loss(LossInputs(z, z, z, m, normalizer=2.0), spec(rollout_correction="tis"))
     with pytest.raises(ValueError, match=r"ref_logprobs_BT has shape \(2, 1\)"):
-        policy_loss(z, z, z, m, normalizer=2.0, spec=spec(), ref_logprobs_BT=z.T)
+        policy_loss(LossInputs(z, z, z, m, normalizer=2.0, ref_logprobs_BT=z.T), spec())
     with pytest.raises(ValueError, match=r"entropy_BT has shape \(1, 3\)"):
-        policy_loss(z, z, z, m, normalizer=2.0, spec=spec(), entropy_BT=torch.zeros(1, 3))
+        policy_loss(LossInputs(z, z, z, m, normalizer=2.0, entropy_BT=torch.zeros(1, 3)), spec())
     with pytest.raises(ValueError, match=r"logprobs_BT has shape \(2,\), expected 2 dims"):
-        policy_loss(z[0], z[0], z[0], m[0], normalizer=2.0, spec=spec())
+        policy_loss(LossInputs(z[0], z[0], z[0], m[0], normalizer=2.0), spec())
     # Bad scalars never reach policy_loss: the LossSpec carrying them cannot be built.
     with pytest.raises(ValueError, match=r"kl_coef=-1.0 must be a finite number >= 0"):
         spec(kl_coef=-1.0)
@@ -422,8 +427,7 @@ def test_metrics_hand_values_and_reduction_across_micro_batches() -> None:
     mask = torch.tensor([[1, 1, 1], [1, 1, 0]])
     normalizer = loss_denominator(mask, "token-mean")  # 5
     outs = [
-        policy_loss(lp[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1],
-                    normalizer=normalizer, spec=spec())
+        policy_loss(LossInputs(lp[i : i + 1], old[i : i + 1], adv[i : i + 1], mask[i : i + 1], normalizer=normalizer), spec())
         for i in range(2)
     ]  # fmt: skip
     m0, m1 = (o.metrics for o in outs)
@@ -469,7 +473,7 @@ def test_metric_reduction_ops_and_validation() -> None:
     with pytest.raises(ValueError, match="metrics_list is empty"):
         reduce_loss_metrics([])
     z = torch.zeros(1, 1)
-    m = policy_loss(z, z, z, torch.ones(1, 1), normalizer=1.0, spec=spec()).metrics
+    m = policy_loss(LossInputs(z, z, z, torch.ones(1, 1), normalizer=1.0), spec()).metrics
     with pytest.raises(ValueError, match=r"metrics_list\[1\] has keys"):
         reduce_loss_metrics([m, {**m, "kl_sum": 0.0}])
 
@@ -500,9 +504,9 @@ def test_padding_garbage_does_not_leak(estimator: str, loss: float, grad0: float
     entropy = torch.tensor([[1.0, NAN, NAN]], dtype=F64, requires_grad=True)
     mask = torch.tensor([[1, 0, 0]])
     out = policy_loss(
-        lp, old, adv, mask, normalizer=1.0,
-        spec=spec(rollout_correction="mis", kl_coef=0.1, kl_estimator=estimator, entropy_coef=0.01),
-        rollout_logprobs_BT=rollout, ref_logprobs_BT=old, entropy_BT=entropy,
+        LossInputs(lp, old, adv, mask, normalizer=1.0, rollout_logprobs_BT=rollout,
+                   ref_logprobs_BT=old, entropy_BT=entropy),
+        spec(rollout_correction="mis", kl_coef=0.1, kl_estimator=estimator, entropy_coef=0.01),
     )  # fmt: skip
     # loss = -A r + 0.1 * kl - 0.01 * entropy on slot 0 only (values in the parametrisation)
     assert out.loss.item() == pytest.approx(loss, abs=1e-10)
@@ -532,10 +536,10 @@ def test_gradcheck_against_float64_finite_differences() -> None:
 
     def fn(lp_: torch.Tensor, ent_: torch.Tensor) -> torch.Tensor:
         return policy_loss(
-            lp_, old, adv, mask, normalizer=2.0,
-            spec=spec(clip_ratio_c=3.0, loss_agg_mode="seq-mean-token-mean",
-                      rollout_correction="tis", tis_cap=1.2, kl_coef=0.05, entropy_coef=0.01),
-            rollout_logprobs_BT=rollout, ref_logprobs_BT=ref, entropy_BT=ent_,
+            LossInputs(lp_, old, adv, mask, normalizer=2.0, rollout_logprobs_BT=rollout,
+                       ref_logprobs_BT=ref, entropy_BT=ent_),
+            spec(clip_ratio_c=3.0, loss_agg_mode="seq-mean-token-mean", rollout_correction="tis",
+                 tis_cap=1.2, kl_coef=0.05, entropy_coef=0.01),
         ).loss  # fmt: skip
 
     assert torch.autograd.gradcheck(fn, (lp, entropy))
@@ -621,9 +625,10 @@ def test_policy_loss_is_micro_batch_invariant(
 
     def run(lp: torch.Tensor, a: int, b: int, normalizer: torch.Tensor) -> torch.Tensor:
         return policy_loss(
-            lp[a:b], batch["old"][a:b], batch["adv"][a:b], mask[a:b], normalizer=normalizer,
-            rollout_logprobs_BT=batch["rollout"][a:b], ref_logprobs_BT=batch["ref"][a:b],
-            entropy_BT=batch["entropy"][a:b], spec=loss_spec,
+            LossInputs(lp[a:b], batch["old"][a:b], batch["adv"][a:b], mask[a:b],
+                       normalizer=normalizer, rollout_logprobs_BT=batch["rollout"][a:b],
+                       ref_logprobs_BT=batch["ref"][a:b], entropy_BT=batch["entropy"][a:b]),
+            loss_spec,
         ).loss  # fmt: skip
 
     def denominator(a: int, b: int) -> torch.Tensor:
