@@ -12,7 +12,7 @@ Torch-free on purpose: config validation imports this module and must stay fast.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal, get_args
 
 LossAggMode = Literal[
@@ -28,10 +28,107 @@ ROLLOUT_CORRECTION_MODES: tuple[str, ...] = get_args(RolloutCorrectionMode)
 ROLLOUT_CORRECTION_LEVELS: tuple[str, ...] = get_args(RolloutCorrectionLevel)
 
 
+Problem = tuple[str, object, str]
+"""A broken limit: (the argument's name, its value, the constraint it breaks). Each limit of
+the loss is written once, in a ``*_problems`` function below: the ``validate_*`` functions
+and ``LossSpec`` raise on the first problem, config validation (config/validate.py) reports
+every one under its ``dapo.loss`` key."""
+
+
+def raise_first(problems: list[Problem]) -> None:
+    """Raise ValueError ``"{name}={value!r} {constraint}"`` for the first problem, if any."""
+    if problems:
+        name, value, constraint = problems[0]
+        raise ValueError(f"{name}={value!r} {constraint}")
+
+
+def choice_problems(name: str, value: str, choices: tuple[str, ...]) -> list[Problem]:
+    """``value`` is one of ``choices``."""
+    return [] if value in choices else [(name, value, f"is not one of {choices}")]
+
+
+def clip_ratio_problems(
+    clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None
+) -> list[Problem]:
+    """``0 <= low < 1``, ``high >= 0`` and (if set) ``c > 1``, all finite."""
+    problems: list[Problem] = []
+    # `not (constraint)` also rejects NaN, which fails every comparison.
+    if not (0 <= clip_ratio_low < 1):
+        problems.append(("clip_ratio_low", clip_ratio_low, "must satisfy 0 <= clip_ratio_low < 1"))
+    if not (clip_ratio_high >= 0 and math.isfinite(clip_ratio_high)):
+        problems.append(("clip_ratio_high", clip_ratio_high, "must be finite and >= 0"))
+    if clip_ratio_c is not None and not (clip_ratio_c > 1 and math.isfinite(clip_ratio_c)):
+        problems.append(("clip_ratio_c", clip_ratio_c, "must be finite and > 1 (or None)"))
+    return problems
+
+
+def correction_cap_problems(tis_cap: float, mis_low: float, mis_high: float) -> list[Problem]:
+    """The rollout-correction caps: ``tis_cap > 0``, ``0 <= mis_low < 1``, ``mis_high > 1``.
+
+    Checked whatever the mode, so a misconfiguration surfaces at start-up and not only once
+    someone switches the mode on."""
+    problems: list[Problem] = []
+    # Written as `not (constraint)` so that NaN, which fails every comparison, is rejected too.
+    if not (tis_cap > 0 and math.isfinite(tis_cap)):
+        problems.append(("tis_cap", tis_cap, "must be finite and > 0"))
+    if not (0 <= mis_low < 1):
+        problems.append(("mis_low", mis_low, "must satisfy 0 <= mis_low < 1"))
+    if not (mis_high > 1 and math.isfinite(mis_high)):
+        problems.append(("mis_high", mis_high, "must be finite and > 1"))
+    return problems
+
+
+def coef_problems(name: str, value: float) -> list[Problem]:
+    """``value`` is a finite, non-negative loss coefficient."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if is_number and math.isfinite(value) and value >= 0:
+        return []
+    return [(name, value, "must be a finite number >= 0")]
+
+
+def scale_length_problems(length: int) -> list[Problem]:
+    """The constant length of seq-mean-token-sum-norm is an int >= 1."""
+    # bool is an int subclass: True would silently mean a length of 1.
+    if isinstance(length, int) and not isinstance(length, bool) and length >= 1:
+        return []
+    return [("loss_scale_length", length, "must be an int >= 1")]
+
+
+def spec_problems(
+    *,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float | None,
+    loss_agg_mode: str,
+    loss_scale_length: int,
+    rollout_correction: str,
+    rollout_correction_level: str,
+    tis_cap: float,
+    mis_low: float,
+    mis_high: float,
+    kl_coef: float,
+    kl_estimator: str,
+    entropy_coef: float,
+) -> list[Problem]:
+    """Every limit that LossSpec's fields would break, in field order ([] = valid)."""
+    return [
+        *clip_ratio_problems(clip_ratio_low, clip_ratio_high, clip_ratio_c),
+        *choice_problems("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES),
+        *scale_length_problems(loss_scale_length),
+        *choice_problems("rollout_correction", rollout_correction, ROLLOUT_CORRECTION_MODES),
+        *choice_problems(
+            "rollout_correction_level", rollout_correction_level, ROLLOUT_CORRECTION_LEVELS
+        ),
+        *correction_cap_problems(tis_cap, mis_low, mis_high),
+        *coef_problems("kl_coef", kl_coef),
+        *coef_problems("entropy_coef", entropy_coef),
+        *choice_problems("kl_estimator", kl_estimator, KL_ESTIMATORS),
+    ]
+
+
 def validate_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
     """Raise ValueError (naming ``name``) unless ``value`` is one of ``choices``."""
-    if value not in choices:
-        raise ValueError(f"{name}={value!r} is not one of {choices}")
+    raise_first(choice_problems(name, value, choices))
 
 
 def validate_agg_mode(loss_agg_mode: str) -> None:
@@ -43,39 +140,21 @@ def validate_clip_ratios(
     clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None
 ) -> None:
     """Raise ValueError unless ``0 <= low < 1``, ``high >= 0`` and (if set) ``c > 1``."""
-    # `not (constraint)` also rejects NaN, which fails every comparison.
-    if not (0 <= clip_ratio_low < 1):
-        raise ValueError(f"clip_ratio_low={clip_ratio_low!r} must satisfy 0 <= clip_ratio_low < 1")
-    if not (clip_ratio_high >= 0 and math.isfinite(clip_ratio_high)):
-        raise ValueError(f"clip_ratio_high={clip_ratio_high!r} must be finite and >= 0")
-    if clip_ratio_c is not None and not (clip_ratio_c > 1 and math.isfinite(clip_ratio_c)):
-        raise ValueError(f"clip_ratio_c={clip_ratio_c!r} must be finite and > 1 (or None)")
+    raise_first(clip_ratio_problems(clip_ratio_low, clip_ratio_high, clip_ratio_c))
 
 
 def validate_rollout_correction_args(
     mode: str, level: str, tis_cap: float, mis_low: float, mis_high: float
 ) -> None:
-    """Raise ValueError (naming the argument, its value and the constraint) on a bad setting.
-
-    The caps are validated whatever the mode, so a misconfiguration surfaces at start-up and
-    not only once someone switches the mode on.
-    """
+    """Raise ValueError (naming the argument, its value and the constraint) on a bad setting."""
     validate_choice("mode", mode, ROLLOUT_CORRECTION_MODES)
     validate_choice("level", level, ROLLOUT_CORRECTION_LEVELS)
-    # Written as `not (constraint)` so that NaN, which fails every comparison, is rejected too.
-    if not (tis_cap > 0 and math.isfinite(tis_cap)):
-        raise ValueError(f"tis_cap={tis_cap!r} must be finite and > 0")
-    if not (0 <= mis_low < 1):
-        raise ValueError(f"mis_low={mis_low!r} must satisfy 0 <= mis_low < 1")
-    if not (mis_high > 1 and math.isfinite(mis_high)):
-        raise ValueError(f"mis_high={mis_high!r} must be finite and > 1")
+    raise_first(correction_cap_problems(tis_cap, mis_low, mis_high))
 
 
 def validate_coef(name: str, value: float) -> None:
     """Raise ValueError unless ``value`` is a finite, non-negative loss coefficient."""
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if not (is_number and math.isfinite(value) and value >= 0):
-        raise ValueError(f"{name}={value!r} must be a finite number >= 0")
+    raise_first(coef_problems(name, value))
 
 
 @dataclass(frozen=True)
@@ -110,24 +189,5 @@ class LossSpec:
     """Entropy bonus coefficient (0 = off)."""
 
     def __post_init__(self) -> None:
-        validate_clip_ratios(self.clip_ratio_low, self.clip_ratio_high, self.clip_ratio_c)
-        validate_agg_mode(self.loss_agg_mode)
-        length = self.loss_scale_length
-        # bool is an int subclass: True would silently mean a length of 1.
-        if not (isinstance(length, int) and not isinstance(length, bool) and length >= 1):
-            raise ValueError(f"loss_scale_length={length!r} must be an int >= 1")
-        # The field names first: validate_rollout_correction_args says "mode"/"level".
-        validate_choice("rollout_correction", self.rollout_correction, ROLLOUT_CORRECTION_MODES)
-        validate_choice(
-            "rollout_correction_level", self.rollout_correction_level, ROLLOUT_CORRECTION_LEVELS
-        )
-        validate_rollout_correction_args(
-            self.rollout_correction,
-            self.rollout_correction_level,
-            self.tis_cap,
-            self.mis_low,
-            self.mis_high,
-        )
-        validate_coef("kl_coef", self.kl_coef)
-        validate_coef("entropy_coef", self.entropy_coef)
-        validate_choice("kl_estimator", self.kl_estimator, KL_ESTIMATORS)
+        # The limits are written once, in spec_problems (validation maps each to its key).
+        raise_first(spec_problems(**{f.name: getattr(self, f.name) for f in fields(self)}))

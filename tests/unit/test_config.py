@@ -204,7 +204,7 @@ def test_type_errors_name_key_and_type(override, expected):
 @pytest.mark.parametrize(
     "override, key, constraint",
     [
-        ("dapo.loss.clip_ratio_low=-0.1", "dapo.loss.clip_ratio_low", "[0, 1)"),
+        ("dapo.loss.clip_ratio_low=-0.1", "dapo.loss.clip_ratio_low", "0 <= clip_ratio_low < 1"),
         (
             "dapo.dynamic_sampling.batch_multiplier=0.5",
             "dapo.dynamic_sampling.batch_multiplier",
