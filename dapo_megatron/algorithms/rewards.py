@@ -10,11 +10,12 @@ Shape suffixes: ``_B`` is one value per sample, ``_BT`` is B samples x T respons
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
 
+from dapo_megatron.algorithms.loss_spec import raise_first
+from dapo_megatron.algorithms.shaping_limits import overlong_problems, scaling_problems
 from dapo_megatron.shared.sampling import FINISH_REASON_LENGTH, FINISH_REASON_STOP
 
 __all__ = [
@@ -23,19 +24,6 @@ __all__ = [
     "soft_overlong_penalty",
     "truncated_from_finish_reasons",
 ]
-
-
-def _check_finite_number(name: str, value: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{name} must be a real number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-
-
-def _check_int(name: str, value: int) -> None:
-    # bool is an int subclass; True as a length is always a config mistake.
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"{name} must be an int, got {value!r}")
 
 
 def _float_dtype(t: torch.Tensor) -> torch.dtype:
@@ -70,18 +58,14 @@ def scale_rewards(
     Raises:
         ValueError: on non-finite bounds, ``source_max <= source_min``, or NaN rewards.
     """
-    for name, value in (
-        ("source_min", source_min),
-        ("source_max", source_max),
-        ("target_min", target_min),
-        ("target_max", target_max),
-    ):
-        _check_finite_number(name, value)
-    if not source_max > source_min:
-        raise ValueError(
-            f"source_max must be > source_min, got source_max={source_max!r}, "
-            f"source_min={source_min!r}"
+    raise_first(
+        scaling_problems(
+            source_min=source_min,
+            source_max=source_max,
+            target_min=target_min,
+            target_max=target_max,
         )
+    )
     rewards = rewards_B.to(_float_dtype(rewards_B))
     # A NaN would survive the clamp and silently poison every advantage of its group.
     if torch.isnan(rewards).any():
@@ -97,16 +81,13 @@ def _validate_overlong_args(
     buffer_length: int,
     penalty_factor: float,
 ) -> None:
-    _check_int("max_response_length", max_response_length)
-    _check_int("buffer_length", buffer_length)
-    _check_finite_number("penalty_factor", penalty_factor)
-    if not 0 < buffer_length < max_response_length:
-        raise ValueError(
-            f"buffer_length must satisfy 0 < buffer_length < max_response_length, got "
-            f"buffer_length={buffer_length}, max_response_length={max_response_length}"
+    raise_first(
+        overlong_problems(
+            max_response_length=max_response_length,
+            buffer_length=buffer_length,
+            penalty_factor=penalty_factor,
         )
-    if penalty_factor < 0:
-        raise ValueError(f"penalty_factor must be >= 0, got {penalty_factor!r}")
+    )
     if response_lengths_B.ndim != 1:
         raise ValueError(
             f"response_lengths_B must be 1-D [B], got shape {tuple(response_lengths_B.shape)}"

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from dapo_megatron.algorithms.loss_spec import spec_problems
+from dapo_megatron.algorithms.shaping_limits import overlong_problems, scaling_problems
 from dapo_megatron.config.arithmetic_task import num_distinct_problems
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import ModelArch, resolve_arch
@@ -305,23 +306,30 @@ def _check_dapo(c: _Checker) -> None:
             "dapo.num_generations_per_prompt",
             "dynamic sampling needs >= 2 samples per prompt (one sample never varies)",
         )
+    # The shaping's limits are written once (algorithms/shaping_limits.py), reported here
+    # under their keys.
     ob = d.overlong_buffer
     if ob.enabled:
-        max_len = c.config.generation.max_response_length
-        c.require(
-            0 < ob.length < max_len,
-            "dapo.overlong_buffer.length",
-            f"must be in (0, generation.max_response_length = {max_len}): the buffer "
-            f"is the last part of the response cap",
-        )
-        c.at_least("dapo.overlong_buffer.penalty_factor", 0)
+        keys = {
+            "max_response_length": "generation.max_response_length",
+            "buffer_length": "dapo.overlong_buffer.length",
+            "penalty_factor": "dapo.overlong_buffer.penalty_factor",
+        }
+        for name, _, constraint in overlong_problems(
+            max_response_length=c.config.generation.max_response_length,
+            buffer_length=ob.length,
+            penalty_factor=ob.penalty_factor,
+        ):
+            c.require(False, keys[name], constraint)
     rs = d.reward_scaling
     if rs.enabled:
-        c.require(
-            rs.source_max > rs.source_min,
-            "dapo.reward_scaling.source_max",
-            f"must be > dapo.reward_scaling.source_min = {rs.source_min}",
-        )
+        for name, _, constraint in scaling_problems(
+            source_min=rs.source_min,
+            source_max=rs.source_max,
+            target_min=rs.target_min,
+            target_max=rs.target_max,
+        ):
+            c.require(False, f"dapo.reward_scaling.{name}", constraint)
 
 
 def _check_validation_data_reward(c: _Checker) -> None:

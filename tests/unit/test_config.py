@@ -213,7 +213,7 @@ def test_type_errors_name_key_and_type(override, expected):
         (
             "dapo.overlong_buffer.length=16",
             "dapo.overlong_buffer.length",
-            "generation.max_response_length = 16",
+            "max_response_length = 16",
         ),
         ("policy.megatron.pipeline_model_parallel_size=4", "policy.megatron", "must divide"),
         ("dapo.loss.clip_ratio_c=0.9", "dapo.loss.clip_ratio_c", "> 1"),
