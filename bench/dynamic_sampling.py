@@ -26,7 +26,8 @@ from pathlib import Path
 
 import torch
 
-from dapo_megatron.algorithms.dynamic_sampling import DynamicSampler, auto_batch_multiplier
+from dapo_megatron.algorithms.dynamic_sampling import DynamicSampler
+from dapo_megatron.algorithms.group_filter import auto_batch_multiplier
 
 # Pools of pass rates: share of unsolvable prompts, share of trivial ones, the rest Beta(2, 2).
 POOLS = {"easy": (0.05, 0.25), "medium": (0.25, 0.25), "hard": (0.60, 0.15)}

@@ -56,7 +56,7 @@ from megatron.core.transformer.enums import AttnMaskType
 from dapo_megatron import collectives
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.megatron.context_parallel import ContextParallelAttention
+from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
 from dapo_megatron.megatron.model import build_model, unwrap_model
 from dapo_megatron.shared.sampling import Sample, SamplingParams

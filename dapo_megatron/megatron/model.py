@@ -46,7 +46,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.megatron import rope_thd
-from dapo_megatron.megatron.context_parallel import ContextParallelAttention
+from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 from dapo_megatron.megatron.cpu_compat import apply_cpu_compat
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

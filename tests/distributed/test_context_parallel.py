@@ -240,11 +240,11 @@ def _check_gather_and_explicit_mask(dims: ParallelDims) -> None:
     from megatron.core.transformer.enums import AttnMaskType
 
     from dapo_megatron.megatron.context_parallel import (
-        ContextParallelAttention,
         cp_positions,
         gather_from_context_parallel,
         split_for_context_parallel,
     )
+    from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 
     cp_rank = parallel_state.get_context_parallel_rank()
     cp_group = parallel_state.get_context_parallel_group()
@@ -267,7 +267,7 @@ def _cp1_attention_diff(dims: ParallelDims) -> float:
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    from dapo_megatron.megatron.context_parallel import ContextParallelAttention
+    from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 
     config, q, k, v = _attention_inputs(dims, seed=1)
     ours = ContextParallelAttention(config, 1, AttnMaskType.causal, "self")(q, k, v, None)

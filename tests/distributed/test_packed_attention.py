@@ -402,10 +402,10 @@ def _attention_diffs(dims: ParallelDims) -> dict[str, float]:
     from megatron.core.transformer.enums import AttnMaskType
 
     from dapo_megatron.megatron.context_parallel import (
-        ContextParallelAttention,
         gather_packed_from_context_parallel,
         split_packed_for_context_parallel,
     )
+    from dapo_megatron.megatron.cp_attention import ContextParallelAttention
     from dapo_megatron.megatron.model import transformer_config
 
     arch = arch_from_hf_config(_hf_configs()["llama"].to_dict(), "llama test config")
