@@ -227,7 +227,7 @@ def gemm_bound(n: int, h: int, v: int, dev: DevicePeak, elem: int = 2) -> dict:
 def model_triton(n: int, h: int, v: int, dev: DevicePeak, elem: int = 2) -> dict:
     """Modelled time and DRAM traffic of our kernels (tiles and chunking as launched on sm_90,
     or sm_80 for an A100): forward, and the backward's three phases per vocab chunk."""
-    from dapo_megatron.kernels import triton_logprob as tlp
+    from dapo_megatron.kernels import triton_logprob_kernels as tlp
 
     arch = 80 if dev.name.startswith("A100") else 90
     ft, lt = tlp.kernel_tiles("fwd", arch, "bf16")[0], tlp.kernel_tiles("dz", arch, "bf16")[0]
@@ -244,7 +244,7 @@ def model_triton(n: int, h: int, v: int, dev: DevicePeak, elem: int = 2) -> dict
         "s": _roofline(2.0 * n * h * v, FWD_OPS_PER_LOGIT * n * v, fwd_dram, dev),
         "splits": splits,
     }
-    chunk = tlp.dz_chunk_columns(n, v, elem, tlp._CHUNK_MULTIPLE)
+    chunk = tlp.dz_chunk_columns(n, v, elem, tlp.CHUNK_MULTIPLE)
     phases = {"dz": [0.0, 0.0, 0.0], "dW": [0.0, 0.0, 0.0], "dH": [0.0, 0.0, 0.0]}
     for c0 in range(0, v, chunk):
         c = min(chunk, v - c0)

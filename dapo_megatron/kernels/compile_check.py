@@ -4,8 +4,9 @@ Triton compiles without a driver when it is given a target:
 ``triton.compile(ASTSource(kernel, signature, constexprs, attrs), target=GPUTarget("cuda", 90,
 32))`` lowers the kernel to PTX and assembles it with the ``ptxas`` bundled in the triton
 wheel. This module runs that for a list of :class:`KernelSpec` (each kernel module states
-the specs of the launches it makes: :func:`dapo_megatron.kernels.triton_logprob.compile_specs`
-and :func:`dapo_megatron.kernels.triton_pg_loss.compile_specs`), then reads back what a GPU
+the specs of the launches it makes:
+:func:`dapo_megatron.kernels.triton_logprob_kernels.compile_specs` and
+:func:`dapo_megatron.kernels.triton_pg_loss.compile_specs`), then reads back what a GPU
 run would only reveal at launch time:
 
   * registers per thread, spill stores/loads and stack frame (``ptxas -v``, run again on the
@@ -43,7 +44,7 @@ from typing import Any
 SMEM_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448}
 TARGETS = (90, 80)
 KERNEL_MODULES = (
-    "dapo_megatron.kernels.triton_logprob",
+    "dapo_megatron.kernels.triton_logprob_kernels",
     "dapo_megatron.kernels.triton_pg_loss",
 )
 

@@ -25,7 +25,7 @@ _missing = [a for a in ARCHS if cc.bundled_ptxas(a) is None]
 pytestmark = pytest.mark.skipif(
     bool(_missing), reason=f"the triton wheel has no bundled ptxas for sm_{_missing}"
 )
-LOGPROB = "dapo_megatron.kernels.triton_logprob"
+LOGPROB = "dapo_megatron.kernels.triton_logprob_kernels"
 # Bytes a production sm_80 (A100) kernel may spill: mma.sync keeps the accumulator in
 # registers, so the softmax epilogue competes with it for the 255 available.
 SM80_SPILL_BOUND = 64
@@ -92,7 +92,7 @@ def test_backward_has_no_atomics_or_gpu_barriers(production: list) -> None:
 
 def test_launch_tiles_are_the_compiled_ones() -> None:
     # compile_specs and the launches read one table: its first entry per target and dtype.
-    from dapo_megatron.kernels import triton_logprob as tlp
+    from dapo_megatron.kernels import triton_logprob_kernels as tlp
 
     for arch in ARCHS:
         specs = {s.label: s for s in tlp.compile_specs(arch) if s.production}
