@@ -30,7 +30,7 @@ from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied
 from dapo_megatron.controller.rollout import RolloutGroup, rollout_metrics, staleness_metrics
 from dapo_megatron.controller.rollouts import Rollouts, make_rollouts
-from dapo_megatron.generation.startup_check import check_engine_logprobs
+from dapo_megatron.controller.startup_check import check_engine_logprobs
 from dapo_megatron.logging import MetricsLogger, StepProgress
 from dapo_megatron.shared.batch import PolicyBatch
 

@@ -1,15 +1,15 @@
 """Start-up check: the engines report the policy's own logprobs for one short rollout.
 
 Every trained token's rollout logprob is the engine's ``log_softmax(logits / T)`` over the
-full vocabulary before top-k/top-p (``base.Sample.logprobs``), and the loss compares it with
-the policy's. Whether the engine really reports that depends on decisions vLLM takes
-differently on a GPU than on the CPU twin (its model runner, where the temperature and the
-truncation happen), on the refit, and on the dtype. So once the policy's weights are in the
-engines (after the first refit of every attempt), the controller samples one short
-continuation of one prompt on every engine with the training sampling settings, has the
-policy score the same tokens, and stops the run with ``EngineLogprobMismatch`` when the two
-disagree beyond a tolerance for the run's precision. It costs one short generate call and
-one forward pass over a few rows.
+full vocabulary before top-k/top-p (``shared.sampling.Sample.logprobs``), and the loss
+compares it with the policy's. Whether the engine really reports that depends on decisions
+vLLM takes differently on a GPU than on the CPU twin (its model runner, where the
+temperature and the truncation happen), on the refit, and on the dtype. So once the policy's
+weights are in the engines (after the first refit of every attempt), the controller samples
+one short continuation of one prompt on every engine with the training sampling settings,
+has the policy score the same tokens, and stops the run with ``EngineLogprobMismatch`` when
+the two disagree beyond a tolerance for the run's precision. It costs one short generate
+call and one forward pass over a few rows.
 
 ``compare_logprobs`` is the pure part (two logprob vectors and the settings in, metrics out
 or a raise); ``check_engine_logprobs`` runs the probe with the controller's objects.
