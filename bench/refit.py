@@ -120,7 +120,7 @@ class BenchPolicyWorker(PolicyWorker):
         """Time the export alone (every rank iterates: TP gathers), or export + pack into
         one bucket buffer, as send_buckets does, when a plan is given (rank 0 packs; no
         transfer)."""
-        from dapo_megatron.weight_sync.buckets import RefitPlan, pack
+        from dapo_megatron.refit.buckets import RefitPlan, pack
 
         start = time.perf_counter()
         exported = self._require_policy().export_weights()
@@ -146,7 +146,7 @@ class BenchGenerationWorker(GenerationWorker):
     def bench_receive(self, plan_wire: list) -> list[dict[str, float]]:
         """A collective refit's receiving side (as ``receive_weights``), returning the
         transfer stats of every engine worker instead of the counters."""
-        from dapo_megatron.weight_sync.buckets import RefitPlan
+        from dapo_megatron.refit.buckets import RefitPlan
 
         return self._require_backend().receive_weights(RefitPlan.from_wire(plan_wire))
 
@@ -300,7 +300,7 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
     from dapo_megatron.config.model_arch import PRESETS
     from dapo_megatron.controller import generation_group
     from dapo_megatron.controller.generation_group import GenerationGroup
-    from dapo_megatron.weight_sync.buckets import RefitPlan
+    from dapo_megatron.refit.buckets import RefitPlan
 
     plan = _config(args, tp)
     generation_group.GenerationWorker = BenchGenerationWorker  # profile methods only
@@ -351,7 +351,7 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
     engines, engine_pids = ready_engines()
     failed = None
     try:
-        plan = RefitPlan.from_wire(engines._join_weight_group(policy))  # formed at warm-up
+        plan = RefitPlan.from_wire(engines.refitter.join(policy))  # formed at warm-up
         result["buckets_per_refit"] = len(plan.buckets)
         result["max_bucket_mib"] = plan.max_bucket_bytes / MIB
         metrics: list[dict[str, Any]] = [{"transport": "after warm-ups", **engines.refit_metrics()}]
@@ -493,7 +493,7 @@ def _ipc(tp: int, policy, args: argparse.Namespace, poll_s: float, reference) ->
         _close(engines)
         # The exporters' shared-memory buffers are files in /dev/shm that only
         # leave_weight_group removes: a killed policy actor leaves them behind.
-        ray.get(policy.call("leave_weight_group"))
+        ray.get([w.leave_weight_group.remote() for w in policy.workers])
     out["ipc_s"] = statistics.median(out["times_s"])
     out["peak_extra_host_mb"] = max(out["peak_extra_host_mib_all"])
     return out
@@ -502,12 +502,12 @@ def _ipc(tp: int, policy, args: argparse.Namespace, poll_s: float, reference) ->
 def _profile(engines, policy, pid: int, poll_s: float) -> dict[str, Any]:
     import ray
 
-    plan = engines._join_weight_group(policy)  # cached: the group formed at the warm-up
+    plan = engines.refitter.join(policy)  # cached: the group formed at the warm-up
     out: dict[str, Any] = {}
     with RssPoller(pid, poll_s) as poll:
         start = time.perf_counter()
         results = ray.get(
-            policy.call("send_weights", plan)
+            policy.submit_send_weights(plan)
             + [w.bench_receive.remote(plan) for w in engines.workers]
         )
         out["refit_s"] = time.perf_counter() - start
@@ -515,11 +515,11 @@ def _profile(engines, policy, pid: int, poll_s: float) -> dict[str, Any]:
     out["receivers"] = [s for engine in results[len(policy.workers) :] for s in engine]
     out["sender_peak_extra_mib"] = poll.extra_mib
     with RssPoller(pid, poll_s) as poll:
-        export = ray.get(policy.call("bench_export"))
+        export = ray.get([w.bench_export.remote() for w in policy.workers])
     out["export_only_s"] = export[0]["seconds"]
     out["export_only_peak_extra_mib"] = poll.extra_mib
     with RssPoller(pid, poll_s) as poll:
-        packed = ray.get(policy.call("bench_export", plan))
+        packed = ray.get([w.bench_export.remote(plan) for w in policy.workers])
     out["export_and_pack_s"] = packed[0]["seconds"]
     out["export_and_pack_peak_extra_mib"] = poll.extra_mib
     reload = ray.get([w.bench_reload.remote() for w in engines.workers])
@@ -531,7 +531,7 @@ def _profile(engines, policy, pid: int, poll_s: float) -> dict[str, Any]:
 
 def _gloo_member(rank: int, world: int, port: int, sizes: list[int], queue: Any) -> None:
     """One member of a gloo weight group broadcasting ``sizes`` bytes from rank 0."""
-    from dapo_megatron.weight_sync.group import GroupAddress, WeightGroup
+    from dapo_megatron.refit.group import GroupAddress, WeightGroup
 
     torch.set_num_threads(1)
     group = WeightGroup(GroupAddress("127.0.0.1", port, world, "gloo", 120.0), rank)
@@ -578,7 +578,7 @@ def _bucket_sizes(bucket_mb: float) -> list[int]:
     from dapo_megatron.config.model_arch import PRESETS
     from dapo_megatron.config.parallel import ParallelDims
     from dapo_megatron.megatron.hf_weights import hf_weight_specs
-    from dapo_megatron.weight_sync.buckets import plan_buckets
+    from dapo_megatron.refit.buckets import plan_buckets
 
     dims = ParallelDims(tp=2, pp=1, cp=1, dp=1, sequence_parallel=False)
     specs = hf_weight_specs(PRESETS["qwen2.5-0.5b"], dims)

@@ -1,6 +1,6 @@
 """Refit terms of the memory plan: the bucket buffers of one weight refit, per GPU.
 
-Pure arithmetic (no torch), used by ``memory_plan``. What the code allocates (weight_sync/):
+Pure arithmetic (no torch), used by ``memory_plan``. What the code allocates (refit/):
 
 The bucket plan (``buckets.plan_buckets``) packs the FULL HF tensors (TP shards gathered)
 in the engine's dtype, the training precision, into buckets of
@@ -49,7 +49,7 @@ from dapo_megatron.config.parallel import ParallelDims
 
 MIB = 2**20
 ALIGN_BYTES = 64
-"""weight_sync/buckets.py's ALIGN_BYTES (that module imports torch): slots and buckets end
+"""refit/buckets.py's ALIGN_BYTES (that module imports torch): slots and buckets end
 on multiples of it."""
 
 

@@ -19,11 +19,12 @@ from typing import Any
 import ray
 import torch
 
-from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.config.run_plan import RefitTransport, RunPlan
 from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
 from dapo_megatron.controller.placement import policy_placements
 from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather
 from dapo_megatron.data.pack_plan import balance_by_tokens
+from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers.policy_worker import PolicyWorker
@@ -201,7 +202,7 @@ class PolicyGroup:
         Every rank takes part in the export (TP gathers, PP broadcasts); rank 0 keeps the
         CPU copies and puts them in the object store, so each engine fetches them from
         there. The ``object_store`` refit fallback only: the default transports stream
-        buckets instead (``send_weights`` / ``send_weights_shared``, weight_sync/).
+        buckets instead (``submit_send_weights``, controller/refitter.py).
         """
         # Rank 0 returns ``[ref]`` (wrapped so Ray does not resolve it), the others None.
         exported: list[list[ray.ObjectRef[Any]] | None] = self._gather(
@@ -212,10 +213,26 @@ class PolicyGroup:
             raise RuntimeError("policy rank 0 exported no weights")
         return first[0]
 
-    def call(self, method: str, *args: Any) -> list[ray.ObjectRef[Any]]:
-        """Start ``method(*args)`` on every worker; the pending refs, in rank order (for
-        operations the caller gathers together with other actors' calls, like the refit)."""
-        return [getattr(w, method).remote(*args) for w in self.workers]
+    # The policy's half of the refit and of the colocated memory release: each starts the
+    # call on every rank and returns the pending refs in rank order, for the caller to
+    # gather together with the engines' calls (controller/refitter.py).
+
+    def submit_join_weight_group(
+        self, address: GroupAddress, transport: RefitTransport
+    ) -> list[ray.ObjectRef[Any]]:
+        return [w.join_weight_group.remote(address, transport) for w in self.workers]
+
+    def submit_share_buffer(self, plan_wire: list[Any], exporters: int) -> list[ray.ObjectRef[Any]]:
+        return [w.share_buffer.remote(plan_wire, exporters) for w in self.workers]
+
+    def submit_unlink_shared_buffer(self) -> list[ray.ObjectRef[Any]]:
+        return [w.unlink_shared_buffer.remote() for w in self.workers]
+
+    def submit_send_weights(self, plan_wire: list[Any]) -> list[ray.ObjectRef[Any]]:
+        return [w.send_weights.remote(plan_wire) for w in self.workers]
+
+    def submit_release_memory(self) -> list[ray.ObjectRef[Any]]:
+        return [w.release_memory.remote() for w in self.workers]
 
     def describe(self, rank: int) -> str:
         """How errors name a rank ("policy rank 1 (dp_rank 1, ...)")."""

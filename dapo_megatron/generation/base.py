@@ -31,6 +31,9 @@ from dapo_megatron.shared.sampling import Sample, SamplingParams
 if TYPE_CHECKING:
     import torch
 
+    from dapo_megatron.refit.buckets import RefitPlan
+    from dapo_megatron.refit.group import GroupAddress
+
 
 @runtime_checkable
 class GenerationBackend(Protocol):
@@ -49,6 +52,28 @@ class GenerationBackend(Protocol):
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Replace the engine's weights by full HF-named tensors (``export_hf_weights``)."""
+        ...
+
+    # The collective refit (dapo_megatron/refit/): an engine that is not the policy joins
+    # the weight-update group and receives the policy's buckets in place.
+
+    @property
+    def num_weight_ranks(self) -> int:
+        """Members this engine adds to a weight-update group (one per engine process)."""
+        ...
+
+    def join_weight_group(self, address: GroupAddress, rank_offset: int) -> list[int]:
+        """Every engine process joins ``address`` from rank ``rank_offset`` on (a
+        rendezvous: all members join concurrently); returns the ranks taken."""
+        ...
+
+    def attach_shared(self, handles: list[bytes]) -> None:
+        """ipc transport: engine process i maps ``handles[i]`` (its policy rank's buffer)."""
+        ...
+
+    def receive_weights(self, plan: RefitPlan, *, shared: bool = False) -> list[dict[str, float]]:
+        """Receive one refit's buckets in place (``shared``: from the mapped buffers, else
+        broadcast); ``TransferStats.as_report()`` of each engine process."""
         ...
 
     def sleep(self) -> None:

@@ -68,7 +68,7 @@ bundles, colocated or split. In a Ray actor vLLM starts the ``mp`` workers with 
 Refit, two transports:
 
 * collective (the default): ``join_weight_group`` makes every engine worker (all TP ranks)
-  a member of the weight-update group (``dapo_megatron.weight_sync``), and
+  a member of the weight-update group (``dapo_megatron.refit``), and
   ``receive_weights(plan)`` streams the policy's buckets into vLLM's in-place
   ``reload_weights`` in each worker (``vllm_worker.WeightRefitExtension``): the same code on
   GPU (NCCL) and CPU (gloo); only the group address and the bucket plan cross
@@ -128,8 +128,8 @@ from dapo_megatron.shared.sampling import FinishReason, Sample, SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from dapo_megatron.weight_sync.buckets import RefitPlan
-    from dapo_megatron.weight_sync.group import GroupAddress
+    from dapo_megatron.refit.buckets import RefitPlan
+    from dapo_megatron.refit.group import GroupAddress
 
 # Pins vLLM's model runner to V1 on every platform (module docstring); read by vLLM through
 # vllm.envs in this process and inherited by its engine-core and worker processes.

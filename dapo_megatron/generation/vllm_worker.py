@@ -35,10 +35,11 @@ top-k/top-p.
 ``WeightRefitExtension`` (worker extension), two refit paths:
 
 * the collective refit (the default): each engine worker (every TP rank) joins a
-  weight-update group (``weight_sync.group``: NCCL on GPU, gloo on CPU) and receives the
+  weight-update group (``refit.group``: NCCL on GPU, gloo on CPU) and receives the
   policy's buckets straight into vLLM's in-place ``reload_weights`` through a streaming
-  iterator (``weight_sync.stream.receive_buckets``); nothing crosses ``collective_rpc`` but
-  the group address and the bucket plan (plain lists);
+  iterator (``refit.receiver.EngineReceiver``, the same as the Megatron engine's);
+  nothing crosses ``collective_rpc`` but the group address and the bucket plan (plain
+  lists);
 * the object-store fallback (``generation.refit_transport=object_store``): when the engine runs in other processes,
 ``collective_rpc`` arguments cross process boundaries through vLLM's msgpack encoding, and
 in vLLM 0.32 tensors do not survive it into the worker processes (they arrive as raw
@@ -57,6 +58,8 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 
 if TYPE_CHECKING:
     from vllm.config import VllmConfig
+
+    from dapo_megatron.refit.receiver import EngineReceiver
 
 RELOAD_ITERATOR = "dapo_reload_weights"
 """``collective_rpc`` method: in-process object-store refit from an iterator (kwarg
@@ -175,55 +178,40 @@ class WeightRefitExtension:
         Returns the rank taken. The worker's engine rank is vLLM's global rank of the
         worker inside its engine (the TP rank for a TP-only engine).
         """
-        from dapo_megatron.weight_sync.group import GroupAddress, WeightGroup
+        from dapo_megatron.refit.group import GroupAddress
 
-        self.dapo_leave_weight_group()
         rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]
         address = GroupAddress(host, int(port), int(world_size), backend, float(timeout_s))  # type: ignore[arg-type]
-        self._dapo_weight_group: WeightGroup | None = WeightGroup(address, rank)
+        self._dapo_receiver().join(address, rank)
         return rank
 
-    def dapo_attach_shared(self, handles: list[bytes]) -> None:
-        """Map this worker's exporter buffer (handle transport): ``handles[engine rank]``."""
-        from dapo_megatron.weight_sync.handles import SharedBuffer
+    def _dapo_receiver(self) -> EngineReceiver:
+        """This worker's end of the refit, kept for the worker's life (its refit count
+        drives the fault hook of the restart tests)."""
+        from dapo_megatron.refit.receiver import EngineReceiver
 
-        self._dapo_shared = SharedBuffer.open(handles[int(self.rank)])  # type: ignore[attr-defined]
+        receiver = getattr(self, "_dapo_refit_receiver", None)
+        if receiver is None:
+            receiver = EngineReceiver(self.device)  # type: ignore[attr-defined]
+            self._dapo_refit_receiver: EngineReceiver = receiver
+        return receiver
+
+    def dapo_attach_shared(self, handles: list[bytes]) -> None:
+        """Map this worker's exporter buffer (ipc transport): ``handles[engine rank]``."""
+        self._dapo_receiver().attach(handles[int(self.rank)])  # type: ignore[attr-defined]
 
     def dapo_receive_weights(self, plan_wire: list, shared: bool = False) -> dict[str, float]:
         """Receive every bucket of the plan and load it in place; returns transfer stats.
-        ``shared``: from the mapped exporter buffer (handle transport), else broadcast."""
-        from dapo_megatron.weight_sync.buckets import RefitPlan
-        from dapo_megatron.weight_sync.faults import exit_midway_if_asked
-        from dapo_megatron.weight_sync.stream import TransferStats, receive_buckets
+        ``shared``: from the mapped exporter buffer (ipc transport), else broadcast."""
+        from dapo_megatron.refit.buckets import RefitPlan
+        from dapo_megatron.refit.stats import TransferStats
 
-        group = getattr(self, "_dapo_weight_group", None)
-        if group is None:
-            raise RuntimeError("dapo_receive_weights before dapo_join_weight_group")
+        receiver = self._dapo_receiver()
         stats = TransferStats()
         plan = RefitPlan.from_wire(plan_wire)
-        self._dapo_refits = getattr(self, "_dapo_refits", 0) + 1
-        if shared:
-            from dapo_megatron.weight_sync.handles import receive_shared
-
-            source = receive_shared(plan, group, self._dapo_shared, device=self.device, stats=stats)  # type: ignore[attr-defined]
-        else:
-            source = receive_buckets(plan, group, device=self.device, stats=stats)  # type: ignore[attr-defined]
-        weights = exit_midway_if_asked(source, self._dapo_refits)
-        _reload_keeping_ties(self, weights)
-        if stats.tensors != plan.num_tensors:
-            raise RuntimeError(
-                f"vLLM's reload consumed {stats.tensors} of the refit's {plan.num_tensors} "
-                "tensors; the rest were never received"
-            )
-        return {
-            "bytes": float(stats.bytes),
-            "buckets": float(stats.buckets),
-            "seconds": stats.seconds,
-            "buffer_bytes": float(stats.buffer_bytes),
-        }
+        _reload_keeping_ties(self, receiver.receive(plan, stats, shared=shared))
+        receiver.check_complete(plan, stats)
+        return stats.as_report()
 
     def dapo_leave_weight_group(self) -> None:
-        group = getattr(self, "_dapo_weight_group", None)
-        if group is not None:
-            group.close()
-            self._dapo_weight_group = None
+        self._dapo_receiver().close()

@@ -1,7 +1,7 @@
 """Sections of the GPU check: the refit's handle transport, the collectives, the memory release.
 
 ``ipc_transport``: two processes, an exporter and a receiver, run the colocated refit's
-handle transport (``weight_sync.handles``) exactly as a policy rank and an engine worker do:
+handle transport (``refit.ipc``) exactly as a policy rank and an engine worker do:
 a gloo weight group for the per-bucket barriers, one shared buffer created by the exporter
 (CUDA IPC on a GPU, a shared-memory file on CPU: the twin), the handle passed as bytes. The
 exporter packs deterministic tensors (one larger than a bucket, so it travels alone); the
@@ -50,10 +50,10 @@ def _transport_member(
 ) -> None:
     """One side of the handle transport (spawned process): the exporter puts its buffer's
     handle on ``handles`` for the receiver; each puts its result on ``queue``."""
-    from dapo_megatron.weight_sync.buckets import plan_buckets
-    from dapo_megatron.weight_sync.group import GroupAddress, WeightGroup
-    from dapo_megatron.weight_sync.handles import SharedBuffer, receive_shared, send_shared
-    from dapo_megatron.weight_sync.stream import TransferStats
+    from dapo_megatron.refit.buckets import plan_buckets
+    from dapo_megatron.refit.group import GroupAddress, WeightGroup
+    from dapo_megatron.refit.ipc import SharedBuffer, receive_shared, send_shared
+    from dapo_megatron.refit.stats import TransferStats
 
     device = _device()
     try:

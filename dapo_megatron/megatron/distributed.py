@@ -93,3 +93,14 @@ def destroy_parallel() -> None:
     parallel_state.destroy_model_parallel()
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+def parallel_ranks() -> dict[str, int]:
+    """This process's rank in each of Megatron's parallel groups (after
+    ``initialize_parallel``), as a policy worker reports its layout to the controller."""
+    return {
+        "dp_rank": parallel_state.get_data_parallel_rank(),
+        "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
+        "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
+        "cp_rank": parallel_state.get_context_parallel_rank(),
+    }

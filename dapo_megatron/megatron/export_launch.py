@@ -89,12 +89,10 @@ def _rank_main(
 
 
 def _device(config: DapoMegatronConfig) -> str:
-    """cluster.device, with auto = cuda when available (as the run resolved it)."""
-    if config.cluster.device != "auto":
-        return config.cluster.device
-    import torch
+    """cluster.device, with auto resolved as the run plan resolves it (``plan.device``)."""
+    from dapo_megatron.config.run_plan import resolve_device
 
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    return resolve_device(config.cluster)
 
 
 def preflight(

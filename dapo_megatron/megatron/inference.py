@@ -59,6 +59,10 @@ from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
 from dapo_megatron.megatron.model import build_model, unwrap_model
+from dapo_megatron.refit.buckets import RefitPlan
+from dapo_megatron.refit.group import GroupAddress
+from dapo_megatron.refit.receiver import EngineReceiver
+from dapo_megatron.refit.stats import TransferStats
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 # Module attributes through which Megatron layers decide to split/gather the sequence.
@@ -253,6 +257,7 @@ class MegatronGenerationBackend:
         shares_policy_model: bool = False,
         max_batch_size: int | None = None,
         max_model_len: int | None = None,
+        refit_device: str = "cpu",
     ) -> None:
         """Wrap this rank's model (requires ``initialize_parallel``).
 
@@ -266,6 +271,8 @@ class MegatronGenerationBackend:
             max_batch_size: most rows (prompts x n) decoded together; None: all of them.
             max_model_len: longest prompt + response; default the model's
                 ``max_position_embeddings``. A row that reaches it finishes with "length".
+            refit_device: where a refit's received buckets land (the run plan's device);
+                an engine of its own only (``receive_weights``).
 
         Raises:
             NotImplementedError: pipeline or context parallelism.
@@ -285,6 +292,8 @@ class MegatronGenerationBackend:
         self._max_batch_size = max_batch_size
         self._max_model_len = max_model_len or arch.max_position_embeddings
         self._padding_mask_ok = _honours_padding_mask(self._model)
+        # The engine's end of a collective refit: one weight-group member (TP1 engine).
+        self._receiver = EngineReceiver(refit_device)
 
     @classmethod
     def from_hf_checkpoint(
@@ -357,6 +366,26 @@ class MegatronGenerationBackend:
             return
         load_hf_tensors(model, weights, self._arch, self._dims)
 
+    num_weight_ranks = 1
+    """Members this engine adds to a weight-update group: its one process."""
+
+    def join_weight_group(self, address: GroupAddress, rank_offset: int) -> list[int]:
+        """Join the weight-update group as ``rank_offset``; the ranks taken."""
+        self._receiver.join(address, rank_offset)
+        return [rank_offset]
+
+    def attach_shared(self, handles: list[bytes]) -> None:
+        """ipc transport: map the buffer of the policy rank paired with this engine."""
+        self._receiver.attach(handles[0])
+
+    def receive_weights(self, plan: RefitPlan, *, shared: bool = False) -> list[dict[str, float]]:
+        """Receive one refit's buckets into the model in place, tensor by tensor as they
+        arrive; the transfer stats of the engine's one process."""
+        stats = TransferStats()
+        self.update_weights(self._receiver.receive(plan, stats, shared=shared))
+        self._receiver.check_complete(plan, stats)
+        return [stats.as_report()]
+
     def sleep(self) -> None:
         """No-op on CPU. KV caches live only inside ``generate``; on GPU their freed
         blocks are handed back to the driver so that the colocated trainer can use them."""
@@ -367,7 +396,9 @@ class MegatronGenerationBackend:
         """No-op: ``sleep`` releases nothing that must be restored."""
 
     def shutdown(self) -> None:
-        """Drop the engine's reference to the model; further calls raise RuntimeError."""
+        """Drop the engine's reference to the model and leave the weight group; further
+        calls raise RuntimeError."""
+        self._receiver.close()
         self._model = None
 
     # ----------------------------------------------------------------------------------

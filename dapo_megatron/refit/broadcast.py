@@ -1,4 +1,4 @@
-"""Streaming a refit plan's buckets from the exporter to every engine worker.
+"""The broadcast transport of the refit: a plan's buckets streamed to every engine worker.
 
 Sender (policy rank 0): packs the exported tensors into ONE bucket buffer and broadcasts it
 over the weight group, so the sender holds at most that buffer plus the one tensor the
@@ -21,26 +21,13 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from dapo_megatron.weight_sync.buckets import RefitPlan, pack, unpack
-from dapo_megatron.weight_sync.group import WeightGroup
-
-
-@dataclass
-class TransferStats:
-    """What one side of a refit moved (for logs, tests and the refit bench)."""
-
-    buckets: int = 0
-    bytes: int = 0
-    tensors: int = 0
-    seconds: float = 0.0
-    buffer_bytes: int = 0
-    """Largest memory the transfer buffers held at once on this side."""
-    names: list[str] = field(default_factory=list)
+from dapo_megatron.refit.buckets import RefitPlan, pack, unpack
+from dapo_megatron.refit.group import WeightGroup
+from dapo_megatron.refit.stats import TransferStats
 
 
 def send_buckets(
@@ -138,3 +125,48 @@ def receive_buckets(
             yield name, tensor
         del buffer
     stats.seconds = time.perf_counter() - start
+
+
+class BroadcastSender:
+    """A policy rank's half (``transport.SenderHalf``): rank 0, the group's only policy
+    member, broadcasts; the other ranks take part in the export's gathers only."""
+
+    def __init__(self, group: WeightGroup | None, device: torch.device | str) -> None:
+        self.group = group
+        """The weight group (rank 0), or None (every other policy rank)."""
+        self.device = device
+        """Where the bucket buffer lives: the run plan's device."""
+
+    def send(
+        self, weights: Iterable[tuple[str, torch.Tensor]], plan: RefitPlan
+    ) -> TransferStats | None:
+        if self.group is None:
+            for _ in weights:  # the export's collectives need every rank
+                pass
+            return None
+        return send_buckets(weights, plan, self.group, device=self.device)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+
+
+class BroadcastReceiver:
+    """An engine worker's half (``transport.ReceiverHalf``): receives every bucket."""
+
+    def __init__(self, group: WeightGroup, device: torch.device | str) -> None:
+        self.group: WeightGroup | None = group
+        """The weight group this worker joined (None once closed)."""
+        self.device = device
+        """Where the received buckets land: the engine's device."""
+
+    def receive(self, plan: RefitPlan, stats: TransferStats) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.group is None:
+            raise RuntimeError("a refit receive after the weight group was closed")
+        return receive_buckets(plan, self.group, device=self.device, stats=stats)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None

@@ -1,11 +1,11 @@
-"""The handle transport of the refit: buckets shared in memory instead of sent.
+"""The shared-buffer (ipc) transport of the refit: buckets shared in memory instead of sent.
 
 For engines on the policy's own nodes (colocated vLLM on GPU above all), sending the bytes is
 unnecessary: each exporting policy rank packs a bucket into one buffer that its engine
 workers map directly, CUDA IPC on GPU (``torch.multiprocessing.reductions.reduce_tensor``,
 the mechanism torch's own multiprocessing uses to share CUDA tensors), a shared-memory file
 on CPU. The bucket plan, the packing and the loading are the same as for the broadcast
-(``buckets``, ``stream``): only the handle exchange differs between GPU and CPU, so the CPU
+(``buckets``, ``broadcast``): only the handle exchange differs between GPU and CPU, so the CPU
 tests cover everything else.
 
 Pairing: engine worker j (counted over all engines) maps the buffer of policy rank
@@ -32,9 +32,9 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from dapo_megatron.weight_sync.buckets import RefitPlan, pack, unpack
-from dapo_megatron.weight_sync.group import WeightGroup
-from dapo_megatron.weight_sync.stream import TransferStats
+from dapo_megatron.refit.buckets import RefitPlan, pack, unpack
+from dapo_megatron.refit.group import WeightGroup
+from dapo_megatron.refit.stats import TransferStats
 
 # Position of the device index in the arguments torch.multiprocessing.reductions
 # .reduce_tensor returns for rebuild_cuda_tensor (torch/multiprocessing/reductions.py).
@@ -179,3 +179,67 @@ def receive_shared(
             yield name, tensor
         del own
     stats.seconds = time.perf_counter() - start
+
+
+class IpcSender:
+    """A policy rank's half (``transport.SenderHalf``): every rank is a group member (the
+    per-bucket barriers); ranks paired with engine workers export into a shared buffer."""
+
+    def __init__(self, group: WeightGroup) -> None:
+        self.group: WeightGroup | None = group
+        """The weight group (every policy rank joins it)."""
+        self.buffer: SharedBuffer | None = None
+        """This rank's shared bucket buffer (``share``), None for a rank with no engine
+        worker paired with it."""
+
+    def share(self, plan: RefitPlan, device: torch.device | str) -> bytes:
+        """Allocate the shared bucket buffer (anew: engines restarted map a new one);
+        its handle for the paired engine workers."""
+        if self.buffer is not None:
+            self.buffer.close()
+        self.buffer = SharedBuffer.create(plan.max_bucket_bytes, device)
+        return self.buffer.handle
+
+    def unlink(self) -> None:
+        """Every paired engine worker has mapped the buffer: its shm file needs no name
+        any more (nothing left behind if this process dies)."""
+        if self.buffer is not None:
+            self.buffer.unlink()
+
+    def send(
+        self, weights: Iterable[tuple[str, torch.Tensor]], plan: RefitPlan
+    ) -> TransferStats | None:
+        if self.group is None:
+            raise RuntimeError("a refit send after the weight group was closed")
+        return send_shared(weights, plan, self.group, self.buffer)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+
+
+class IpcReceiver:
+    """An engine worker's half (``transport.ReceiverHalf``): copies each bucket out of the
+    mapped buffer of the policy rank it is paired with."""
+
+    def __init__(self, group: WeightGroup, buffer: SharedBuffer, device: torch.device | str):
+        self.group: WeightGroup | None = group
+        """The weight group this worker joined (None once closed)."""
+        self.buffer = buffer
+        """The exporter's buffer, mapped."""
+        self.device = device
+        """Where the copied buckets land: the engine's device."""
+
+    def receive(self, plan: RefitPlan, stats: TransferStats) -> Iterator[tuple[str, torch.Tensor]]:
+        if self.group is None:
+            raise RuntimeError("a refit receive after the weight group was closed")
+        return receive_shared(plan, self.group, self.buffer, device=self.device, stats=stats)
+
+    def close(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.group = None

@@ -15,9 +15,10 @@ Backends (``generation.backend``):
 
 Refit: the worker joins the run's weight-update group with ``weight_ranks()`` members (every
 vLLM engine worker, or the one Megatron process) and receives the policy's buckets in place
-(``receive_weights``; ``dapo_megatron.weight_sync``). ``update_weights`` is the object-store
-fallback; the worker counts how often each path delivered weights, so a run (and its tests)
-can show which one did.
+(``receive_weights``), through the backend's typed refit methods (``GenerationBackend``;
+both engines receive with ``dapo_megatron.refit.receiver``). ``update_weights`` is the
+object-store fallback; the worker counts how often each path delivered weights, so a run
+(and its tests) can show which one did.
 
 Like PolicyWorker, the class is plain Python (the controller wraps it with ``ray.remote``)
 so it can run in-process for debugging.
@@ -35,8 +36,8 @@ import torch
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.generation.base import GenerationBackend
 from dapo_megatron.memory_release import release_cached_memory
+from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.shared.sampling import Sample, SamplingParams
-from dapo_megatron.weight_sync.group import GroupAddress
 from dapo_megatron.workers import ignore_expected_megatron_warnings
 
 VLLM_DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
@@ -90,8 +91,6 @@ class GenerationWorker:
         apply_visible_devices(visible_devices)
         ignore_expected_megatron_warnings()
         self.backend: GenerationBackend | None = None
-        self._weight_group: Any = None  # megatron backend: this process's WeightGroup
-        self._shared: Any = None  # megatron backend: the mapped exporter buffer (ipc)
         # Deliveries per path, reported with every refit (tests assert on them).
         self.refit_counts = {"collective": 0, "object_store": 0, "bytes_received": 0}
 
@@ -145,6 +144,7 @@ class GenerationWorker:
             dims,
             max_batch_size=self.config.generation.engine.max_num_seqs,
             max_model_len=policy.max_total_sequence_length,
+            refit_device=self.plan.device,
         )
 
     def _require_backend(self) -> GenerationBackend:
@@ -173,69 +173,30 @@ class GenerationWorker:
 
     def weight_ranks(self) -> int:
         """Members this engine adds to the weight-update group."""
-        backend = self._require_backend()
-        return int(getattr(backend, "num_weight_ranks", 1))
+        return self._require_backend().num_weight_ranks
 
     def join_weight_group(self, address: GroupAddress, rank_offset: int) -> list[int]:
-        """Join the weight-update group (all engine workers, ranks from ``rank_offset``)."""
-        backend = self._require_backend()
-        if hasattr(backend, "join_weight_group"):
-            return backend.join_weight_group(address, rank_offset)
-        from dapo_megatron.weight_sync.group import WeightGroup
-
-        self.leave_weight_group()
-        self._weight_group = WeightGroup(address, rank_offset)
-        return [rank_offset]
-
-    def leave_weight_group(self) -> None:
-        if self._weight_group is not None:
-            self._weight_group.close()
-            self._weight_group = None
+        """Join the weight-update group (all engine processes, ranks from ``rank_offset``)."""
+        return self._require_backend().join_weight_group(address, rank_offset)
 
     def attach_shared(self, handles: list[bytes]) -> None:
-        """Handle transport: map the exporter buffers (``handles[i]`` for engine worker i)."""
-        backend = self._require_backend()
-        if hasattr(backend, "attach_shared"):
-            backend.attach_shared(handles)
-        else:
-            from dapo_megatron.weight_sync.handles import SharedBuffer
+        """ipc transport: map the exporter buffers (``handles[i]`` for engine process i)."""
+        self._require_backend().attach_shared(handles)
 
-            self._shared = SharedBuffer.open(handles[0])
-
-    def receive_weights(self, plan_wire: list, shared: bool = False) -> dict[str, int]:
+    def receive_weights(self, plan_wire: list[Any], shared: bool = False) -> dict[str, int]:
         """Receive one refit's buckets into the engine in place (broadcast, or from the
         mapped exporter buffers when ``shared``); returns the counters."""
-        from dapo_megatron.weight_sync.buckets import RefitPlan
+        from dapo_megatron.refit.buckets import RefitPlan
 
         backend = self._require_backend()
-        plan = RefitPlan.from_wire(plan_wire)
-        if hasattr(backend, "receive_weights"):
-            try:
-                stats = backend.receive_weights(plan, shared=shared)
-            except Exception as error:
-                # Whatever failed (a dead peer, a dead engine process), the engine now holds
-                # partly old, partly new weights: it must not generate again.
-                _exit_worker(error, "a refit")
-            received = int(sum(s["bytes"] for s in stats))
-        else:
-            from dapo_megatron.weight_sync.handles import receive_shared
-            from dapo_megatron.weight_sync.stream import TransferStats, receive_buckets
-
-            if self._weight_group is None:
-                raise RuntimeError("receive_weights before join_weight_group")
-            transfer = TransferStats()
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-            backend.wake()
-            if shared:
-                source = receive_shared(
-                    plan, self._weight_group, self._shared, device=device, stats=transfer
-                )
-            else:
-                source = receive_buckets(plan, self._weight_group, device=device, stats=transfer)
-            backend.update_weights(source)
-            received = transfer.bytes
+        try:
+            stats = backend.receive_weights(RefitPlan.from_wire(plan_wire), shared=shared)
+        except Exception as error:
+            # Whatever failed (a dead peer, a dead engine process), the engine now holds
+            # partly old, partly new weights: it must not generate again.
+            _exit_worker(error, "a refit")
         self.refit_counts["collective"] += 1
-        self.refit_counts["bytes_received"] += received
+        self.refit_counts["bytes_received"] += int(sum(s["bytes"] for s in stats))
         return dict(self.refit_counts)
 
     def update_weights(self, weights: list[Any]) -> dict[str, int]:
@@ -245,11 +206,9 @@ class GenerationWorker:
         the controller: wrapped, so that Ray hands over the reference and each engine
         fetches the one stored copy itself) or the list of pairs (in-process use).
         """
-        if len(weights) == 1 and not isinstance(weights[0], tuple):
-            import ray
+        from dapo_megatron.refit.object_store import fetch_weights
 
-            weights = ray.get(weights[0])
-        self._require_backend().update_weights(weights)
+        self._require_backend().update_weights(fetch_weights(weights))
         self.refit_counts["object_store"] += 1
         return dict(self.refit_counts)
 
@@ -267,7 +226,6 @@ class GenerationWorker:
         return os.getpid()
 
     def shutdown(self) -> None:
-        self.leave_weight_group()
         if self.backend is not None:
             self.backend.shutdown()
             self.backend = None

@@ -18,8 +18,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.config.run_plan import RefitTransport, RunPlan
 from dapo_megatron.memory_release import release_cached_memory
+from dapo_megatron.refit.buckets import RefitPlan, plan_buckets
+from dapo_megatron.refit.group import GroupAddress
+from dapo_megatron.refit.object_store import put_export
+from dapo_megatron.refit.sender import PolicySender
 from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers import ignore_expected_megatron_warnings
@@ -49,8 +53,8 @@ class PolicyWorker:
         ignore_expected_megatron_warnings()
         self.policy: MegatronPolicy | None = None
         self.engine = None
-        self._weight_group: Any = None
-        self._shared: Any = None
+        # This rank's end of the collective refit (dapo_megatron/refit/).
+        self.refit_sender = PolicySender(rank, plan.device)
 
     def address(self) -> tuple[str, int]:
         """(ip, free port) of this worker's node, for the rendezvous of rank 0."""
@@ -67,18 +71,11 @@ class PolicyWorker:
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
         )
-        from megatron.core import parallel_state
-
+        from dapo_megatron.megatron.distributed import parallel_ranks
         from dapo_megatron.megatron.policy import MegatronPolicy
 
         self.policy = MegatronPolicy(self.plan.policy())
-        return {
-            "rank": self.rank,
-            "dp_rank": parallel_state.get_data_parallel_rank(),
-            "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
-            "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
-            "cp_rank": parallel_state.get_context_parallel_rank(),
-        }
+        return {"rank": self.rank, **parallel_ranks()}
 
     def _engine(self):
         if self.engine is None:
@@ -138,111 +135,44 @@ class PolicyWorker:
 
     def export_weights(self) -> list[Any] | None:
         """Full HF-named CPU tensors of the model: rank 0 returns ``[ObjectRef]`` of the
-        list of ``(name, tensor)``, the other ranks None (they only join the gathers)."""
-        import ray
-
-        exported = self._require_policy().export_weights()
-        if self.rank != 0:
-            for _ in exported:  # the collectives of the export need every rank
-                pass
-            return None
-        weights = [(name, t.cpu()) for name, t in exported]
-        # Wrapped in a list: Ray would otherwise resolve the reference on return.
-        return [ray.put(weights)]
+        list of ``(name, tensor)``, the other ranks None (they only join the gathers):
+        the object-store transport's sender half (refit/object_store.py)."""
+        return put_export(self._require_policy().export_weights(), self.rank)
 
     # ----------------------------------------------------------------------------------
-    # Collective refit (dapo_megatron.weight_sync): rank 0 exports into the weight group; the
-    # other ranks only take part in the export's TP/PP gathers.
+    # Collective refit (dapo_megatron/refit/): every rank exports (the export's TP/PP
+    # gathers need them all); this rank's sender half moves what it has to.
 
-    def refit_plan(self, bucket_bytes: int, dtype: str) -> list:
+    def refit_plan(self, bucket_bytes: int, dtype: str) -> list[Any]:
         """The bucket plan of this model's refit, as plain lists (RefitPlan.to_wire)."""
-        from dapo_megatron.weight_sync.buckets import plan_buckets
-
         specs = self._require_policy().hf_weight_specs()
         return plan_buckets(specs, getattr(torch, dtype), bucket_bytes).to_wire()
 
-    def join_weight_group(self, address: Any, every_rank: bool = False) -> None:
-        """Join the weight-update group with this rank's number: rank 0 only (broadcast:
-        it hosts the store and sends), or every rank (handle transport: all ranks take part
-        in the per-bucket barriers)."""
-        self.leave_weight_group()
-        if self.rank == 0 or every_rank:
-            from dapo_megatron.weight_sync.group import WeightGroup
-
-            self._weight_group = WeightGroup(address, self.rank)
+    def join_weight_group(self, address: GroupAddress, transport: RefitTransport) -> None:
+        """Join the weight-update group as the transport needs (``PolicySender.join``)."""
+        self.refit_sender.join(address, transport)
 
     def leave_weight_group(self) -> None:
-        group, self._weight_group = getattr(self, "_weight_group", None), None
-        if group is not None:
-            group.close()
-        shared, self._shared = getattr(self, "_shared", None), None
-        if shared is not None:
-            shared.close()
+        sender = getattr(self, "refit_sender", None)
+        if sender is not None:
+            sender.close()
 
-    def share_buffer(self, plan_wire: list, exporters: int) -> bytes | None:
-        """Handle transport: ranks below ``exporters`` allocate a shareable bucket buffer
-        (CUDA IPC on GPU, shared memory on CPU) and return its handle; others None."""
-        from dapo_megatron.weight_sync.buckets import RefitPlan
-        from dapo_megatron.weight_sync.handles import SharedBuffer
-
-        if self.rank >= exporters:
-            return None
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        old = getattr(self, "_shared", None)
-        if old is not None:  # engines restarted: they map a new buffer
-            old.close()
-        self._shared = SharedBuffer.create(RefitPlan.from_wire(plan_wire).max_bucket_bytes, device)
-        return self._shared.handle
+    def share_buffer(self, plan_wire: list[Any], exporters: int) -> bytes | None:
+        """ipc: ranks below ``exporters`` allocate a shareable bucket buffer (CUDA IPC on
+        GPU, shared memory on CPU) and return its handle; others None."""
+        return self.refit_sender.share(RefitPlan.from_wire(plan_wire), exporters)
 
     def unlink_shared_buffer(self) -> None:
-        """Handle transport: every paired engine worker has mapped this rank's buffer, so
-        its shm file needs no name any more (nothing left behind if this process dies)."""
-        shared = getattr(self, "_shared", None)
-        if shared is not None:
-            shared.unlink()
+        """ipc: every paired engine worker has mapped this rank's buffer, so its shm file
+        needs no name any more (nothing left behind if this process dies)."""
+        self.refit_sender.unlink()
 
-    def send_weights_shared(self, plan_wire: list) -> dict[str, float]:
-        """Handle transport: every rank exports; ranks with a buffer pack each bucket into it."""
-        from dapo_megatron.weight_sync.buckets import RefitPlan
-        from dapo_megatron.weight_sync.handles import send_shared
-
-        if self._weight_group is None:
-            raise RuntimeError("send_weights_shared before join_weight_group")
-        stats = send_shared(
-            self._require_policy().export_weights(),
-            RefitPlan.from_wire(plan_wire),
-            self._weight_group,
-            self._shared,
-        )
-        return {
-            "bytes": float(stats.bytes),
-            "buckets": float(stats.buckets),
-            "seconds": stats.seconds,
-            "buffer_bytes": float(stats.buffer_bytes),
-        }
-
-    def send_weights(self, plan_wire: list) -> dict[str, float]:
-        """Export the weights; rank 0 broadcasts them bucket by bucket. Returns its stats."""
-        from dapo_megatron.weight_sync.buckets import RefitPlan
-        from dapo_megatron.weight_sync.stream import send_buckets
-
-        exported = self._require_policy().export_weights()
-        if self.rank != 0:
-            for _ in exported:  # the export's collectives need every rank
-                pass
-            return {}
-        if self._weight_group is None:
-            raise RuntimeError("send_weights before join_weight_group")
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        stats = send_buckets(
-            exported, RefitPlan.from_wire(plan_wire), self._weight_group, device=device
-        )
-        return {
-            "bytes": float(stats.bytes),
-            "buckets": float(stats.buckets),
-            "seconds": stats.seconds,
-            "buffer_bytes": float(stats.buffer_bytes),
-        }
+    def send_weights(self, plan_wire: list[Any]) -> dict[str, float]:
+        """Export the weights into the transport; this rank's transfer stats (empty for a
+        rank that only takes part in the export)."""
+        plan = RefitPlan.from_wire(plan_wire)
+        stats = self.refit_sender.send(self._require_policy().export_weights(), plan)
+        return {} if stats is None else stats.as_report()
 
     def export_hf(self, out_dir: str) -> str:
         """Write the current weights as an HF checkpoint (collective; rank 0 writes)."""

@@ -1,6 +1,6 @@
 """dapo_megatron.collectives: every collective on its group's device (DESIGN section 8).
 
-(a) a static guard: no module outside ``collectives.py`` and ``weight_sync/`` calls a
+(a) a static guard: no module outside ``collectives.py`` and ``refit/`` calls a
     ``torch.distributed`` collective itself (the CPU twin cannot see an NCCL group refuse a
     CPU tensor, so the rule is checked on the source);
 (b) the device choice with the backend faked: NCCL groups get CUDA tensors (a fake CUDA
@@ -62,7 +62,7 @@ COLLECTIVES = frozenset(
         "_reduce_scatter_base",
     }
 )
-EXEMPT = ("collectives.py", "weight_sync/")
+EXEMPT = ("collectives.py", "refit/")
 
 
 # ---------------------------------------------------------------------------------------

@@ -21,12 +21,12 @@ from fake_context import fake_context
 
 from dapo_megatron import memory_release
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.controller import generation_group, policy_group
+from dapo_megatron.controller import generation_group, policy_group, refitter
 from dapo_megatron.controller.generation_group import GenerationGroup
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.rollouts import SyncRollouts
+from dapo_megatron.refit.buckets import plan_buckets
 from dapo_megatron.shared.sampling import Sample
-from dapo_megatron.weight_sync.buckets import plan_buckets
 from dapo_megatron.workers.generation_worker import GenerationWorker
 from dapo_megatron.workers.policy_worker import PolicyWorker
 
@@ -72,6 +72,8 @@ class RecordingBackend:
     def __init__(self, recorder: Recorder) -> None:
         self.recorder = recorder
 
+    num_weight_ranks = 1
+
     def generate(self, prompts: list[list[int]], sampling: Any) -> list[list[Sample]]:
         self.recorder.record("generate")
         return [[Sample([7, 2], [-0.5, -0.1], "stop") for _ in range(sampling.n)] for _ in prompts]
@@ -108,7 +110,7 @@ class FakePolicyWorker(PolicyWorker):
     def device_ids(self) -> str:
         return "0"
 
-    def join_weight_group(self, address: Any, every_rank: bool = False) -> None:
+    def join_weight_group(self, address: Any, transport: str) -> None:
         pass
 
     def refit_plan(self, bucket_bytes: int, dtype: str) -> list:
@@ -120,7 +122,7 @@ class FakePolicyWorker(PolicyWorker):
     def unlink_shared_buffer(self) -> None:
         pass
 
-    def send_weights_shared(self, plan_wire: list) -> dict[str, float]:
+    def send_weights(self, plan_wire: list) -> dict[str, float]:
         self.recorder.record("policy sends")
         return {"seconds": 0.0}
 
@@ -171,7 +173,7 @@ def colocated(monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: recorder.record("empty_cache"))
     monkeypatch.setattr(memory_release.gc, "collect", lambda *a: recorder.record("gc") or 0)
     # Ray: synchronous handles and the identity for gather.
-    for module in (generation_group, policy_group):
+    for module in (generation_group, policy_group, refitter):
         monkeypatch.setattr(module, "gather", lambda refs, describe: list(refs))
 
     def actor(cls: type) -> SimpleNamespace:
@@ -206,7 +208,7 @@ def test_colocated_phase_changes_release_cached_memory_in_order(colocated) -> No
     engines.refit(policy)  # loop._run_steps: the engines get the starting weights
     for step in range(2):
         rollouts.take(step)  # generate, then the engines sleep for the training phase
-        policy.call("train_step", None)  # what the loop runs next
+        policy.workers[0].train_step.remote(None)  # what the loop runs next
         rollouts.finish_refit(rollouts.start_refit(policy, step + 1))
     rollouts.take(2)
     refit = [

@@ -440,13 +440,13 @@ def test_memory_inputs_resolve_the_reference_and_the_refit():
 
 @pytest.mark.parametrize("bucket_mib", [0.01, 0.05, 0.2, 64])
 def test_bucket_buffer_bounds_the_real_bucket_plan(bucket_mib):
-    """The planner's buffer size B (pure arithmetic) against weight_sync's own bucket plan
+    """The planner's buffer size B (pure arithmetic) against the refit's own bucket plan
     over the tiny architecture's full HF tensor shapes: never below the plan's largest
     bucket, and equal to it when one tensor outgrows the bucket size (0.01 MiB here)."""
     import torch
 
     from dapo_megatron.memory_refit import ALIGN_BYTES, bucket_buffer_bytes
-    from dapo_megatron.weight_sync import buckets
+    from dapo_megatron.refit import buckets
 
     assert ALIGN_BYTES == buckets.ALIGN_BYTES
     arch = PRESETS["tiny-qwen2"]

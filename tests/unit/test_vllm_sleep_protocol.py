@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
-from dapo_megatron.weight_sync.buckets import plan_buckets
+from dapo_megatron.refit.buckets import plan_buckets
 
 
 class RecordingLLM:

@@ -17,10 +17,11 @@ import time
 import pytest
 import torch
 
-from dapo_megatron.weight_sync.buckets import ALIGN_BYTES, RefitPlan, pack, plan_buckets, unpack
-from dapo_megatron.weight_sync.group import GroupAddress, WeightGroup
-from dapo_megatron.weight_sync.handles import SharedBuffer, receive_shared, send_shared
-from dapo_megatron.weight_sync.stream import TransferStats, receive_buckets, send_buckets
+from dapo_megatron.refit.broadcast import receive_buckets, send_buckets
+from dapo_megatron.refit.buckets import ALIGN_BYTES, RefitPlan, pack, plan_buckets, unpack
+from dapo_megatron.refit.group import GroupAddress, WeightGroup
+from dapo_megatron.refit.ipc import SharedBuffer, receive_shared, send_shared
+from dapo_megatron.refit.stats import TransferStats
 from dapo_megatron.workers.policy_worker import free_port
 
 
