@@ -320,7 +320,7 @@ def _train_micro_batches(cfg: DapoMegatronConfig, dp: int) -> int:
 
 
 def _refit_inputs(run: RunPlan) -> RefitInputs | None:
-    """The refit's buffers as the controller sizes them (generation_group._join_weight_group
+    """The refit's buffers as the controller sizes them (refitter.Refitter.join
     and _share_buffers); None when no bucket moves."""
     cfg = run.config
     if not run.needs_engine_workers or run.refit_transport == "object_store":

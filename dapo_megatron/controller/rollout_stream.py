@@ -85,7 +85,7 @@ def _prompts_for(groups: float, keep: float) -> float:
 
 
 class PendingTransfer(Protocol):
-    """A submitted weight transfer (generation_group.PendingRefit)."""
+    """A submitted weight transfer (refitter.PendingRefit)."""
 
     def finish(self) -> float: ...
 

@@ -14,7 +14,7 @@ divide by the micro-batch count) and the loss functions report 0 tokens (so
 ``finalize_model_grads`` does not rescale). The result is independent of micro-batching
 and of the DP size.
 
-Shift convention: batches arrive token-aligned (data/batch.py). Inside, tensors are
+Shift convention: batches arrive token-aligned (shared/batch.py). Inside, tensors are
 shifted to "prediction position" p, where label[p] = input_ids[p + 1]; outputs are shifted
 back before they leave this module.
 """
