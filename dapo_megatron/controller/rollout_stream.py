@@ -242,9 +242,6 @@ class RolloutStream:
             deficit = max(deficit, dynamic.num_prompts_per_step - dynamic.num_kept_groups, 1)
         return deficit
 
-    def _can_submit(self) -> bool:
-        return self._next_request_size() > 0
-
     def _start_request(self, size: int) -> _Request:
         """Draw the next ``size`` prompts and submit them (under the lock)."""
         ctx, config = self.ctx, self.ctx.config
@@ -473,18 +470,6 @@ class RolloutStream:
                 self._fired = None
                 self._top_up()
         return metrics
-
-    def refit(
-        self,
-        policy: PolicyGroup,
-        version: int,
-        then: Callable[[], dict[str, float]] | None = None,
-    ) -> dict[str, float]:
-        """Give the engines the weights of ``version`` and run ``then`` (validation) on them
-        before the next training request (``start_refit`` then ``finish_refit``)."""
-        started = self.start_refit(policy, version, hold=then is not None)
-        assert started is not None  # not early: always started
-        return self.finish_refit(started, then)
 
     def engine_busy_s(self) -> float:
         """The engines' own seconds generating training rollouts, cumulative (a request

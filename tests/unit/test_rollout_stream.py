@@ -117,7 +117,7 @@ def _settle(stream: RolloutStream) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with stream._cond:
-            if not stream._in_flight and stream._scoring is None and not stream._can_submit():
+            if not stream._in_flight and stream._scoring is None and stream._next_request_size() <= 0:
                 return
         time.sleep(0.001)
     raise AssertionError("the stream kept generating")
@@ -133,7 +133,9 @@ def _run(stream: RolloutStream, steps: range) -> list[dict]:
         generated_by = [g.samples[0].response_token_ids[0] - WEIGHTS_TOKEN for g in groups]
         out.append({"groups": groups, "generated_by": generated_by, "metrics": metrics})
         _settle(stream)
-        stream.refit(None, step + 1)
+        started = stream.start_refit(None, step + 1, hold=False)  # as the loop does
+        assert started is not None
+        stream.finish_refit(started, None)
     _settle(stream)
     return out
 
