@@ -19,7 +19,7 @@ import yaml
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import LoadedConfig, load_config
 from dapo_megatron.config.run_plan import RunPlan, runtime_problems
-from dapo_megatron.plan import format_plan
+from dapo_megatron.planning.summary import format_plan
 
 # The main job when no --config is given: the tiny CPU recipe shipped with the package.
 DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "dapo-tiny-cpu.yaml"
@@ -85,9 +85,9 @@ def resolved_config_yaml(loaded: LoadedConfig) -> str:
 def check_runnable(plan: RunPlan) -> None:
     """The checks a dry run and a real run share beyond the config itself, before any
     worker starts: what this machine must provide (devices) and the inputs the run reads
-    (data files, model weights, tokenizer; dapo_megatron/preflight.py). Raises ConfigError
+    (data files, model weights, tokenizer; dapo_megatron/planning/preflight.py). Raises ConfigError
     listing every problem."""
-    from dapo_megatron.preflight import preflight
+    from dapo_megatron.planning.preflight import preflight
 
     problems = runtime_problems(plan) + preflight(plan.config, plan.device)
     if len(problems) == 1:
@@ -119,7 +119,7 @@ def _write_resolved_config(loaded: LoadedConfig, run_dir: Path) -> None:
 
 def _resume_hint(plan: RunPlan, command: str) -> str:
     """Where the run stands on disk and how to continue it."""
-    from dapo_megatron.checkpoint_dirs import latest_checkpoint
+    from dapo_megatron.storage.checkpoint_dirs import latest_checkpoint
 
     last = latest_checkpoint(plan.checkpoint_dir)
     if last is None:
@@ -128,8 +128,8 @@ def _resume_hint(plan: RunPlan, command: str) -> str:
 
 
 def _train(loaded: LoadedConfig, command: str) -> int:
-    """Run the job in its locked run directory (run_dir.py)."""
-    from dapo_megatron.run_dir import acquire_run_dir
+    """Run the job in its locked run directory (storage/run_dir.py)."""
+    from dapo_megatron.storage.run_dir import acquire_run_dir
 
     plan = loaded.require_plan()
     cfg = plan.config
@@ -147,9 +147,9 @@ def _train(loaded: LoadedConfig, command: str) -> int:
 def _train_locked(plan: RunPlan, command: str) -> int:
     """Train; runtime failures are one-line errors with exit status 1, Ctrl-C exits 130."""
     from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
-    from dapo_megatron.checkpoint_dirs import CheckpointError
     from dapo_megatron.controller.loop import train
     from dapo_megatron.controller.remote import RestartsExhausted, WorkerFailure
+    from dapo_megatron.storage.checkpoint_dirs import CheckpointError
 
     try:
         metrics = train(plan)
@@ -229,8 +229,8 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     def main() -> int:
-        from dapo_megatron.memory_plan import memory_inputs, plan_memory
-        from dapo_megatron.plan import format_memory
+        from dapo_megatron.planning.memory import memory_inputs, plan_memory
+        from dapo_megatron.planning.summary import format_memory
 
         if args.gpu_mem <= 0:
             raise ConfigError(f"--gpu-mem = {args.gpu_mem}: must be > 0 GiB")

@@ -1,6 +1,6 @@
 """The limits of the reward shaping's settings, written once (torch-free).
 
-``algorithms/rewards.py`` raises on the first problem of its arguments at each call;
+``algorithms/reward_shaping.py`` raises on the first problem of its arguments at each call;
 config validation (config/validate.py) reports each one under its ``dapo.*`` key, before
 any worker starts. Torch-free like loss_spec.py: config validation imports it.
 """

@@ -218,7 +218,7 @@ class GenerationGroup:
     def _release_policy(self, policy: PolicyGroup | None) -> None:
         """Colocated: the policy ranks return their cached CUDA blocks (the training peak)
         before an engine maps its weights or KV cache back on their GPUs, and the call
-        waits for it, so no engine wakes first (memory_release.py). Split: nothing."""
+        waits for it, so no engine wakes first (device/memory_release.py). Split: nothing."""
         if self._colocated_policy is not None and policy is not None:
             gather(policy.submit_release_memory(), policy.describe)
 

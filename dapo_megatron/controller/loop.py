@@ -19,7 +19,6 @@ from typing import Any, NamedTuple
 import torch
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
-from dapo_megatron.checkpoint_dirs import find_resumable, latest_checkpoint, prune_checkpoints
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller import steps
@@ -33,6 +32,11 @@ from dapo_megatron.controller.rollouts import Rollouts, make_rollouts
 from dapo_megatron.controller.startup_check import check_engine_logprobs
 from dapo_megatron.logging import MetricsLogger, StepProgress
 from dapo_megatron.shared.batch import PolicyBatch
+from dapo_megatron.storage.checkpoint_dirs import (
+    find_resumable,
+    latest_checkpoint,
+    prune_checkpoints,
+)
 
 
 def _resume(ctx: RunContext, policy: PolicyGroup) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from dapo_megatron.algorithms.advantages import group_advantages
-from dapo_megatron.algorithms.rewards import (
+from dapo_megatron.algorithms.reward_shaping import (
     overlong_filter_mask,
     scale_rewards,
     soft_overlong_penalty,

@@ -26,7 +26,7 @@ Cost per row is bounded: with a max_prompt_length, a jsonl line longer than
 parsed or tokenised (a 50 MB single-line prompt used to take minutes in the tokenizer, or
 crash it); data/file_rows.py reads the rows. `check_prompt_file` runs the same reading and
 reports every bad line (up to a cap) instead of the first: the pre-flight check of
-dapo_megatron/preflight.py uses it.
+dapo_megatron/planning/preflight.py uses it.
 """
 
 from __future__ import annotations

@@ -391,7 +391,9 @@ class VllmGenerationBackend:
         self._vllm = vllm
         self._worker = vllm_worker
         if sampling_seeds not in ("per_request", "engine"):
-            raise ValueError(f"sampling_seeds must be per_request or engine, not {sampling_seeds!r}")
+            raise ValueError(
+                f"sampling_seeds must be per_request or engine, not {sampling_seeds!r}"
+            )
         self._per_request_seeds = sampling_seeds == "per_request"
         self._sleep_supported = bool(current_platform.is_sleep_mode_available())
         # Which of vLLM's sleep tags are asleep ("weights", "kv_cache"); empty when awake.
@@ -427,7 +429,9 @@ class VllmGenerationBackend:
         if self._llm is None:
             raise RuntimeError("the vLLM backend was shut down")
         if self._asleep:
-            raise RuntimeError(f"the vLLM engine is asleep ({sorted(self._asleep)}): call wake() first")
+            raise RuntimeError(
+                f"the vLLM engine is asleep ({sorted(self._asleep)}): call wake() first"
+            )
         return self._llm
 
     def generate(
@@ -494,8 +498,12 @@ class VllmGenerationBackend:
         return llm.collective_rpc(
             self._worker.JOIN_WEIGHT_GROUP,
             args=(
-                address.host, address.port, address.world_size, address.backend,
-                address.timeout_s, rank_offset,
+                address.host,
+                address.port,
+                address.world_size,
+                address.backend,
+                address.timeout_s,
+                rank_offset,
             ),
         )
 

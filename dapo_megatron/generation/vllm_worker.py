@@ -170,7 +170,12 @@ class WeightRefitExtension:
         _reload_keeping_ties(self, deserialise_weights(payload))
 
     def dapo_join_weight_group(
-        self, host: str, port: int, world_size: int, backend: str, timeout_s: float,
+        self,
+        host: str,
+        port: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
         rank_offset: int,
     ) -> int:
         """Join the weight-update group as rank ``rank_offset + this worker's engine rank``.

@@ -20,7 +20,7 @@ Sections (what each proves is in its module's docstring):
                   V=151936 bf16 (forward and backward), timed against the three GEMMs
   pg_loss         the fused Triton PG loss against the float64 torch loss, timed
   ipc_transport   the refit's handle transport between two processes, byte-exact
-  collectives     dapo_megatron.collectives on a one-rank NCCL group, communication forced
+  collectives     dapo_megatron.device.collectives on a one-rank NCCL group, communication forced
   megatron_step   one Megatron train step and one packed logprob pass at TP1 (local spec)
                   against an HF float64 reference
   memory_release  the colocated phase change returns the training peak to the driver

@@ -7,7 +7,7 @@ a gloo weight group for the per-bucket barriers, one shared buffer created by th
 exporter packs deterministic tensors (one larger than a bucket, so it travels alone); the
 receiver regenerates them from the same seeds and compares every byte.
 
-``collectives``: ``dapo_megatron.collectives.self_check`` on a one-rank process group of the
+``collectives``: ``dapo_megatron.device.collectives.self_check`` on a one-rank process group of the
 device's production backend (NCCL on GPU, gloo on CPU), every wrapper called with CPU input
 tensors and the real collective issued even at world size 1 (communication forced).
 
@@ -153,7 +153,7 @@ def collectives_section() -> dict[str, Any]:
     """``collectives.self_check`` on a one-rank group of the production backend."""
     import torch.distributed as dist
 
-    from dapo_megatron import collectives
+    from dapo_megatron.device import collectives
 
     device = _device()
     backend = "nccl" if device == "cuda" else "gloo"
@@ -173,7 +173,7 @@ def memory_release_section(peak_gib: float = 8.0) -> dict[str, Any] | str:
     """A freed training peak stays reserved until ``release_cached_memory`` (module docstring)."""
     if not torch.cuda.is_available():
         return "needs CUDA: the CPU has no caching allocator (tests/unit fake the CUDA calls to check the order)"
-    from dapo_megatron.memory_release import release_cached_memory
+    from dapo_megatron.device.memory_release import release_cached_memory
 
     gib = 2**30
     blocks = [

@@ -40,7 +40,7 @@ from typing import Any, TypedDict
 import torch
 import torch.distributed as dist
 
-from dapo_megatron import collectives
+from dapo_megatron.device import collectives
 
 # Budget for one [chunk, V_local] logits buffer when the caller gives no chunk size. Forward
 # and backward each hold at most two such buffers.

@@ -28,7 +28,7 @@ checkpoint and the OS error, after removing its ``.tmp`` directory.
 
 ``save_checkpoint`` and ``load_checkpoint`` are collective: every rank of the policy calls
 them together. ``latest_checkpoint`` and ``prune_checkpoints`` only read/change the file
-system; they live in ``dapo_megatron.checkpoint_dirs`` (no Megatron import, for the controller) and are
+system; they live in ``dapo_megatron.storage.checkpoint_dirs`` (no Megatron import, for the controller) and are
 re-exported here. The checkpoint directory must be on a file system
 that all ranks see (as for any Megatron checkpoint). The state dict itself (model chunks,
 reference, optimizer, scheduler, RNG states) is described by ``checkpoint_state.py``.
@@ -55,21 +55,7 @@ from megatron.core.optimizer import MegatronOptimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from torch.distributed.checkpoint import CheckpointException
 
-from dapo_megatron import collectives
-from dapo_megatron.checkpoint_dirs import (
-    MARKER,
-    CheckpointSaveError,
-    checkpoint_files,
-    checkpoint_name,
-    describe_files,
-    latest_checkpoint,
-    prune_checkpoints,
-    publish,
-    read_marker,
-    temporary_sibling,
-    write_durably,
-    write_marker,
-)
+from dapo_megatron.device import collectives
 from dapo_megatron.megatron.checkpoint_state import (
     DIST_OPTIMIZER_SHARDING,
     REFERENCE_PREFIX,
@@ -83,6 +69,20 @@ from dapo_megatron.megatron.checkpoint_state import (
     virtual_pipeline_rank,
 )
 from dapo_megatron.megatron.model import unwrap_model
+from dapo_megatron.storage.checkpoint_dirs import (
+    MARKER,
+    CheckpointSaveError,
+    checkpoint_files,
+    checkpoint_name,
+    describe_files,
+    latest_checkpoint,
+    prune_checkpoints,
+    publish,
+    read_marker,
+    temporary_sibling,
+    write_durably,
+    write_marker,
+)
 
 __all__ = [
     "CheckpointSaveError",

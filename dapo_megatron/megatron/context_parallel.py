@@ -51,8 +51,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from dapo_megatron import collectives
 from dapo_megatron.data.packing import local_order
+from dapo_megatron.device import collectives
 
 
 def _check_split(seq_len: int, cp_rank: int, cp_size: int) -> int:

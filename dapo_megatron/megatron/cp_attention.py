@@ -33,7 +33,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 from torch import Tensor
 
-from dapo_megatron import collectives
+from dapo_megatron.device import collectives
 from dapo_megatron.megatron.context_parallel import (
     cached_boundaries,
     check_packed_split,

@@ -43,7 +43,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from dapo_megatron.checkpoint_dirs import MARKER, latest_checkpoint, read_marker
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import (
     ModelArch,
@@ -51,6 +50,7 @@ from dapo_megatron.config.model_arch import (
     hf_config_fields,
     qwen2_hf_config,
 )
+from dapo_megatron.storage.checkpoint_dirs import MARKER, latest_checkpoint, read_marker
 
 if TYPE_CHECKING:
     import transformers
@@ -422,7 +422,7 @@ def export_policy(
     """
     import torch.distributed as dist
 
-    from dapo_megatron import collectives
+    from dapo_megatron.device import collectives
 
     cfg = policy.config.policy
     out = Path(out_dir)

@@ -39,9 +39,9 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 from safetensors import safe_open
 
-from dapo_megatron import collectives
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.device import collectives
 from dapo_megatron.megatron.model import padded_vocab_size, unwrap_model
 
 # How a Megatron parameter is split over TP and fused from HF tensors.

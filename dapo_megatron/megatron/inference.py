@@ -53,9 +53,9 @@ from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_e
 from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 
-from dapo_megatron import collectives
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.device import collectives
 from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
 from dapo_megatron.megatron.model import build_model, unwrap_model

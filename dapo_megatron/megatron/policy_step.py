@@ -32,7 +32,6 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
-from dapo_megatron import collectives
 from dapo_megatron.algorithms.loss import (
     loss_denominator,
     metric_reduction,
@@ -42,6 +41,7 @@ from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossAggMode, LossSpec
 from dapo_megatron.algorithms.rollout_correction import mismatch_from_sums, mismatch_sums
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.device import collectives
 from dapo_megatron.kernels import linear_logprob
 from dapo_megatron.kernels.pg_loss import pg_loss
 from dapo_megatron.megatron.context_parallel import (

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 
 from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.device.memory_release import release_cached_memory
 from dapo_megatron.generation.base import GenerationBackend
-from dapo_megatron.memory_release import release_cached_memory
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers import ignore_expected_megatron_warnings
@@ -215,7 +215,7 @@ class GenerationWorker:
     def sleep(self) -> dict[str, int]:
         """Put the engine to sleep, then return this process's cached CUDA blocks (what the
         engine's requests left in PyTorch's allocator) before the policy trains on the
-        same GPU (memory_release.py); returns the reserved bytes before and after."""
+        same GPU (device/memory_release.py); returns the reserved bytes before and after."""
         self._require_backend().sleep()
         return release_cached_memory("engine: asleep, before the policy trains")
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from dapo_megatron.config.run_plan import RefitTransport, RunPlan
-from dapo_megatron.memory_release import release_cached_memory
+from dapo_megatron.device.memory_release import release_cached_memory
 from dapo_megatron.refit.buckets import RefitPlan, plan_buckets
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.refit.object_store import put_export
@@ -125,7 +125,7 @@ class PolicyWorker:
     def release_memory(self) -> dict[str, int]:
         """Return this rank's cached CUDA blocks (the training peak) to the driver before a
         colocated engine maps its weights or KV cache back on this GPU; the controller
-        calls it before every wake (controller/generation_group.py, memory_release.py)."""
+        calls it before every wake (controller/generation_group.py, device/memory_release.py)."""
         return release_cached_memory("policy: before the colocated engines wake")
 
     def refit(self) -> None:

@@ -30,18 +30,25 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _child(rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str,
-           args: tuple) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size),
-                      MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _child(
+    rank: int, fn: Callable[..., Any], world_size: int, port: int, out_dir: str, args: tuple
+) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        LOCAL_RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     # N processes on a couple of cores: one intra-op thread each avoids oversubscription.
     torch.set_num_threads(1)
     result = fn(*args)
     torch.save(result, Path(out_dir) / f"rank{rank}.pt")
 
 
-def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any,
-                    timeout: float = 180.0) -> list[Any]:
+def run_distributed(
+    fn: Callable[..., Any], world_size: int, *args: Any, timeout: float = 180.0
+) -> list[Any]:
     """Call ``fn(*args)`` in ``world_size`` spawned processes; returns results by rank.
 
     Raises:
@@ -52,8 +59,11 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any,
     """
     with tempfile.TemporaryDirectory() as out_dir:
         context = mp.start_processes(
-            _child, args=(fn, world_size, free_port(), out_dir, args), nprocs=world_size,
-            join=False, start_method="spawn",
+            _child,
+            args=(fn, world_size, free_port(), out_dir, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
         )
         deadline = time.monotonic() + timeout
         while not context.join(timeout=1.0):
@@ -63,5 +73,6 @@ def run_distributed(fn: Callable[..., Any], world_size: int, *args: Any,
                         process.kill()
                     process.join()
                 raise TimeoutError(f"{fn.__name__} on {world_size} ranks ran over {timeout} s")
-        return [torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False)
-                for r in range(world_size)]
+        return [
+            torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)
+        ]

@@ -36,10 +36,10 @@ from checkpoint_ranks import (
 )
 from launch import run_distributed
 
-from dapo_megatron.checkpoint_dirs import (
+from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.storage.checkpoint_dirs import (
     latest_checkpoint,
 )
-from dapo_megatron.config.parallel import ParallelDims
 
 pytestmark = pytest.mark.distributed
 

@@ -36,7 +36,7 @@ from checkpoint_ranks import (
 )
 from launch import run_distributed
 
-from dapo_megatron.checkpoint_dirs import (
+from dapo_megatron.storage.checkpoint_dirs import (
     checkpoint_files,
     latest_checkpoint,
     prune_checkpoints,
@@ -187,9 +187,9 @@ class _FullDiskFile(io.FileIO):
 
 def _full_disk_worker(tiny: TinyModel, root: str, inject: bool) -> dict:
     """One rank saves into ``root``, on a full file system (or one faked full)."""
-    from dapo_megatron.checkpoint_dirs import CheckpointSaveError
     from dapo_megatron.megatron.checkpoint import save_checkpoint
     from dapo_megatron.megatron.distributed import destroy_parallel
+    from dapo_megatron.storage.checkpoint_dirs import CheckpointSaveError
 
     init_ranks(layout())
     policy = RankPolicy(tiny, layout(), distributed_optimizer=False)

@@ -1,4 +1,4 @@
-"""dapo_megatron.collectives on two real gloo ranks: every wrapper, results on every rank.
+"""dapo_megatron.device.collectives on two real gloo ranks: every wrapper, results on every rank.
 
 The device choice itself (NCCL -> CUDA) is tested with a faked backend in
 tests/unit/test_collectives.py; this checks the wrappers' semantics across processes.
@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from launch import run_distributed
 
-from dapo_megatron import collectives
+from dapo_megatron.device import collectives
 
 pytestmark = pytest.mark.distributed
 

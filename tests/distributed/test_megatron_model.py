@@ -38,22 +38,43 @@ LOGITS_ATOL = 1e-5
 def _hf_configs() -> dict[str, transformers.PretrainedConfig]:
     # Eager attention computes softmax(QK^T) V explicitly like Megatron's local spec, which
     # keeps the fp32 differences at rounding level (SDPA alone differs from eager by ~5e-6).
-    common = dict(hidden_size=64, num_hidden_layers=4, max_position_embeddings=128,
-                  attn_implementation="eager")
+    common = dict(
+        hidden_size=64,
+        num_hidden_layers=4,
+        max_position_embeddings=128,
+        attn_implementation="eager",
+    )
     return {
         # Two TP ranks both hold real vocabulary rows (160 -> padded 256 at TP2).
         "qwen2": transformers.Qwen2Config(
-            vocab_size=160, intermediate_size=128, num_attention_heads=4,
-            num_key_value_heads=2, rope_theta=20000.0, rms_norm_eps=1e-6,
-            tie_word_embeddings=True, **common),
+            vocab_size=160,
+            intermediate_size=128,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            rope_theta=20000.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=True,
+            **common,
+        ),
         "llama": transformers.LlamaConfig(
-            vocab_size=150, intermediate_size=96, num_attention_heads=8,
-            num_key_value_heads=2, rms_norm_eps=1e-5,
+            vocab_size=150,
+            intermediate_size=96,
+            num_attention_heads=8,
+            num_key_value_heads=2,
+            rms_norm_eps=1e-5,
             # Llama 3.1 frequency scaling: changes the lowest frequency even at short lengths.
-            rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                             "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                             "original_max_position_embeddings": 8192},
-            tie_word_embeddings=False, attention_bias=False, **common),
+            rope_parameters={
+                "rope_type": "llama3",
+                "rope_theta": 500000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 8192,
+            },
+            tie_word_embeddings=False,
+            attention_bias=False,
+            **common,
+        ),
     }
 
 
@@ -78,8 +99,9 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoin
     result = {}
     for i, (family, config) in enumerate(_hf_configs().items()):
         torch.manual_seed(i)
-        model_cls = (transformers.Qwen2ForCausalLM if family == "qwen2"
-                     else transformers.LlamaForCausalLM)
+        model_cls = (
+            transformers.Qwen2ForCausalLM if family == "qwen2" else transformers.LlamaForCausalLM
+        )
         model = model_cls(config).eval()
         with torch.no_grad():
             for name, param in model.named_parameters():
@@ -106,16 +128,22 @@ def _schedule_logits(model: torch.nn.Module, input_ids: torch.Tensor) -> torch.T
     from megatron.core import parallel_state
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
-    def forward_step(data_iterator: Iterator[torch.Tensor], model: torch.nn.Module
-                     ) -> tuple[torch.Tensor, Callable]:
+    def forward_step(
+        data_iterator: Iterator[torch.Tensor], model: torch.nn.Module
+    ) -> tuple[torch.Tensor, Callable]:
         tokens = next(data_iterator)
         positions = torch.arange(tokens.shape[1]).expand_as(tokens)
         return model(tokens, positions, None), lambda out, non_loss_data=True: out.detach()
 
     outputs = get_forward_backward_func()(
-        forward_step_func=forward_step, data_iterator=iter(input_ids.split(1)), model=[model],
-        num_microbatches=input_ids.shape[0], seq_length=input_ids.shape[1],
-        micro_batch_size=1, forward_only=True, collect_non_loss_data=True,
+        forward_step_func=forward_step,
+        data_iterator=iter(input_ids.split(1)),
+        model=[model],
+        num_microbatches=input_ids.shape[0],
+        seq_length=input_ids.shape[1],
+        micro_batch_size=1,
+        forward_only=True,
+        collect_non_loss_data=True,
     )
     if not parallel_state.is_pipeline_last_stage():
         return None
@@ -126,10 +154,13 @@ def _gather_vocab(local: torch.Tensor) -> torch.Tensor:
     """[b, s, padded_vocab / tp] vocab-parallel logits -> [b, s, padded_vocab]."""
     from megatron.core import parallel_state
 
-    shards = [torch.empty_like(local)
-              for _ in range(parallel_state.get_tensor_model_parallel_world_size())]
-    torch.distributed.all_gather(shards, local.contiguous(),
-                                 group=parallel_state.get_tensor_model_parallel_group())
+    shards = [
+        torch.empty_like(local)
+        for _ in range(parallel_state.get_tensor_model_parallel_world_size())
+    ]
+    torch.distributed.all_gather(
+        shards, local.contiguous(), group=parallel_state.get_tensor_model_parallel_group()
+    )
     return torch.cat(shards, dim=-1)
 
 
@@ -161,7 +192,7 @@ def _layout_worker(dims: ParallelDims, checkpoints: dict[str, Checkpoint]) -> di
         max_diff = None
         if logits is not None:
             # Padding rows of the output layer are zero, so their logits are exactly 0.
-            assert not logits[..., ckpt.arch.vocab_size:].any()
+            assert not logits[..., ckpt.arch.vocab_size :].any()
             max_diff = (logits[..., : ckpt.arch.vocab_size] - ckpt.logits).abs().max().item()
         expected = _expected_tensors(ckpt.hf_dir)
         names, mismatched = [], []
@@ -169,8 +200,12 @@ def _layout_worker(dims: ParallelDims, checkpoints: dict[str, Checkpoint]) -> di
             names.append(name)
             if name not in expected or not torch.equal(tensor, expected[name]):
                 mismatched.append(name)
-        results[family] = {"max_diff": max_diff, "names": names, "mismatched": mismatched,
-                           "expected_names": sorted(expected)}
+        results[family] = {
+            "max_diff": max_diff,
+            "names": names,
+            "mismatched": mismatched,
+            "expected_names": sorted(expected),
+        }
     destroy_parallel()
     return results
 
@@ -186,8 +221,9 @@ LAYOUTS = {
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_logits_match_hf_and_export_round_trips(layout: str,
-                                                checkpoints: dict[str, Checkpoint]) -> None:
+def test_logits_match_hf_and_export_round_trips(
+    layout: str, checkpoints: dict[str, Checkpoint]
+) -> None:
     dims = LAYOUTS[layout]
     per_rank = run_distributed(_layout_worker, dims.world_size, dims, checkpoints)
     for family in checkpoints:
@@ -196,7 +232,8 @@ def test_logits_match_hf_and_export_round_trips(layout: str,
         assert len(diffs) == dims.tp * dims.dp
         print(f"[{layout}] {family}: max |megatron - hf| logits = {max(diffs):.3e}")
         assert max(diffs) <= LOGITS_ATOL, (
-            f"{layout} {family}: max |logits diff| {max(diffs):.3e} > {LOGITS_ATOL}")
+            f"{layout} {family}: max |logits diff| {max(diffs):.3e} > {LOGITS_ATOL}"
+        )
         for rank, result in enumerate(per_rank):
             ours = result[family]
             assert sorted(ours["names"]) == ours["expected_names"], (rank, ours["names"])
@@ -209,8 +246,7 @@ def _rng_worker(seed: int) -> dict[str, torch.Tensor]:
 
     from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
 
-    initialize_parallel(ParallelDims(tp=2, pp=1, cp=1, dp=1, sequence_parallel=False),
-                        seed=seed)
+    initialize_parallel(ParallelDims(tp=2, pp=1, cp=1, dp=1, sequence_parallel=False), seed=seed)
     draws = {"before": torch.rand(4)}
     with get_cuda_rng_tracker().fork():
         draws["fork1"] = torch.rand(4)
@@ -240,8 +276,7 @@ def _world_size_mismatch_worker() -> str:
     from dapo_megatron.megatron.distributed import initialize_parallel
 
     try:
-        initialize_parallel(ParallelDims(tp=2, pp=1, cp=1, dp=1, sequence_parallel=False),
-                            seed=0)
+        initialize_parallel(ParallelDims(tp=2, pp=1, cp=1, dp=1, sequence_parallel=False), seed=0)
     except ValueError as e:
         return str(e)
     return "no error"

@@ -28,7 +28,7 @@ from launch import run_distributed
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.memory_terms import GIB, stage_memory
+from dapo_megatron.planning.memory_terms import GIB, stage_memory
 from dapo_megatron.shared.batch import PolicyBatch
 
 pytestmark = pytest.mark.distributed
@@ -112,7 +112,7 @@ def _worker(model_dir: Path, dims: ParallelDims, precision: str, distributed: bo
 
 
 def _planned(model_dir: Path, dims: ParallelDims, precision: str, distributed: bool) -> dict:
-    from dapo_megatron.memory_terms import MemoryInputs
+    from dapo_megatron.planning.memory_terms import MemoryInputs
 
     loaded = _config(model_dir, precision, distributed)
     inputs = MemoryInputs(

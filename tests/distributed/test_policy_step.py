@@ -268,8 +268,12 @@ def _reuse_worker(
     metrics = policy.train_step(shard)
     after = dict(policy.export_weights())
     policy.shutdown()
-    return {"dp_rank": dp_rank, "lp": lp, "metrics": metrics,
-            "delta": {k: after[k] - before[k] for k in before}}
+    return {
+        "dp_rank": dp_rank,
+        "lp": lp,
+        "metrics": metrics,
+        "delta": {k: after[k] - before[k] for k in before},
+    }
 
 
 @pytest.mark.parametrize("layout", ["tp1-4micro", "dp2-4micro", "tp2"])
@@ -283,10 +287,12 @@ def test_skipped_old_logprob_pass_is_exact(layout, setup):
     rollout = (ref["lp"].float() + 0.05 * torch.randn(B, S, generator=gen)) * batch.loss_mask
     batch = dataclasses.replace(batch, old_logprobs=None, rollout_logprobs=rollout)
     dims, micro, _ = LAYOUTS[layout]
-    skipped = run_distributed(_reuse_worker, dims.world_size, hf_dir, dims, micro, batch, False,
-                              timeout=300)
-    separate = run_distributed(_reuse_worker, dims.world_size, hf_dir, dims, micro, batch, True,
-                               timeout=300)
+    skipped = run_distributed(
+        _reuse_worker, dims.world_size, hf_dir, dims, micro, batch, False, timeout=300
+    )
+    separate = run_distributed(
+        _reuse_worker, dims.world_size, hf_dir, dims, micro, batch, True, timeout=300
+    )
     # The independent reference: float64 HF loss with old = its own (detached) logprobs.
     spec = build_loss_spec(_config(hf_dir, ParallelDims(1, 1, 1, 1, False), 8))
     ratio_one = _reference(hf_dir, dataclasses.replace(batch, old_logprobs=ref["lp"].float()), spec)

@@ -101,8 +101,14 @@ def _train_worker(hf_dir: Path, ckpt_dir: Path, dims: ParallelDims, batch: Polic
     end_ref = policy.ref_logprobs(batch)
     policy.save(ckpt_dir, step=2, extra_state={})
     policy.shutdown()
-    return {"hf_lp": hf_lp, "start_lp": start_lp, "first_ref": ref, "end_lp": end_lp,
-            "end_ref": end_ref, "kl": kl}
+    return {
+        "hf_lp": hf_lp,
+        "start_lp": start_lp,
+        "first_ref": ref,
+        "end_lp": end_lp,
+        "end_ref": end_ref,
+        "kl": kl,
+    }
 
 
 def _resume_worker(hf_dir: Path, ckpt_dir: Path, dims: ParallelDims, batch: PolicyBatch) -> dict:

@@ -51,8 +51,12 @@ class Probe:
 @pytest.fixture(scope="module")
 def gpu_cluster():
     ray.init(
-        address="local", num_cpus=16, num_gpus=8, include_dashboard=False,
-        object_store_memory=128 * 1024 * 1024, _node_ip_address="127.0.0.1",
+        address="local",
+        num_cpus=16,
+        num_gpus=8,
+        include_dashboard=False,
+        object_store_memory=128 * 1024 * 1024,
+        _node_ip_address="127.0.0.1",
     )
     yield
     ray.shutdown()
@@ -62,8 +66,11 @@ def _plan(*overrides: str) -> RunPlan:
     return load_config(
         REPO / "recipes" / "dapo-tiny-cpu.yaml",
         [
-            "cluster.device=cuda", "cluster.gpus_per_node=8", "generation.backend=vllm",
-            "policy.train_micro_batch_size=8", "policy.megatron.data_parallel_size=null",
+            "cluster.device=cuda",
+            "cluster.gpus_per_node=8",
+            "generation.backend=vllm",
+            "policy.train_micro_batch_size=8",
+            "policy.megatron.data_parallel_size=null",
             *overrides,
         ],
     ).require_plan()
@@ -96,9 +103,7 @@ def test_colocated_engines_schedule_and_see_their_policy_ranks_devices(gpu_clust
     count = plan.num_engines
     assert count == 8 // tp
     places = colocated_engine_placements(group, devices, count, tp)
-    engines = [
-        Probe.options(**p.options).remote(p.visible_devices, tp) for p in places
-    ]
+    engines = [Probe.options(**p.options).remote(p.visible_devices, tp) for p in places]
     seen = _reports(engines)  # every engine scheduled next to the policy within the timeout
     for e, report in enumerate(seen):
         assert report["visible"] == ",".join(devices[e * tp : (e + 1) * tp])
@@ -112,7 +117,8 @@ def test_colocated_engines_schedule_and_see_their_policy_ranks_devices(gpu_clust
 @pytest.mark.parametrize("tp", [1, 2, 4])
 def test_split_engines_hold_all_their_gpus_in_one_bundle(gpu_cluster, tp):
     plan = _plan(
-        "cluster.colocated=false", "cluster.generation_num_devices=4",
+        "cluster.colocated=false",
+        "cluster.generation_num_devices=4",
         f"generation.engine.tensor_parallel_size={tp}",
     )
     group, policy, policy_seen = _policy(plan)

@@ -1,4 +1,4 @@
-"""Verified checkpoints (dapo_megatron/checkpoint_dirs.py), on real files: the marker lists
+"""Verified checkpoints (dapo_megatron/storage/checkpoint_dirs.py), on real files: the marker lists
 every file's size and SHA-256; ``find_resumable`` skips damaged checkpoints (a shard
 truncated with os.truncate, a flipped byte, a missing file), saying which file and why,
 falls back to the newest one that verifies, refuses to start afresh over checkpoints none
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from dapo_megatron.checkpoint_dirs import (
+from dapo_megatron.storage.checkpoint_dirs import (
     MARKER,
     CheckpointError,
     CheckpointSaveError,

@@ -1,6 +1,6 @@
-"""dapo_megatron.collectives: every collective on its group's device (DESIGN section 8).
+"""dapo_megatron.device.collectives: every collective on its group's device (DESIGN section 8).
 
-(a) a static guard: no module outside ``collectives.py`` and ``refit/`` calls a
+(a) a static guard: no module outside ``device/collectives.py`` and ``refit/`` calls a
     ``torch.distributed`` collective itself (the CPU twin cannot see an NCCL group refuse a
     CPU tensor, so the rule is checked on the source);
 (b) the device choice with the backend faked: NCCL groups get CUDA tensors (a fake CUDA
@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_map
 
-from dapo_megatron import collectives
+from dapo_megatron.device import collectives
 
 PACKAGE = Path(__file__).resolve().parents[2] / "dapo_megatron"
 
@@ -62,7 +62,7 @@ COLLECTIVES = frozenset(
         "_reduce_scatter_base",
     }
 )
-EXEMPT = ("collectives.py", "refit/")
+EXEMPT = ("device/collectives.py", "refit/")
 
 
 # ---------------------------------------------------------------------------------------
@@ -136,7 +136,8 @@ def test_no_direct_collectives_outside_the_module():
     found = violations(PACKAGE)
     assert not found, (
         "torch.distributed collectives called directly (route them through "
-        "dapo_megatron.collectives, which puts tensors on the group's device):\n" + "\n".join(found)
+        "dapo_megatron.device.collectives, which puts tensors on the group's device):\n"
+        + "\n".join(found)
     )
 
 
@@ -162,7 +163,7 @@ def test_guard_sees_every_spelling(source):
     "source",
     [
         "import torch.distributed as dist\ndist.get_world_size(); dist.ReduceOp.SUM",
-        "from dapo_megatron import collectives\ncollectives.all_reduce(t)",
+        "from dapo_megatron.device import collectives\ncollectives.all_reduce(t)",
         "all_reduce(t)",  # not torch's
         "import torch.distributed as dist\nx = dist.is_initialized()",
     ],

@@ -19,12 +19,12 @@ import pytest
 import torch
 from fake_context import fake_context
 
-from dapo_megatron import memory_release
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller import generation_group, policy_group, refitter
 from dapo_megatron.controller.generation_group import GenerationGroup
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.rollouts import SyncRollouts
+from dapo_megatron.device import memory_release
 from dapo_megatron.refit.buckets import plan_buckets
 from dapo_megatron.shared.sampling import Sample
 from dapo_megatron.workers.generation_worker import GenerationWorker

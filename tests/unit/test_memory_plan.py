@@ -12,9 +12,8 @@ from dapo_megatron.cli import plan_main
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.memory_plan import memory_inputs, plan_memory, unreleased_generation
-from dapo_megatron.memory_refit import MIB, RefitInputs, largest_gathered_parameter
-from dapo_megatron.memory_terms import (
+from dapo_megatron.planning.memory import memory_inputs, plan_memory, unreleased_generation
+from dapo_megatron.planning.memory_terms import (
     GIB,
     EngineInputs,
     MemoryInputs,
@@ -24,6 +23,7 @@ from dapo_megatron.memory_terms import (
     rank_params,
     stage_memory,
 )
+from dapo_megatron.planning.refit_memory import MIB, RefitInputs, largest_gathered_parameter
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -445,7 +445,7 @@ def test_bucket_buffer_bounds_the_real_bucket_plan(bucket_mib):
     bucket, and equal to it when one tensor outgrows the bucket size (0.01 MiB here)."""
     import torch
 
-    from dapo_megatron.memory_refit import ALIGN_BYTES, bucket_buffer_bytes
+    from dapo_megatron.planning.refit_memory import ALIGN_BYTES, bucket_buffer_bytes
     from dapo_megatron.refit import buckets
 
     assert ALIGN_BYTES == buckets.ALIGN_BYTES

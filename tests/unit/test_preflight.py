@@ -1,4 +1,4 @@
-"""Tests of dapo_megatron.preflight: each builds a real broken input (file, model directory,
+"""Tests of dapo_megatron.planning.preflight: each builds a real broken input (file, model directory,
 tokenizer, device request) and checks the one-line message naming key, path and line; the
 real loaders (data/datasets.py, data/tokenizer.py) raise the same messages."""
 
@@ -24,7 +24,7 @@ from dapo_megatron.data.datasets import MAX_CHECK_ERRORS, build_datasets, check_
 from dapo_megatron.data.file_rows import max_row_bytes
 from dapo_megatron.data.tiny_model import create_tiny_model
 from dapo_megatron.data.tokenizer import VOCABULARY_FILES, load_policy_tokenizer
-from dapo_megatron.preflight import preflight
+from dapo_megatron.planning.preflight import preflight
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "dapo-tiny-cpu.yaml"
@@ -387,7 +387,7 @@ def test_preflight_lists_every_problem(tiny_model: Path, tmp_path: Path) -> None
 
 def test_importing_preflight_imports_no_heavy_package() -> None:
     code = (
-        "import sys, dapo_megatron.preflight; "
+        "import sys, dapo_megatron.planning.preflight; "
         "print(sorted(m for m in ('torch', 'transformers', 'megatron', 'ray') if m in sys.modules))"
     )
     out = subprocess.run(

@@ -1,4 +1,4 @@
-"""Reward shaping: dapo_megatron.algorithms.rewards (scaling, soft overlong penalty, overlong
+"""Reward shaping: dapo_megatron.algorithms.reward_shaping (scaling, soft overlong penalty, overlong
 filter) and controller/rollout.py's shape_rewards, which applies them to rollouts."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dapo_megatron.algorithms.rewards import (
+from dapo_megatron.algorithms.reward_shaping import (
     overlong_filter_mask,
     scale_rewards,
     soft_overlong_penalty,

@@ -117,7 +117,11 @@ def _settle(stream: RolloutStream) -> None:
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         with stream._cond:
-            if not stream._in_flight and stream._scoring is None and stream._next_request_size() <= 0:
+            if (
+                not stream._in_flight
+                and stream._scoring is None
+                and stream._next_request_size() <= 0
+            ):
                 return
         time.sleep(0.001)
     raise AssertionError("the stream kept generating")

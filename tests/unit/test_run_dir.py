@@ -1,4 +1,4 @@
-"""The run-directory lock (dapo_megatron/run_dir.py) between REAL processes: a second live
+"""The run-directory lock (dapo_megatron/storage/run_dir.py) between REAL processes: a second live
 process is refused with one line naming the holder; the lock of a SIGKILLed process is taken
 over and reported; ``checkpointing.resume=never`` refuses a directory that holds a run;
 interrupted saves are removed once the lock is held.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.run_dir import LOCK_FILE, acquire_run_dir
+from dapo_megatron.storage.run_dir import LOCK_FILE, acquire_run_dir
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +28,7 @@ _HOLDER = textwrap.dedent(
     import sys
     from pathlib import Path
     from dapo_megatron.config.errors import ConfigError
-    from dapo_megatron.run_dir import acquire_run_dir
+    from dapo_megatron.storage.run_dir import acquire_run_dir
 
     try:
         lock = acquire_run_dir(Path(sys.argv[1]), resume="auto")

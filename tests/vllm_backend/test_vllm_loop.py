@@ -47,7 +47,11 @@ def _run(run_dir: Path, *overrides: str, env: dict[str, str] | None = None) -> s
         *overrides,
     ]
     proc = subprocess.run(
-        cmd, cwd=REPO, env={**job_env(), **(env or {})}, capture_output=True, text=True,
+        cmd,
+        cwd=REPO,
+        env={**job_env(), **(env or {})},
+        capture_output=True,
+        text=True,
         timeout=900,
     )
     output = proc.stdout + proc.stderr

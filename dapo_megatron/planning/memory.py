@@ -14,7 +14,7 @@ PyTorch's caching allocator would otherwise keep the training peak (activations,
 workspaces) reserved in the policy process. ``unreleased_generation`` is the generation
 peak without that release, which dapo-plan prints next to the modelled one.
 
-Refit (memory_refit.py for the buffers): the policy ranks hold their resident states and
+Refit (refit_memory.py for the buffers): the policy ranks hold their resident states and
 the refit's send buffers; the engine receives into its own buffers with its weights mapped
 back and, in the synchronous loop, its KV cache still asleep (else its whole budget).
 Colocated, both sides share a GPU: one "refit" phase. Split: "refit" on the policy ranks
@@ -29,8 +29,7 @@ from dataclasses import dataclass
 
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.memory_refit import MIB, RefitInputs, refit_receive_bytes
-from dapo_megatron.memory_terms import (
+from dapo_megatron.planning.memory_terms import (
     GIB,
     PRECISION_BYTES,
     RECOMPUTE_MODES,
@@ -41,6 +40,7 @@ from dapo_megatron.memory_terms import (
     engine_memory,
     stage_memory,
 )
+from dapo_megatron.planning.refit_memory import MIB, RefitInputs, refit_receive_bytes
 
 
 @dataclass(frozen=True)

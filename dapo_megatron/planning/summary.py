@@ -1,7 +1,7 @@
 """The run plan printed by dapo-train and dapo-plan: layout and batch arithmetic of a step.
 
 Pure arithmetic on a validated config; nothing is started. The per-GPU memory estimate
-comes from memory_plan.py; format_memory prints it next to the layout.
+comes from planning/memory.py; format_memory prints it next to the layout.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from dapo_megatron.config.loader import LoadedConfig
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.memory_plan import MemoryReport, sleeping_engine_gib, unreleased_generation
+from dapo_megatron.planning.memory import MemoryReport, sleeping_engine_gib, unreleased_generation
 
 
 @dataclass(frozen=True)

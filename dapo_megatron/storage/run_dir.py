@@ -32,8 +32,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
 
-from dapo_megatron.checkpoint_dirs import remove_interrupted_saves
 from dapo_megatron.config.errors import ConfigError
+from dapo_megatron.storage.checkpoint_dirs import remove_interrupted_saves
 
 __all__ = ["LOCK_FILE", "RunDirLock", "acquire_run_dir"]
 

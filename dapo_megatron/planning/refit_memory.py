@@ -1,6 +1,6 @@
 """Refit terms of the memory plan: the bucket buffers of one weight refit, per GPU.
 
-Pure arithmetic (no torch), used by ``memory_plan``. What the code allocates (refit/):
+Pure arithmetic (no torch), used by ``planning/memory.py``. What the code allocates (refit/):
 
 The bucket plan (``buckets.plan_buckets``) packs the FULL HF tensors (TP shards gathered)
 in the engine's dtype, the training precision, into buckets of

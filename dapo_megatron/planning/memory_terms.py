@@ -16,7 +16,7 @@ Policy states (Megatron-Core, as ``megatron/optimizer.py`` configures it):
                same dtype, on the policy's GPU, no DDP/grads/optimizer), replicated over
                DP and never offloaded, so it is resident in every phase
   refit buffer the ipc transport's shared bucket buffer, kept between refits
-               (memory_refit.py); resident in every phase on the exporting ranks
+               (refit_memory.py); resident in every phase on the exporting ranks
 Per-rank params are the real Megatron split: each layer's GEMMs (and the q/k/v bias) are
 1/TP shards, its two RMSNorm weights are whole on every TP rank; the embedding sits on the
 first stage and the output layer on the last (a tied embedding is a second copy on the
@@ -51,7 +51,7 @@ engine TP (vocab padded to 64, KV heads replicated when engine TP > KV heads), i
 activations and runtime, and the KV cache (the rest). KV bytes per token per GPU =
 2 x layers x kv_heads/engine_tp x head_dim x p.
 
-memory_plan.py adds these terms up into the peak of each phase.
+planning/memory.py adds these terms up into the peak of each phase.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ from dataclasses import dataclass
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.memory_refit import RefitInputs, refit_stage
+from dapo_megatron.planning.refit_memory import RefitInputs, refit_stage
 
 GIB = 2**30
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -203,7 +203,7 @@ class StageMemory:
     refit_staging: float
     """Refit phase, broadcast: the exporter's staging buffer."""
     refit_export: float
-    """Refit phase: the export's tensors held at once (memory_refit.refit_stage)."""
+    """Refit phase: the export's tensors held at once (refit_memory.refit_stage)."""
     in_flight: int
     """Micro-batches whose activations the stage holds at once (1F1B)."""
     activations: float

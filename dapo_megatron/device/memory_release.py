@@ -5,7 +5,7 @@ freed, for reuse by the same process only. When a vLLM engine shares a GPU with 
 rank (``cluster.colocated``), the policy's training peak (activations, logits, workspaces)
 would stay reserved while the engine maps its weights and KV cache back, and the engine's
 leftovers would stay reserved while the policy trains: each phase must start with the
-other process's cache returned. The memory plan (memory_plan.py) counts only what stays
+other process's cache returned. The memory plan (planning/memory.py) counts only what stays
 allocated across the change (weights, grad buffer, optimizer states), which holds only
 after this release.
 
