@@ -22,7 +22,7 @@ from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.generation_group import Engines
 from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.rollout import RolloutGroup
+from dapo_megatron.controller.rollout_groups import RolloutGroup
 from dapo_megatron.data.datasets import EncodedPrompts, build_datasets, encode_prompts
 from dapo_megatron.data.records import PromptRecord
 from dapo_megatron.data.sampler import PromptSampler

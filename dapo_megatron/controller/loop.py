@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -24,11 +25,17 @@ from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.cluster import start_ray
 from dapo_megatron.controller.context import RunContext, Workers, build_context
-from dapo_megatron.controller.generation_group import build_engines
+from dapo_megatron.controller.generation_group import Engines, build_engines
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied
-from dapo_megatron.controller.rollout import RolloutGroup, rollout_metrics, staleness_metrics
-from dapo_megatron.controller.rollouts import Rollouts, make_rollouts
+from dapo_megatron.controller.rollout_groups import RolloutGroup, rollout_metrics, staleness_metrics
+from dapo_megatron.controller.rollout_source import (
+    Rollouts,
+    SyncRollouts,
+    overlapped_rollouts,
+    synchronous_rollouts,
+)
+from dapo_megatron.controller.rollout_stream import RolloutStream
 from dapo_megatron.controller.startup_check import check_engine_logprobs
 from dapo_megatron.logging import MetricsLogger, StepProgress
 from dapo_megatron.shared.batch import PolicyBatch
@@ -70,7 +77,6 @@ def _save(ctx: RunContext, policy: PolicyGroup, step: int, rollouts: Rollouts) -
 def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict[str, float]:
     """Train from the last checkpoint (or from scratch) to max_num_steps."""
     config = ctx.config
-    d = config.dapo
     policy, engines = workers.policy, workers.engines
     state = _resume(ctx, policy)
     start_step: int = state.get("step", 0)
@@ -88,77 +94,139 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
     if config.generation.backend == "vllm":
         # Their logprobs must now be the policy's (what vLLM decides differently on GPU).
         check_engine_logprobs(ctx, engines, policy)
-    metrics: dict[str, float] = {}
     if start_step == 0 and config.validation.val_at_start:
         logger.log(0, steps.validate(ctx, engines, 0))
     progress = StepProgress(
-        d.max_num_steps, start_step=start_step, enabled=config.logger.progress_bar
+        config.dapo.max_num_steps, start_step=start_step, enabled=config.logger.progress_bar
     )
+    pending = state.get("rollout", {}).get("pending_prompts", ())
     # The policy version of a step is its index: the optimizer updates before it.
-    rollouts = make_rollouts(
-        ctx,
-        engines,
-        version=start_step,
-        pending_prompts=state.get("rollout", {}).get("pending_prompts", ()),
-    )
-    prepared: _Prepared | None = None  # overlapped: the next batch, taken while training
-    queued: steps.PendingTrain | None = None  # overlapped: its train step, behind the refit
+    rollouts: Rollouts
+    if ctx.plan.overlapped:
+        rollouts = overlapped_rollouts(
+            ctx, engines, policy, version=start_step, pending_prompts=pending
+        )
+    else:
+        rollouts = synchronous_rollouts(ctx, engines, pending_prompts=pending)
+    end = _StepEnd(ctx, workers, rollouts, logger, progress)
     try:
-        for step in range(start_step, d.max_num_steps):
-            started = time.perf_counter()
-            busy_before = rollouts.engine_busy_s()
-            groups, ds_stats, gen_metrics, batch = prepared or _prepare(ctx, rollouts, step)
-            metrics = {**gen_metrics, **ds_stats.to_metrics(), **rollout_metrics(groups, config)}
-            metrics.update(staleness_metrics(groups, step))
-            if queued is None:
-                metrics.update(_passes_before_training(ctx, policy, batch))
-                queued = steps.start_train(ctx, policy, batch, step)
-            else:
-                metrics["timing/logprob_s"] = 0.0  # queued only when no pass is needed
-            training, queued = queued, None
-            done = step + 1
-            # Validation runs on the refitted engines before they take the next request.
-            validate = None
-            if config.validation.val_period and done % config.validation.val_period == 0:
-                validate = functools.partial(steps.validate, ctx, engines, done)
-            # Overlapped: the transfer of the new weights may be queued behind the train
-            # step as soon as the engines are done with their current ones.
-            rollouts.arm_refit(policy, done, hold=validate is not None)
-            refit = None
-            prepared = None
-            if _prepares_next(ctx.plan, done):
-                # Overlapped: while this step trains, take the next batch, queue the refit
-                # behind the train step and the next train step behind the refit, so the
-                # policy goes from one to the next without a controller round trip.
-                prepared = _prepare(ctx, rollouts, done)
-                refit = rollouts.start_refit(policy, done, hold=validate is not None, early=True)
-                if refit is not None:
-                    queued = _queue_training(ctx, policy, prepared, done)
-            metrics.update(training.result())
-            if refit is None:
-                refit = rollouts.start_refit(policy, done, hold=validate is not None)
-                if prepared is not None:
-                    queued = _queue_training(ctx, policy, prepared, done)
-            metrics.update(rollouts.finish_refit(refit, then=validate))
-            metrics.update(engines.refit_metrics())
-            metrics["generated_per_trained"] = ds_stats.num_samples_generated / len(batch)
-            metrics["timing/step_s"] = time.perf_counter() - started
-            metrics.update(_idle_fractions(metrics, rollouts.engine_busy_s() - busy_before))
-            metrics["tokens_per_s"] = metrics["num_generated_tokens"] / metrics["timing/step_s"]
-            logger.log(done, metrics)
-            progress.update(done, metrics)
-            last = done == d.max_num_steps
-            if config.checkpointing.enabled and (
-                done % config.checkpointing.save_period == 0 or last
-            ):
-                with rollouts.paused():
-                    _save(ctx, policy, done, rollouts)
+        if isinstance(rollouts, RolloutStream):
+            _overlapped_steps(ctx, workers, rollouts, start_step, end)
+        else:
+            _synchronous_steps(ctx, workers, rollouts, start_step, end)
     finally:
         rollouts.close()  # overlapped: no new requests once the loop has stopped
         progress.close()  # on every exit path: a crash must not leave the bar drawn
     if config.checkpointing.export_hf:
-        _export_final(ctx, policy, d.max_num_steps)
-    return metrics
+        _export_final(ctx, policy, config.dapo.max_num_steps)
+    return end.last_metrics
+
+
+def _synchronous_steps(
+    ctx: RunContext, workers: Workers, rollouts: SyncRollouts, start_step: int, end: _StepEnd
+) -> None:
+    """DAPO as the paper runs it (``rollout.max_staleness = 0``): generate the step's
+    groups in dynamic-sampling rounds, train on them, give the engines the new weights."""
+    policy, engines = workers.policy, workers.engines
+    for step in range(start_step, ctx.config.dapo.max_num_steps):
+        started = end.start()
+        taken = _prepare(ctx, rollouts, step)
+        metrics = _batch_metrics(ctx, taken, step)
+        metrics.update(_passes_before_training(ctx, policy, taken.batch))
+        metrics.update(steps.start_train(ctx, policy, taken.batch, step).result())
+        done = step + 1
+        metrics["timing/refit_s"] = engines.refit(policy)
+        validate = _validation(ctx, engines, done)
+        if validate is not None:  # on the refitted engines
+            metrics.update(validate())
+        end.finish(done, started, metrics, taken)
+
+
+def _overlapped_steps(
+    ctx: RunContext, workers: Workers, stream: RolloutStream, start_step: int, end: _StepEnd
+) -> None:
+    """Rollouts overlapped with training (``rollout.max_staleness = K >= 1``): the engines
+    generate while the policy trains; while step s trains the loop takes the batch of
+    s + 1, the refit to s + 1 is queued behind the train step (``stream.refits`` decides
+    when) and the train step of s + 1 behind the refit, so the policy goes from one step
+    to the next without a controller round trip."""
+    policy, engines, refits = workers.policy, workers.engines, stream.refits
+    prepared: _Prepared | None = None  # the next batch, taken while training
+    queued: steps.PendingTrain | None = None  # its train step, queued behind the refit
+    for step in range(start_step, ctx.config.dapo.max_num_steps):
+        started = end.start()
+        taken = prepared or _prepare(ctx, stream, step)
+        metrics = _batch_metrics(ctx, taken, step)
+        if queued is None:
+            metrics.update(_passes_before_training(ctx, policy, taken.batch))
+            queued = steps.start_train(ctx, policy, taken.batch, step)
+        else:
+            metrics["timing/logprob_s"] = 0.0  # queued only when no pass is needed
+        training, queued = queued, None
+        done = step + 1
+        # Validation runs on the refitted engines before they take the next request.
+        validate = _validation(ctx, engines, done)
+        hold = validate is not None
+        # The transfer of the new weights may be queued behind the train step as soon as
+        # the engines are done with their current ones.
+        refits.arm(done, hold=hold)
+        refit = None
+        prepared = None
+        if _prepares_next(ctx.plan, done):
+            prepared = _prepare(ctx, stream, done)
+            refit = refits.start_early(done, hold=hold)
+            if refit is not None:
+                queued = _queue_training(ctx, policy, prepared, done)
+        metrics.update(training.result())
+        if refit is None:
+            refit = refits.start(done, hold=hold)
+            if prepared is not None:
+                queued = _queue_training(ctx, policy, prepared, done)
+        metrics.update(refits.finish(refit, then=validate))
+        end.finish(done, started, metrics, taken)
+
+
+class _StepEnd:
+    """What every step ends with, in both loops: the refit and rate metrics, the log line,
+    the progress bar, and the checkpoint when one is due."""
+
+    def __init__(
+        self,
+        ctx: RunContext,
+        workers: Workers,
+        rollouts: Rollouts,
+        logger: MetricsLogger,
+        progress: StepProgress,
+    ) -> None:
+        self.ctx, self.workers, self.rollouts = ctx, workers, rollouts
+        self.logger, self.progress = logger, progress
+        self.last_metrics: dict[str, float] = {}
+        self._busy_before = 0.0
+
+    def start(self) -> float:
+        """A step starts: its clock, and the engines' busy time so far."""
+        self._busy_before = self.rollouts.engine_busy_s()
+        return time.perf_counter()
+
+    def finish(
+        self, done: int, started: float, metrics: dict[str, float], taken: _Prepared
+    ) -> None:
+        """Policy version ``done`` is trained and in the engines: log it, checkpoint it."""
+        config = self.ctx.config
+        metrics.update(self.workers.engines.refit_metrics())
+        metrics["generated_per_trained"] = taken.stats.num_samples_generated / len(taken.batch)
+        metrics["timing/step_s"] = time.perf_counter() - started
+        busy = self.rollouts.engine_busy_s() - self._busy_before
+        metrics.update(_idle_fractions(metrics, busy))
+        metrics["tokens_per_s"] = metrics["num_generated_tokens"] / metrics["timing/step_s"]
+        self.logger.log(done, metrics)
+        self.progress.update(done, metrics)
+        self.last_metrics = metrics
+        last = done == config.dapo.max_num_steps
+        ckpt = config.checkpointing
+        if ckpt.enabled and (done % ckpt.save_period == 0 or last):
+            with self.rollouts.paused():
+                _save(self.ctx, self.workers.policy, done, self.rollouts)
 
 
 class _Prepared(NamedTuple):
@@ -168,6 +236,26 @@ class _Prepared(NamedTuple):
     stats: DynamicSamplingStats
     metrics: dict[str, float]
     batch: PolicyBatch
+
+
+def _batch_metrics(ctx: RunContext, taken: _Prepared, step: int) -> dict[str, float]:
+    """A step's metrics known once its batch is taken: generation, dynamic sampling, the
+    rollouts' rewards and lengths, and how many versions old they are."""
+    metrics = {**taken.metrics, **taken.stats.to_metrics()}
+    metrics.update(rollout_metrics(taken.groups, ctx.config))
+    metrics.update(staleness_metrics(taken.groups, step))
+    return metrics
+
+
+def _validation(
+    ctx: RunContext, engines: Engines, done: int
+) -> Callable[[], dict[str, float]] | None:
+    """Validation of policy version ``done`` when it is due (run on the refitted engines),
+    else None."""
+    period = ctx.config.validation.val_period
+    if period and done % period == 0:
+        return functools.partial(steps.validate, ctx, engines, done)
+    return None
 
 
 def _passes_before_training(

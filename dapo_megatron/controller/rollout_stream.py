@@ -19,22 +19,11 @@ keep rate of 0.3 draws ~3.3x the prompts, and requests shrink near the end of a 
 instead of overshooting it (a surplus more than K versions old is lost). A step that
 waits with nothing coming always gets a request for what it lacks.
 
-Weight updates happen between requests, pipelined. The loop arms a refit once it has
-submitted the train step that makes the new weights (``arm_refit``); the stream submits
-the transfer as soon as the engines have nothing left to generate with their current
-weights (the budget at their version is met, counting what is in flight), or when the loop
-asks for it (``start_refit``), without waiting for anything. Ray runs one submitter's
-calls to an actor in order (docs.ray.io, "Actor Task Execution Order": synchronous,
-single-threaded actors without task retries, as ours are), so the
-policy ranks send as soon as their queued train step is done, each engine receives as
-soon as the requests queued before it are FINISHED (their samples are kept, tagged with
-the old version), and the request the stream submits next, right behind the receive, is
-generated with the new weights; the loop queues the next train step behind the send. So
-neither side waits for a controller round trip between a train step, the transfer and its
-next piece of work. Requests are never aborted: in-flight work is finished, and aborting
-would waste the partial generation (the megatron backend cannot abort mid-request).
-``finish_refit`` waits for the transfer (and runs validation on the new weights before any
-training request when asked to).
+Weight updates happen between requests, pipelined: when a transfer is queued is the
+``RefitScheduler``'s decision (controller/refit_scheduler.py), which asks the stream whether
+the budget at the engines' version is met and tells it when a transfer to a new version is
+queued. Requests are never aborted: in-flight work is finished, and aborting would waste
+the partial generation (the megatron backend cannot abort mid-request).
 
 Ordering: every submission (requests, the transfer) is made under the stream's lock, so
 the queue order on each engine is the version order: no engine generates a request with
@@ -50,7 +39,7 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -60,7 +49,8 @@ from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.context import RunContext, round_seed
 from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.rollout import RolloutGroup
+from dapo_megatron.controller.refit_scheduler import RefitScheduler, TransferEngines
+from dapo_megatron.controller.rollout_groups import RolloutGroup
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 # How often a waiting call wakes to look for an error of the generation thread.
@@ -84,36 +74,13 @@ def _prompts_for(groups: float, keep: float) -> float:
     return expected + _HEADROOM_SD * math.sqrt(expected * keep * (1.0 - keep)) / keep
 
 
-class PendingTransfer(Protocol):
-    """A submitted weight transfer (refitter.PendingRefit)."""
-
-    def finish(self) -> float: ...
-
-
-class StreamEngines(Protocol):
-    """What the stream needs of split-mode engines (GenerationGroup)."""
+class StreamEngines(TransferEngines, Protocol):
+    """What the stream and its refit scheduler need of split-mode engines
+    (GenerationGroup)."""
 
     def submit(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Any]: ...
 
     def timed_results(self, refs: Sequence[Any]) -> tuple[list[list[Sample]], float]: ...
-
-    def start_refit(self, policy: PolicyGroup) -> PendingTransfer: ...
-
-    @property
-    def queues_refits(self) -> bool:
-        """Whether ``start_refit`` only submits calls (else it waits for the policy)."""
-        ...
-
-    def refit_metrics(self) -> dict[str, float]: ...
-
-
-@dataclass
-class StreamRefit:
-    """A refit started by ``RolloutStream.start_refit``; pass it to ``finish_refit``."""
-
-    transfer: PendingTransfer
-    hold: bool
-    """No request is submitted until ``finish_refit`` (validation runs first)."""
 
 
 @dataclass
@@ -138,12 +105,14 @@ class RolloutStream:
         self,
         ctx: RunContext,
         engines: StreamEngines,
+        policy: PolicyGroup,
         *,
         version: int,
         pending_prompts: Sequence[int] = (),
     ) -> None:
         """Start generating for the step trained at ``version`` (the engines hold that
-        version's weights); ``pending_prompts`` (from a checkpoint) are generated first."""
+        version's weights); ``pending_prompts`` (from a checkpoint) are generated first.
+        ``refits`` schedules the transfers of ``policy``'s new weights into the engines."""
         config = ctx.config
         self.ctx = ctx
         self.engines = engines
@@ -158,10 +127,7 @@ class RolloutStream:
         self._scoring: _Request | None = None  # a finished request being scored
         self._in_hand: _Completed | None = None  # popped, not yet given to dynamic sampling
         self._paused = False
-        # A refit whose weights the submitted train step is making (policy, version, hold),
-        # and the one submitted (its transfer queued), until finish_refit.
-        self._armed: tuple[PolicyGroup, int, bool] | None = None
-        self._fired: StreamRefit | None = None
+        self.refits = RefitScheduler(engines, policy, self)
         self._stopping = False
         self._error: BaseException | None = None
         self._engine_version = version
@@ -221,7 +187,7 @@ class RolloutStream:
         of a step instead of overshooting it. A step that waits with nothing coming asks
         for the groups it still lacks, whatever the budget.
         """
-        if self._stopping or self._paused or (self._fired is not None and self._fired.hold):
+        if self._stopping or self._paused or self.refits.holds_requests:
             return 0
         if any(r.version == self._engine_version for r in self._in_flight):
             return 0  # one request per version in flight: the next is sized on its results
@@ -262,16 +228,28 @@ class RolloutStream:
         self._in_flight.append(request)
         return request
 
-    def _top_up(self) -> None:
+    def top_up(self) -> None:
         """Submit the next request if the budget allows (under the lock). Called by whichever
         thread changes what the budget depends on, so a refit or a waiting step submits at
         once rather than when the generation thread next runs."""
         self._submit_next()
-        armed = self._armed is not None and self._fired is None
-        if armed and self.engines.queues_refits and self._budget_met():
-            self._fire()
+        if self.refits.poll():  # the engines are done with their weights: transfer queued
             self._submit_next()  # queued behind the transfer: the new weights
         self._cond.notify_all()
+
+    @property
+    def lock(self) -> threading.Condition:
+        """Held for every submission (requests and transfers) and every budget decision."""
+        return self._cond
+
+    def budget_met(self) -> bool:
+        """Nothing is left to generate with the engines' current weights (under the lock)."""
+        return self._deficit(self._keep_estimate()) <= 1e-6
+
+    def switch_version(self, version: int) -> None:
+        """A transfer to ``version`` is queued (under the lock): requests submitted from now
+        on are generated with its weights."""
+        self._engine_version = version
 
     def _submit_next(self) -> None:
         size = self._next_request_size()
@@ -284,7 +262,7 @@ class RolloutStream:
             while True:
                 with self._cond:
                     while not self._stopping and not self._in_flight:
-                        self._top_up()
+                        self.top_up()
                         if not self._in_flight:
                             self._cond.wait(_POLL_S)
                     if self._stopping:
@@ -297,7 +275,7 @@ class RolloutStream:
                     self._scoring = current
                     # The next request starts before this one is scored: the engines do
                     # not wait for the verifier.
-                    self._top_up()
+                    self.top_up()
                     self._cond.notify_all()
                 groups, metrics = steps.score_groups(
                     self.ctx, self.ctx.train, current.prompt_indices, samples, current.version
@@ -321,7 +299,8 @@ class RolloutStream:
 
     # -------------------------------------------------------------------- training thread
 
-    def _raise_error(self) -> None:
+    def raise_error(self) -> None:
+        """Re-raise a failure of the generation thread in the calling thread."""
         if self._error is not None:
             raise self._error
 
@@ -331,8 +310,8 @@ class RolloutStream:
         when woken)."""
         with self._cond:
             while not self._completed:
-                self._raise_error()
-                self._top_up()
+                self.raise_error()
+                self.top_up()
                 if not self._completed:
                     self._cond.wait(_POLL_S)
             item = self._completed.popleft()
@@ -357,7 +336,7 @@ class RolloutStream:
         with self._cond:  # the generation thread sizes requests from the sampler's state
             dynamic.start_step(version=step)
             self._next_step, self._waiting = step, True
-            self._top_up()
+            self.top_up()
         try:
             while not dynamic.is_complete():
                 item = self._pop()
@@ -392,17 +371,15 @@ class RolloutStream:
         with self._cond:
             self._paused = True
             while self._in_flight or self._scoring is not None:
-                self._raise_error()
+                self.raise_error()
                 self._cond.wait(_POLL_S)
-            self._raise_error()
+            self.raise_error()
         return time.perf_counter() - started
 
-    def _resume(self, version: int | None = None) -> None:
+    def _resume(self) -> None:
         with self._cond:
-            if version is not None:
-                self._engine_version = version
             self._paused = False
-            self._top_up()
+            self.top_up()
             self._cond.notify_all()
 
     @contextlib.contextmanager
@@ -413,63 +390,6 @@ class RolloutStream:
             yield
         finally:
             self._resume()
-
-    def arm_refit(self, policy: PolicyGroup, version: int, *, hold: bool = False) -> None:
-        """The policy's weights become ``version`` once the train step just submitted is
-        done: queue their transfer as soon as the engines have nothing left to generate with
-        their current weights (the budget at their version is met, counting what is in
-        flight), so it follows the last such request on each engine without waiting for the
-        controller to score it. ``hold``: validation runs on the new weights first."""
-        with self._cond:
-            self._armed = (policy, version, hold)
-            self._top_up()
-
-    def _budget_met(self) -> bool:
-        return self._deficit(self._keep_estimate()) <= 1e-6
-
-    def _fire(self) -> StreamRefit:
-        """Submit the armed transfer (under the lock, so no request is submitted between
-        its calls: the queue order on every engine is the version order)."""
-        assert self._armed is not None
-        policy, version, hold = self._armed
-        self._armed = None
-        self._fired = StreamRefit(self.engines.start_refit(policy), hold)
-        self._engine_version = version
-        return self._fired
-
-    def start_refit(
-        self, policy: PolicyGroup, version: int, *, hold: bool = False, early: bool = False
-    ) -> StreamRefit | None:
-        """The refit to ``version``: the one already queued, or queue it now (and the next
-        request behind it unless ``hold``). ``early`` (the policy still trains): None, and
-        nothing submitted, while the budget at the current version is open, as the engines
-        would rather keep generating with it (K >= 2) than wait behind the transfer."""
-        with self._cond:
-            self._raise_error()
-            if self._fired is None:
-                if self._armed is None:
-                    self._armed = (policy, version, hold)
-                if early and not (self.engines.queues_refits and self._budget_met()):
-                    return None
-                self._fire()
-                self._top_up()
-            assert self._engine_version == version, "a refit to another version is queued"
-            return self._fired
-
-    def finish_refit(
-        self, refit: StreamRefit, then: Callable[[], dict[str, float]] | None = None
-    ) -> dict[str, float]:
-        """Wait for a started refit's transfer; run ``then`` (validation) on the new
-        weights, before any training request when the refit was started with ``hold``."""
-        try:
-            metrics = {"timing/refit_s": refit.transfer.finish()}
-            if then is not None:
-                metrics.update(then())
-        finally:
-            with self._cond:
-                self._fired = None
-                self._top_up()
-        return metrics
 
     def engine_busy_s(self) -> float:
         """The engines' own seconds generating training rollouts, cumulative (a request

@@ -23,7 +23,7 @@ from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.context import RunContext, decode_text, round_seed
 from dapo_megatron.controller.generation_group import Engines
 from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.rollout import RolloutGroup, build_policy_batch, make_groups
+from dapo_megatron.controller.rollout_groups import RolloutGroup, build_policy_batch, make_groups
 from dapo_megatron.data.datasets import EncodedPrompts
 from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.shared.sampling import Sample, SamplingParams

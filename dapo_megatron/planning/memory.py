@@ -333,7 +333,7 @@ def _refit_inputs(run: RunPlan) -> RefitInputs | None:
         transport="ipc" if ipc else "broadcast",
         bucket_bytes=max(1, int(cfg.generation.refit_bucket_mb * MIB)),
         exporters=min(run.dims.world_size, engine_workers) if ipc else 1,
-        engine_asleep=vllm and not run.overlapped,  # rollouts.SyncRollouts.take
+        engine_asleep=vllm and not run.overlapped,  # rollout_source.SyncRollouts.take
     )
 
 

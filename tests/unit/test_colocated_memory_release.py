@@ -23,7 +23,7 @@ from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller import generation_group, policy_group, refitter
 from dapo_megatron.controller.generation_group import GenerationGroup
 from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.rollouts import SyncRollouts
+from dapo_megatron.controller.rollout_source import SyncRollouts
 from dapo_megatron.device import memory_release
 from dapo_megatron.refit.buckets import plan_buckets
 from dapo_megatron.shared.sampling import Sample
@@ -209,7 +209,7 @@ def test_colocated_phase_changes_release_cached_memory_in_order(colocated) -> No
     for step in range(2):
         rollouts.take(step)  # generate, then the engines sleep for the training phase
         policy.workers[0].train_step.remote(None)  # what the loop runs next
-        rollouts.finish_refit(rollouts.start_refit(policy, step + 1))
+        engines.refit(policy)  # what the synchronous loop runs after training
     rollouts.take(2)
     refit = [
         *release("policy"),  # the training peak goes back before the weights are mapped

@@ -13,7 +13,7 @@ from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.context import RunContext
-from dapo_megatron.controller.rollout import build_policy_batch, make_groups
+from dapo_megatron.controller.rollout_groups import build_policy_batch, make_groups
 from dapo_megatron.shared.sampling import Sample
 
 REPO = Path(__file__).resolve().parents[2]

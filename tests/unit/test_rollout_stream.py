@@ -1,6 +1,7 @@
-"""Overlapped rollouts (controller/rollout_stream.py) with scripted engines: no Ray, no
-Megatron. The fake engine knows which weights it holds and stamps them into every sample,
-so a test can check the version the stream recorded against the one that generated."""
+"""Overlapped rollouts (controller/rollout_stream.py) and their refit scheduler
+(controller/refit_scheduler.py) with scripted engines: no Ray, no Megatron. The fake
+engine knows which weights it holds and stamps them into every sample, so a test can
+check the version the stream recorded against the one that generated."""
 
 from __future__ import annotations
 
@@ -137,9 +138,9 @@ def _run(stream: RolloutStream, steps: range) -> list[dict]:
         generated_by = [g.samples[0].response_token_ids[0] - WEIGHTS_TOKEN for g in groups]
         out.append({"groups": groups, "generated_by": generated_by, "metrics": metrics})
         _settle(stream)
-        started = stream.start_refit(None, step + 1, hold=False)  # as the loop does
+        started = stream.refits.start(step + 1)  # as the loop does
         assert started is not None
-        stream.finish_refit(started, None)
+        stream.refits.finish(started)
     _settle(stream)
     return out
 
@@ -150,7 +151,7 @@ def test_versions_are_the_generating_weights_and_lag_one_step_at_k1():
     # batch was generated exactly one version earlier and nothing goes stale.
     ctx = _ctx("dapo.dynamic_sampling.batch_multiplier=1.0")
     engines = ScriptedEngines()
-    stream = RolloutStream(ctx, engines, version=0)
+    stream = RolloutStream(ctx, engines, None, version=0)
     try:
         steps = _run(stream, range(6))
     finally:
@@ -185,16 +186,16 @@ def _run_pipelined(stream: RolloutStream, engines: ScriptedEngines, steps: range
         groups, _, metrics = taken
         generated_by = [g.samples[0].response_token_ids[0] - WEIGHTS_TOKEN for g in groups]
         trained.append({"groups": groups, "generated_by": generated_by, "metrics": metrics})
-        stream.arm_refit(None, step + 1)  # its train step was just submitted
+        stream.refits.arm(step + 1)  # its train step was just submitted
         taken = stream.take(step + 1)
-        refit = stream.start_refit(None, step + 1, early=True)
+        refit = stream.refits.start_early(step + 1)
         early.append(refit is not None)
         if refit is None:
-            refit = stream.start_refit(None, step + 1)
+            refit = stream.refits.start(step + 1)
         # The next request is queued right behind the transfer, before it is finished.
         with engines.lock:
             behind.append(engines.versions[-1] == step + 1)
-        stream.finish_refit(refit)
+        stream.refits.finish(refit)
     return {"steps": trained, "early": early, "queued_behind_refit": behind}
 
 
@@ -208,7 +209,7 @@ def test_pipelined_refits_keep_versions_exact_and_queue_the_next_request_behind(
         verifier=HalfVerifier(),
     )
     engines = ScriptedEngines()
-    stream = RolloutStream(ctx, engines, version=0)
+    stream = RolloutStream(ctx, engines, None, version=0)
     try:
         run = _run_pipelined(stream, engines, range(10))
     finally:
@@ -232,7 +233,7 @@ def test_budget_counts_each_version_only_for_the_steps_it_can_still_train():
     # step 5: 10 prompts count 4 (its surplus would expire). Version 5 fills the rest: 3
     # prompts -> 7 in all, so the deficit is 1 group, not 8 - 13 - 2 < 0.
     ctx = _ctx("dapo.dynamic_sampling.batch_multiplier=1.0")
-    stream = RolloutStream(ctx, ScriptedEngines(), version=5)
+    stream = RolloutStream(ctx, ScriptedEngines(), None, version=5)
     stream.close()
     stream._thread.join(timeout=10)
     with stream._cond:
@@ -258,7 +259,7 @@ def test_budget_counts_carried_groups_only_for_the_steps_they_can_still_train():
     # could fill step 6, the budget was met and step 6 waited for a request generated
     # with the weights of version 6.
     ctx = _ctx("dapo.dynamic_sampling.batch_multiplier=1.0")
-    stream = RolloutStream(ctx, ScriptedEngines(), version=5)
+    stream = RolloutStream(ctx, ScriptedEngines(), None, version=5)
     stream.close()
     stream._thread.join(timeout=10)
     dynamic = ctx.dynamic
@@ -287,7 +288,7 @@ def test_no_trained_group_exceeds_k_and_every_generated_group_is_accounted_for(k
     # so old groups go stale and are dropped (or their prompts generated again).
     ctx = _ctx(f"rollout.max_staleness={k}", f"rollout.stale_groups={policy}")
     engines = ScriptedEngines()
-    stream = RolloutStream(ctx, engines, version=0)
+    stream = RolloutStream(ctx, engines, None, version=0)
     try:
         steps = _run(stream, range(8))
         with stream.paused():
@@ -314,7 +315,7 @@ def test_no_trained_group_exceeds_k_and_every_generated_group_is_accounted_for(k
 def test_state_lists_the_prompts_drawn_but_not_trained_and_a_new_stream_generates_them_first():
     ctx = _ctx("dapo.dynamic_sampling.batch_multiplier=1.0")
     engines = ScriptedEngines()
-    stream = RolloutStream(ctx, engines, version=0)
+    stream = RolloutStream(ctx, engines, None, version=0)
     try:
         steps = _run(stream, range(2))
         with stream.paused():
@@ -326,7 +327,7 @@ def test_state_lists_the_prompts_drawn_but_not_trained_and_a_new_stream_generate
     assert pending and set(pending) == set(submitted) - trained
     # A resumed run: the pending prompts are the first ones generated.
     resumed = ScriptedEngines()
-    again = RolloutStream(_ctx(), resumed, version=2, pending_prompts=pending)
+    again = RolloutStream(_ctx(), resumed, None, version=2, pending_prompts=pending)
     try:
         groups, _, _ = again.take(2)
     finally:
@@ -338,7 +339,7 @@ def test_state_lists_the_prompts_drawn_but_not_trained_and_a_new_stream_generate
 
 def test_an_engine_failure_reaches_the_training_thread():
     ctx = _ctx()
-    stream = RolloutStream(ctx, ScriptedEngines(fail_on_request=0), version=0)
+    stream = RolloutStream(ctx, ScriptedEngines(fail_on_request=0), None, version=0)
     try:
         with pytest.raises(RuntimeError, match="scripted failure"):
             stream.take(0)
@@ -351,7 +352,7 @@ def test_without_a_request_cap_each_request_is_the_budget_shortfall():
     # and 1 may train version-0 data at K = 1), then each refit opens exactly one step.
     ctx = _ctx("dapo.dynamic_sampling.batch_multiplier=1.0", "rollout.prompts_per_request=null")
     engines = ScriptedEngines()
-    stream = RolloutStream(ctx, engines, version=0)
+    stream = RolloutStream(ctx, engines, None, version=0)
     try:
         _run(stream, range(6))
     finally:
@@ -372,7 +373,7 @@ def test_at_keep_rate_half_requests_track_the_need_without_a_stale_surplus(k):
         verifier=HalfVerifier(),
     )
     engines = ScriptedEngines()
-    stream = RolloutStream(ctx, engines, version=0)
+    stream = RolloutStream(ctx, engines, None, version=0)
     num_steps = 12
     try:
         steps = _run(stream, range(num_steps))
