@@ -29,12 +29,35 @@ def padded_vocab_size(vocab_size: int, tp: int, *, divisible_by: int = VOCAB_DIV
     return -(-vocab_size // multiple) * multiple
 
 
+SUPPORTED_FAMILIES = ("qwen2", "llama", "qwen3", "qwen3_moe")
+"""HF model_types the policy can be built from."""
+
+
+@dataclass(frozen=True)
+class MoeArch:
+    """The mixture-of-experts MLP of a Qwen3-MoE model (every layer sparse, no shared
+    expert)."""
+
+    num_experts: int
+    """Routed experts per layer (HF num_experts)."""
+    experts_per_token: int
+    """Experts each token is routed to (HF num_experts_per_tok, the router's top-k)."""
+    moe_ffn_hidden_size: int
+    """SwiGLU intermediate size of one expert (HF moe_intermediate_size)."""
+    norm_topk_prob: bool
+    """Renormalise the top-k routing probabilities to sum to one (Megatron:
+    ``moe_router_pre_softmax=False``, softmax over the top-k logits)."""
+    router_aux_loss_coef: float
+    """The HF config's load-balancing loss coefficient; the trainer uses
+    ``policy.moe.aux_loss_coef`` (0 for RL by default), this is kept for export."""
+
+
 @dataclass(frozen=True)
 class ModelArch:
-    """Decoder-only transformer shape (Qwen2 / Llama families)."""
+    """Decoder-only transformer shape (Qwen2, Llama, Qwen3 and Qwen3-MoE families)."""
 
     family: str
-    """HF model_type: "qwen2" or "llama"."""
+    """HF model_type: one of SUPPORTED_FAMILIES."""
     num_layers: int
     """Transformer layers (num_hidden_layers)."""
     hidden_size: int
@@ -60,19 +83,44 @@ class ModelArch:
     rope_scaling_factor: float | None = None
     """Llama 3.x RoPE frequency scaling factor (low/high freq factors 1 and 4, original
     context 8192, as Llama 3.1 ships); None for unscaled RoPE."""
+    explicit_head_dim: int | None = None
+    """Attention head size when the HF config sets ``head_dim`` to something other than
+    hidden / heads (Qwen3: 128 at every size); None: hidden / heads."""
+    qk_layernorm: bool = False
+    """RMSNorm over each query and key head before RoPE (Qwen3's q_norm / k_norm)."""
+    moe: MoeArch | None = None
+    """The expert MLP (Qwen3-MoE); None for a dense model."""
 
     @property
     def head_dim(self) -> int:
+        if self.explicit_head_dim is not None:
+            return self.explicit_head_dim
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def query_width(self) -> int:
+        """Width of the query projection's output (heads x head size); the hidden size
+        except where ``head_dim`` is explicit."""
+        return self.num_attention_heads * self.head_dim
+
+    def mlp_parameters(self) -> int:
+        """Parameters of one layer's MLP: SwiGLU, or the router and every expert."""
+        h = self.hidden_size
+        if self.moe is None:
+            return 3 * h * self.ffn_hidden_size  # gate, up, down
+        return (
+            h * self.moe.num_experts + self.moe.num_experts * 3 * h * self.moe.moe_ffn_hidden_size
+        )
 
     def num_parameters(self) -> int:
         """Exact parameter count of the HF model (RMSNorm weights, biases, embeddings)."""
-        h, kv = self.hidden_size, self.num_query_groups * self.head_dim
-        attn = h * h + 2 * h * kv + h * h  # q, k, v, o projections
+        h, q, kv = self.hidden_size, self.query_width, self.num_query_groups * self.head_dim
+        attn = h * q + 2 * h * kv + q * h  # q, k, v, o projections
         if self.add_qkv_bias:
-            attn += h + 2 * kv
-        mlp = 3 * h * self.ffn_hidden_size  # gate, up, down
-        layer = attn + mlp + 2 * h  # two RMSNorms
+            attn += q + 2 * kv
+        if self.qk_layernorm:
+            attn += 2 * self.head_dim  # q_norm, k_norm (shared over heads)
+        layer = attn + self.mlp_parameters() + 2 * h  # two RMSNorms
         embeddings = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * layer + embeddings + h  # + final norm
 
@@ -156,6 +204,39 @@ def _rope(hf: dict[str, Any], source: str) -> tuple[float, float | None]:
     return theta, float(values.get("factor", 8.0))
 
 
+def _qwen3(
+    layers: int,
+    hidden: int,
+    ffn: int,
+    heads: int,
+    groups: int,
+    *,
+    vocab: int = 151936,
+    head_dim: int = 128,
+    max_pos: int = 40960,
+    theta: float = 1e6,
+    tied: bool = False,
+    moe: MoeArch | None = None,
+) -> ModelArch:
+    return ModelArch(
+        "qwen3" if moe is None else "qwen3_moe",
+        layers,
+        hidden,
+        ffn,
+        heads,
+        groups,
+        vocab,
+        max_pos,
+        theta,
+        1e-6,
+        tied,
+        add_qkv_bias=False,
+        explicit_head_dim=head_dim,
+        qk_layernorm=True,
+        moe=moe,
+    )
+
+
 PRESETS: dict[str, ModelArch] = {
     # A CPU-sized Qwen2 for tests and the tiny recipe (vocab fits the char tokenizer).
     "tiny-qwen2": _qwen2(2, 64, 128, 4, 2, 64, max_pos=512, theta=10000.0, tied=True),
@@ -167,15 +248,46 @@ PRESETS: dict[str, ModelArch] = {
     "qwen2.5-7b": _qwen2(28, 3584, 18944, 28, 4, 152064, max_pos=131072),
     "qwen2.5-math-7b": _qwen2(28, 3584, 18944, 28, 4, 152064, max_pos=4096, theta=10000.0),
     "qwen2.5-32b": _qwen2(64, 5120, 27648, 40, 8, 152064, max_pos=131072, eps=1e-5),
+    # CPU-sized Qwen3 dense and MoE for tests and the tiny MoE recipe (head size 32: vLLM's
+    # CPU attention accepts it; two KV heads so TP2 works; the char tokenizer's vocabulary).
+    "tiny-qwen3": _qwen3(
+        2, 64, 128, 2, 2, vocab=64, head_dim=32, max_pos=512, theta=1e4, tied=True
+    ),
+    "tiny-qwen3-moe": _qwen3(
+        2,
+        64,
+        128,
+        2,
+        2,
+        vocab=64,
+        head_dim=32,
+        max_pos=512,
+        theta=1e4,
+        tied=True,
+        moe=MoeArch(4, 2, 32, norm_topk_prob=True, router_aux_loss_coef=0.001),
+    ),
+    "qwen3-0.6b": _qwen3(28, 1024, 3072, 16, 8, tied=True),
+    "qwen3-8b": _qwen3(36, 4096, 12288, 32, 8),
+    "qwen3-14b": _qwen3(40, 5120, 17408, 40, 8),
+    "qwen3-32b": _qwen3(64, 5120, 25600, 64, 8),
+    "qwen3-30b-a3b": _qwen3(
+        48,
+        2048,
+        6144,
+        32,
+        4,
+        moe=MoeArch(128, 8, 768, norm_topk_prob=True, router_aux_loss_coef=0.001),
+    ),
     "llama-3.1-8b": _llama(32, 4096, 14336, 32, 8),
     "llama-3.1-70b": _llama(80, 8192, 28672, 64, 8),
 }
 
 
 def hf_config_fields(arch: ModelArch) -> dict[str, object]:
-    """The HF config.json fields of ``arch`` that Qwen2 and Llama configs share (the inverse
-    of ``arch_from_hf_config`` for them); family-specific fields are the caller's."""
-    return {
+    """The HF config.json fields of ``arch`` that every supported family's config shares
+    (the inverse of ``arch_from_hf_config`` for them), plus ``head_dim`` when it is
+    explicit and the expert fields of a MoE; the rest is the caller's."""
+    fields: dict[str, object] = {
         "vocab_size": arch.vocab_size,
         "hidden_size": arch.hidden_size,
         "intermediate_size": arch.ffn_hidden_size,
@@ -187,6 +299,45 @@ def hf_config_fields(arch: ModelArch) -> dict[str, object]:
         "rms_norm_eps": arch.norm_epsilon,
         "tie_word_embeddings": arch.tie_word_embeddings,
     }
+    if arch.explicit_head_dim is not None:
+        fields["head_dim"] = arch.explicit_head_dim
+    if arch.moe is not None:
+        fields.update(
+            num_experts=arch.moe.num_experts,
+            num_experts_per_tok=arch.moe.experts_per_token,
+            moe_intermediate_size=arch.moe.moe_ffn_hidden_size,
+            norm_topk_prob=arch.moe.norm_topk_prob,
+            router_aux_loss_coef=arch.moe.router_aux_loss_coef,
+            decoder_sparse_step=1,
+            mlp_only_layers=[],
+        )
+    return fields
+
+
+def hf_config(arch: ModelArch, **extra: object) -> transformers.PretrainedConfig:
+    """The HF config of ``arch`` (any supported family; Llama RoPE scaling is the caller's
+    ``extra``); ``extra`` adds HF-only fields (token ids, dtype)."""
+    import transformers  # lazily: importing the config package stays light
+
+    kwargs: dict[str, Any] = {**hf_config_fields(arch), **extra}
+    if arch.family == "qwen2":
+        return transformers.Qwen2Config(**kwargs)
+    if arch.family == "qwen3":
+        return transformers.Qwen3Config(attention_bias=False, **kwargs)
+    if arch.family == "qwen3_moe":
+        return transformers.Qwen3MoeConfig(attention_bias=False, **kwargs)
+    if arch.family == "llama":
+        return transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **kwargs)
+    raise ValueError(f"model family {arch.family!r} has no HF config")
+
+
+HF_ARCHITECTURES = {
+    "qwen2": "Qwen2ForCausalLM",
+    "llama": "LlamaForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+}
+"""The transformers model class (config.json ``architectures``) of each family."""
 
 
 def qwen2_hf_config(arch: ModelArch, **extra: object) -> transformers.Qwen2Config:
@@ -206,12 +357,24 @@ def qwen2_hf_config(arch: ModelArch, **extra: object) -> transformers.Qwen2Confi
 def arch_from_hf_config(hf: dict[str, Any], source: str) -> ModelArch:
     """Read a ModelArch from a parsed HF config.json; `source` names the file in errors."""
     family = hf.get("model_type")
-    if family not in ("qwen2", "llama"):
+    if family not in SUPPORTED_FAMILIES:
         raise ConfigError(
-            f"{source}: model_type {family!r} is not supported; supported: qwen2, llama"
+            f"{source}: model_type {family!r} is not supported; supported: "
+            f"{', '.join(SUPPORTED_FAMILIES)}"
         )
     theta, rope_factor = _rope(hf, source)
+    qwen3 = family in ("qwen3", "qwen3_moe")
+    if qwen3 and hf.get("use_sliding_window"):
+        raise ConfigError(
+            f"{source}: use_sliding_window = true is not supported (full attention only; "
+            "released Qwen3 models set it false)"
+        )
     try:
+        heads, hidden = int(hf["num_attention_heads"]), int(hf["hidden_size"])
+        head_dim = int(hf.get("head_dim") or hidden // heads)
+        # Qwen3 states its head size (transformers defaults it to hidden / heads), so it
+        # is always explicit there; elsewhere only when it differs from hidden / heads.
+        explicit = head_dim if qwen3 or head_dim * heads != hidden else None
         return ModelArch(
             family=family,
             num_layers=int(hf["num_hidden_layers"]),
@@ -226,9 +389,34 @@ def arch_from_hf_config(hf: dict[str, Any], source: str) -> ModelArch:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             add_qkv_bias=family == "qwen2" or bool(hf.get("attention_bias", False)),
             rope_scaling_factor=rope_factor,
+            explicit_head_dim=explicit,
+            qk_layernorm=qwen3,
+            moe=_moe_from_hf(hf, source) if family == "qwen3_moe" else None,
         )
     except KeyError as e:
         raise ConfigError(f"{source}: missing field {e.args[0]!r} in the HF config") from None
+
+
+def _moe_from_hf(hf: dict[str, Any], source: str) -> MoeArch:
+    """The expert MLP of a Qwen3-MoE config.json; layouts we do not build are refused."""
+    sparse_step = int(hf.get("decoder_sparse_step", 1))
+    dense_layers = list(hf.get("mlp_only_layers") or [])
+    if sparse_step != 1 or dense_layers:
+        raise ConfigError(
+            f"{source}: decoder_sparse_step = {sparse_step}, mlp_only_layers = {dense_layers}: "
+            "only models whose every layer is sparse are supported (decoder_sparse_step 1, "
+            "mlp_only_layers [], as every released Qwen3-MoE)"
+        )
+    if int(hf.get("shared_expert_intermediate_size", 0) or 0):
+        raise ConfigError(f"{source}: shared experts are not supported (Qwen3-MoE has none)")
+    return MoeArch(
+        # transformers 5 writes num_local_experts; released Qwen3-MoE configs num_experts.
+        num_experts=int(hf["num_experts"] if "num_experts" in hf else hf["num_local_experts"]),
+        experts_per_token=int(hf["num_experts_per_tok"]),
+        moe_ffn_hidden_size=int(hf["moe_intermediate_size"]),
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        router_aux_loss_coef=float(hf.get("router_aux_loss_coef", 0.0)),
+    )
 
 
 def resolve_arch(model_name_or_path: str, preset: str | None) -> tuple[ModelArch | None, str]:
