@@ -22,6 +22,9 @@ class ParallelDims:
     """Data parallel size."""
     sequence_parallel: bool
     """Sequence parallelism inside the TP group."""
+    ep: int = 1
+    """Expert parallel size (MoE): the experts of a layer are split over EP ranks taken from
+    the DP x CP ranks of one pipeline stage (Megatron's expert grid, expert TP = TP)."""
 
     @property
     def world_size(self) -> int:
@@ -34,7 +37,15 @@ class ParallelDims:
 
     @classmethod
     def build(
-        cls, *, world_size: int, tp: int, pp: int, cp: int, dp: int | None, sequence_parallel: bool
+        cls,
+        *,
+        world_size: int,
+        tp: int,
+        pp: int,
+        cp: int,
+        dp: int | None,
+        sequence_parallel: bool,
+        ep: int = 1,
     ) -> ParallelDims:
         """Derive dp when None and check every constraint, naming the key that breaks it."""
         prefix = "policy.megatron."
@@ -48,6 +59,7 @@ class ParallelDims:
             ("tensor_model_parallel_size", tp),
             ("pipeline_model_parallel_size", pp),
             ("context_parallel_size", cp),
+            ("expert_model_parallel_size", ep),
         ):
             if size < 1:
                 raise ConfigError(f"{prefix}{key} = {size}: must be >= 1")
@@ -72,7 +84,13 @@ class ParallelDims:
                 f"{prefix}data_parallel_size = {dp}: the policy world size {world_size} / "
                 f"(TP*PP*CP = {model_parallel}) gives {derived}; set it to {derived} or null"
             )
-        return cls(tp=tp, pp=pp, cp=cp, dp=dp, sequence_parallel=sequence_parallel)
+        if (dp * cp) % ep != 0:
+            raise ConfigError(
+                f"{prefix}expert_model_parallel_size = {ep} must divide data parallel * "
+                f"context parallel = {dp}*{cp} = {dp * cp} (expert ranks are taken from the "
+                f"DP x CP ranks of a pipeline stage); choose an EP that divides {dp * cp}"
+            )
+        return cls(tp=tp, pp=pp, cp=cp, dp=dp, sequence_parallel=sequence_parallel, ep=ep)
 
 
 def policy_world_size(config: DapoMegatronConfig) -> int:
@@ -99,6 +117,7 @@ def parallel_dims(config: DapoMegatronConfig) -> ParallelDims:
         cp=m.context_parallel_size,
         dp=m.data_parallel_size,
         sequence_parallel=m.sequence_parallel,
+        ep=m.expert_model_parallel_size,
     )
 
 

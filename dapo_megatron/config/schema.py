@@ -50,6 +50,10 @@ class MegatronConfig:
     """Sequence parallelism (SP) for layer norms and dropout; requires TP > 1."""
     data_parallel_size: int | None
     """Data parallel size (DP); null derives it as policy world size / (TP * PP * CP)."""
+    expert_model_parallel_size: int
+    """Expert parallel size (EP, MoE models only): each rank holds num_experts / EP experts
+    of every layer; EP ranks are carved out of DP x CP (Megatron's expert grid), so EP must
+    divide DP * CP. 1 for dense models."""
     use_distributed_optimizer: bool
     """Shard optimizer states across DP ranks (Megatron's DistributedOptimizer)."""
     recompute_granularity: Literal["none", "selective", "full"]

@@ -434,6 +434,20 @@ def _check_arch(
         "policy.megatron.pipeline_model_parallel_size",
         f"must divide num_layers = {arch.num_layers} ({source})",
     )
+    ep_key = "policy.megatron.expert_model_parallel_size"
+    if arch.moe is None:
+        c.require(
+            dims.ep == 1,
+            ep_key,
+            f"= {dims.ep} needs a mixture-of-experts model; {source} is a dense "
+            f"{arch.family} model: set it to 1",
+        )
+    else:
+        c.require(
+            arch.moe.num_experts % dims.ep == 0,
+            ep_key,
+            f"must divide num_experts = {arch.moe.num_experts} ({source})",
+        )
     engine_tp = c.config.generation.engine.tensor_parallel_size
     if engine_tp >= 1:
         c.require(
