@@ -242,6 +242,10 @@ _KNOBS = {
 }
 
 
+_EXPERT_TERMS = ("weights", "master weights", "grads", "optimizer", "activations", "KL reference")
+"""Terms a MoE's experts take part in, which expert parallelism divides."""
+
+
 def _reason(inputs: MemoryInputs, phase: Phase) -> str:
     """The failure message of a phase: its peak, the largest term and the knobs."""
     fixed = {"policy process", "sleeping engine", "train workspace"}
@@ -249,6 +253,9 @@ def _reason(inputs: MemoryInputs, phase: Phase) -> str:
     knobs = _KNOBS.get(term, _LAYOUT)
     if term in ("optimizer", "master weights") and not inputs.distributed_optimizer:
         knobs = "policy.megatron.use_distributed_optimizer=true, " + knobs
+    if inputs.arch.moe is not None and term in _EXPERT_TERMS:
+        # The experts are most of a MoE's states and its routed activations: EP splits them.
+        knobs += ", policy.megatron.expert_model_parallel_size (higher)"
     # Every term, not only the largest: a small one (a KL reference, a refit buffer)
     # that tips a phase over must be visible in the message.
     terms = " + ".join(f"{k} {v:.1f}" for k, v in phase.terms)

@@ -5,12 +5,16 @@ Every term is computed for one policy rank of each pipeline stage; the worst sta
 
 Policy states (Megatron-Core, as ``megatron/optimizer.py`` configures it):
   weights      params x precision bytes (in Megatron DDP's param buffer; no second copy)
-  master       params x 4 / (dp if distributed optimizer else 1): the fp32 main params of the
-               mixed-precision optimizer (none for fp32, where the params are the main params)
+  master       params x 4 / shard: the fp32 main params of the mixed-precision optimizer
+               (none for fp32, where the params are the main params)
   grads        params x 4: DDP's contiguous grad buffer is fp32 (``grad_reduce_in_fp32``)
                and is NOT sharded by the distributed optimizer (it reduce-scatters in place)
-  optimizer    params x 8 (Adam exp_avg + exp_avg_sq, fp32) or x 4 (SGD momentum),
-               divided by dp with the distributed optimizer
+  optimizer    params x 8 (Adam exp_avg + exp_avg_sq, fp32) or x 4 (SGD momentum) / shard
+  shard        1 without the distributed optimizer; with it, the data-parallel group of the
+               parameter's DDP buffer (Megatron 0.16 ``DistributedDataParallel``): dense
+               params shard over DP x CP (``intra_dp_cp_group``), expert params live in a
+               separate buffer sharded over the expert data-parallel group of DP x CP / EP
+               ranks (``intra_expt_dp_group``: expert TP = TP, so world / (TP x EP x PP))
   KL reference params x precision bytes when dapo.loss.kl_coef > 0: megatron/policy.py
                keeps a frozen GPTModel of the rank's own TP/PP shard (same build_model,
                same dtype, on the policy's GPU, no DDP/grads/optimizer), replicated over
@@ -18,19 +22,33 @@ Policy states (Megatron-Core, as ``megatron/optimizer.py`` configures it):
   refit buffer the ipc transport's shared bucket buffer, kept between refits
                (refit_memory.py); resident in every phase on the exporting ranks
 Per-rank params are the real Megatron split: each layer's GEMMs (and the q/k/v bias) are
-1/TP shards, its two RMSNorm weights are whole on every TP rank; the embedding sits on the
-first stage and the output layer on the last (a tied embedding is a second copy on the
-last stage when PP > 1), both with ``padded_vocab_size`` rows (a multiple of 128 x TP).
+1/TP shards, with q of width ``query_width`` = heads x head_dim (the hidden size except for
+Qwen3, whose head_dim is explicit): linear_qkv (q + 2 kv)/TP x h, linear_proj h x q/TP;
+its two RMSNorm weights, Qwen3's q/k norms (head_dim each, shared over heads) and a MoE
+router (E x h) are whole on every TP rank; the embedding sits on the first stage and the
+output layer on the last (a tied embedding is a second copy on the last stage when PP >
+1), both with ``padded_vocab_size`` rows (a multiple of 128 x TP).
+MoE (Qwen3-MoE, every layer sparse, expert TP = TP): a rank holds E/EP experts of each of
+its stage's layers, each 3 x h x F/TP (gate, up, down; F = moe_ffn_hidden_size), and no
+dense MLP; the router is a dense parameter (replicated over TP and EP).
 
 Activations of one micro-batch (Korthikanti et al. 2022, "Reducing Activation Recomputation
 in Large Transformer Models", per-layer accounting redone for this architecture: RMSNorm,
 SwiGLU, grouped-query attention, no dropout). With n = micro_batch x seq_len / CP tokens on
 a rank, t = TP, sp = t with sequence parallelism else 1, p = precision bytes, one layer
-saves, in bytes:
-  none       n p (4h/sp + (2h + 2kv)/t + 3f/t) + core
-               4h/sp: inputs of both norms and of the QKV and FC1 GEMMs (SP shards them)
-               (2h + 2kv)/t: q, k, v and the attention output (the out-projection's input)
-               3f/t: SwiGLU input [gate; up] and its output (FC2's input)
+saves, in bytes (q = query_width, kv = query groups x head_dim):
+  none       n p (4h/sp + (2q + 2kv)/t + qkn) + mlp + core
+               4h/sp: inputs of both norms and of the QKV and FC1 (or router) GEMMs
+               (2q + 2kv)/t: q, k, v and the attention output (the out-projection's input)
+               qkn: (q + kv)/t, the inputs of Qwen3's q/k norms (0 without them)
+               mlp, dense: n p 3f/t: SwiGLU input [gate; up] and its output (FC2's input)
+               mlp, MoE: n p k (h + 3F/t) + n 4 (E/sp + k): each token goes to its top-k
+                 experts (balanced routing, no capacity factor: a hot expert takes more),
+                 so a rank's experts see n k routed copies (the alltoall dispatcher
+                 gathers them over the expert-TP group; allgather's share is the same):
+                 the permuted tokens, FC1's input [n k, h], FC1's output [n k, 2F/t] and
+                 the weighted SwiGLU's output [n k, F/t]; fp32 router scores [n/sp, E]
+                 and the permuted probabilities [n k] the SwiGLU weights by
                core: flash attention keeps only its fp32 log-sum-exp, n 4 a/t; unfused
                attention (CPU) keeps the softmax, n p (a/t) s  (Korthikanti's 5as/h term)
   selective  none minus core (Megatron recomputes the core attention)
@@ -47,9 +65,10 @@ Logits (last stage; the trainer never materialises them, see kernels/):
              CPU path adds two [chunk, V/t] fp32 buffers and an fp32 copy of its weight shard
 
 Generation (vLLM): the engine takes gpu_memory_utilization x GPU memory for its weights at
-engine TP (vocab padded to 64, KV heads replicated when engine TP > KV heads), its profile
-activations and runtime, and the KV cache (the rest). KV bytes per token per GPU =
-2 x layers x kv_heads/engine_tp x head_dim x p.
+engine TP (vocab padded to 64, KV heads replicated when engine TP > KV heads; a MoE engine
+holds every expert, each 3 h F/engine_tp: vLLM's FusedMoE shards the expert FFN over TP
+and expert parallelism is not enabled), its profile activations and runtime, and the KV
+cache (the rest). KV bytes per token per GPU = 2 x layers x kv_heads/engine_tp x head_dim x p.
 
 planning/memory.py adds these terms up into the peak of each phase.
 """
@@ -160,7 +179,11 @@ class RankParams:
     """Parameter elements held by the policy rank at (pp_rank, tp_rank)."""
 
     layers: int
-    """Transformer layers of the stage: 1/TP shards of GEMMs and q/k/v bias, whole norms."""
+    """Transformer layers of the stage without their experts: 1/TP shards of GEMMs and q/k/v
+    bias, whole norms (and router)."""
+    experts: int
+    """Expert MLP elements of the stage's layers on this rank (E/EP experts, 1/TP each; 0
+    for a dense model): Megatron's expert-parallel DDP buffer, sharded over expert DP."""
     embedding: int
     """Input embedding shard (padded_vocab/TP rows), first stage only."""
     output: int
@@ -168,7 +191,8 @@ class RankParams:
     final_norm: int
     """Final RMSNorm, last stage only (whole on every TP rank)."""
     replicated: int
-    """Elements of the total that every TP rank of the stage holds whole (the norms)."""
+    """Elements of the total that every TP rank of the stage holds whole (the norms, q/k
+    norms and router)."""
     vocab_padding: int
     """Elements in padded vocabulary rows of the embedding and an untied output layer."""
     tied_copy: int
@@ -177,7 +201,7 @@ class RankParams:
 
     @property
     def total(self) -> int:
-        return self.layers + self.embedding + self.output + self.final_norm
+        return self.layers + self.experts + self.embedding + self.output + self.final_norm
 
 
 @dataclass(frozen=True)
@@ -188,6 +212,8 @@ class StageMemory:
     """Pipeline rank."""
     params: int
     """Parameter elements on the rank."""
+    expert_params: int
+    """Of ``params``: expert MLP elements (0 for a dense model)."""
     weights: float
     """Model weights in the training precision."""
     master: float
@@ -212,6 +238,10 @@ class StageMemory:
     """Logprob head of the training step (last stage)."""
     logprob_pass: float
     """Transient memory of the forward-only logprob pass."""
+    expert_states: tuple[float, float, float, float]
+    """Of weights, master, grads and optimizer: the expert params' share (0 when dense)."""
+    expert_activations: float
+    """Of activations: the expert MLPs' share (routed copies, router scores; 0 when dense)."""
 
     @property
     def resident(self) -> float:
@@ -234,6 +264,8 @@ class EngineMemory:
     """gpu_memory_utilization x GPU memory."""
     weights: float
     """Engine weights at engine TP."""
+    expert_weights: float
+    """Of weights: the experts (MoE; every expert, 1/engine TP each)."""
     overhead: float
     """Runtime, profile activations and sampler logits."""
     kv_cache: float
@@ -262,18 +294,35 @@ def _gib(n_bytes: float) -> float:
 
 
 def layer_params(arch: ModelArch, tp: int) -> tuple[int, int]:
-    """(elements sharded 1/TP on each rank, elements whole on every rank) of one layer."""
-    h, f = arch.hidden_size, arch.ffn_hidden_size
+    """(elements sharded 1/TP on each rank, elements whole on every rank) of one layer,
+    its experts left out (``layer_expert_params``)."""
+    h, q, f = arch.hidden_size, arch.query_width, arch.ffn_hidden_size
     kv = arch.num_query_groups * arch.head_dim
-    qkv = h + 2 * kv
-    shard = _div(qkv, tp, "q/k/v width") * (h + (1 if arch.add_qkv_bias else 0))
-    shard += _div(h, tp, "hidden size") * h  # attention output projection
-    shard += 3 * _div(f, tp, "ffn_hidden_size") * h  # gate, up, down
-    return shard, 2 * h
+    shard = _div(q + 2 * kv, tp, "q/k/v width") * (h + (1 if arch.add_qkv_bias else 0))
+    shard += _div(q, tp, "query width") * h  # attention output projection
+    whole = 2 * h  # the two RMSNorms
+    if arch.qk_layernorm:
+        whole += 2 * arch.head_dim  # q_layernorm, k_layernorm: one head's width each
+    if arch.moe is None:
+        shard += 3 * _div(f, tp, "ffn_hidden_size") * h  # gate, up, down
+    else:
+        whole += arch.moe.num_experts * h  # the router: a dense, TP-replicated linear
+    return shard, whole
 
 
-def rank_params(arch: ModelArch, tp: int, pp: int, pp_rank: int, tp_rank: int = 0) -> RankParams:
-    """Parameter elements of one policy rank under Megatron's TP x PP split."""
+def layer_expert_params(arch: ModelArch, tp: int, ep: int) -> int:
+    """Expert elements of one layer on one rank: E/EP experts x 3 h F/TP (expert TP = TP)."""
+    if arch.moe is None:
+        return 0
+    local = arch.moe.num_experts // ep  # validation requires EP to divide the experts
+    ffn = _div(arch.moe.moe_ffn_hidden_size, tp, "moe_ffn_hidden_size")
+    return local * 3 * ffn * arch.hidden_size
+
+
+def rank_params(
+    arch: ModelArch, tp: int, pp: int, pp_rank: int, tp_rank: int = 0, ep: int = 1
+) -> RankParams:
+    """Parameter elements of one policy rank under Megatron's TP x PP (x EP) split."""
     h = arch.hidden_size
     per_stage = arch.num_layers // pp  # validation requires PP to divide the layers
     shard, whole = layer_params(arch, tp)
@@ -289,6 +338,7 @@ def rank_params(arch: ModelArch, tp: int, pp: int, pp_rank: int, tp_rank: int = 
     n_vocab_tensors = int(first) + int(has_output and not arch.tie_word_embeddings)
     return RankParams(
         layers=per_stage * (shard + whole),
+        experts=per_stage * layer_expert_params(arch, tp, ep),
         embedding=embedding,
         output=output,
         final_norm=h if last else 0,
@@ -302,17 +352,32 @@ def rank_params(arch: ModelArch, tp: int, pp: int, pp_rank: int, tp_rank: int = 
 # Activations and logits
 
 
+def moe_activation_bytes(inputs: MemoryInputs, tokens: int) -> float:
+    """Bytes a MoE layer's router and experts save for `tokens` tokens on a rank: n p k
+    (h + 3F/t) + n 4 (E/sp + k) (module docstring); 0 for a dense model."""
+    arch, dims = inputs.arch, inputs.dims
+    if arch.moe is None:
+        return 0.0
+    p, k = PRECISION_BYTES[inputs.precision], arch.moe.experts_per_token
+    sp = dims.tp if dims.sequence_parallel else 1
+    routed = tokens * p * k * (arch.hidden_size + 3 * arch.moe.moe_ffn_hidden_size / dims.tp)
+    return routed + tokens * 4 * (arch.moe.num_experts / sp + k)
+
+
 def layer_activation_bytes(inputs: MemoryInputs, tokens: int, recompute: str) -> float:
     """Bytes one layer saves for backward for `tokens` tokens on a rank (module docstring)."""
     arch, dims = inputs.arch, inputs.dims
     p = PRECISION_BYTES[inputs.precision]
-    h, f, t = arch.hidden_size, arch.ffn_hidden_size, dims.tp
+    h, q, t = arch.hidden_size, arch.query_width, dims.tp
     kv = arch.num_query_groups * arch.head_dim
     sp = t if dims.sequence_parallel else 1
     heads = arch.num_attention_heads / t
     if recompute == "full":
         return tokens * p * h / sp
-    saved = tokens * p * (4 * h / sp + (2 * h + 2 * kv) / t + 3 * f / t)
+    qk_norm = (q + kv) / t if arch.qk_layernorm else 0.0
+    dense_mlp = 3 * arch.ffn_hidden_size / t if arch.moe is None else 0.0
+    saved = tokens * p * (4 * h / sp + (2 * q + 2 * kv) / t + qk_norm + dense_mlp)
+    saved += moe_activation_bytes(inputs, tokens)
     if recompute == "selective":
         return saved
     # Flash attention keeps an fp32 log-sum-exp per head; unfused attention the softmax
@@ -348,10 +413,17 @@ def _in_flight(inputs: MemoryInputs, stage: int) -> int:
 def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
     """Every policy term of one pipeline stage's rank."""
     dims = inputs.dims
-    params = rank_params(inputs.arch, dims.tp, dims.pp, stage).total
+    split = rank_params(inputs.arch, dims.tp, dims.pp, stage, ep=dims.ep)
+    params, experts = split.total, split.experts
     p = PRECISION_BYTES[inputs.precision]
-    shard = dims.dp if inputs.distributed_optimizer else 1
-    master = 0 if inputs.precision == "fp32" else params * 4 / shard
+    # The distributed optimizer shards each DDP buffer over that buffer's data-parallel
+    # group: DP x CP for the dense params, DP x CP / EP for the experts (module docstring).
+    dense_shard = dims.dp * dims.cp if inputs.distributed_optimizer else 1
+    expert_shard = dims.dp * dims.cp // dims.ep if inputs.distributed_optimizer else 1
+    # fp32 elements of one per-param state (main param, exp_avg, ...) on the rank.
+    dense_state = (params - experts) / dense_shard
+    expert_state = experts / expert_shard
+    master_bytes = 0 if inputs.precision == "fp32" else 4
     states = 2 if inputs.optimizer == "adam" else 1
     if inputs.packed_tokens is not None:
         # Packed: the token budget bounds every micro-batch's activations (and attention
@@ -365,6 +437,9 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
     per_layer = layer_activation_bytes(inputs, tokens, inputs.recompute)
     working = layer_activation_bytes(inputs, tokens, "none")
     activations = in_flight * layers * per_layer + working
+    # The experts' share: every saved layer (unless fully recomputed) and the working set.
+    moe = moe_activation_bytes(inputs, tokens)
+    expert_acts = (0 if inputs.recompute == "full" else in_flight * layers * moe) + moe
     last = stage == dims.pp - 1
     if last:
         sp = dims.tp if dims.sequence_parallel else 1
@@ -377,10 +452,11 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
     return StageMemory(
         stage=stage,
         params=params,
+        expert_params=experts,
         weights=_gib(params * p),
-        master=_gib(master),
+        master=_gib((dense_state + expert_state) * master_bytes),
         grads=_gib(params * 4),
-        optimizer=_gib(params * 4 * states / shard),
+        optimizer=_gib((dense_state + expert_state) * 4 * states),
         # The reference is built like the policy (build_model: this rank's shard, the
         # training dtype) but not sharded over DP: the same bytes as the weights.
         reference=_gib(params * p) if inputs.kl_reference else 0.0,
@@ -391,6 +467,13 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
         activations=_gib(activations),
         logits=_gib(logits),
         logprob_pass=_gib(lp_pass),
+        expert_states=(
+            _gib(experts * p),
+            _gib(expert_state * master_bytes),
+            _gib(experts * 4),
+            _gib(expert_state * 4 * states),
+        ),
+        expert_activations=_gib(expert_acts),
     )
 
 
@@ -398,18 +481,32 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
 # Generation engine
 
 
+def engine_expert_params(arch: ModelArch, engine_tp: int) -> int:
+    """Expert elements of one vLLM engine rank: every expert of every layer, 3 h F/TP each."""
+    if arch.moe is None:
+        return 0
+    ffn = _div(arch.moe.moe_ffn_hidden_size, engine_tp, "moe_ffn_hidden_size")
+    return arch.num_layers * arch.moe.num_experts * 3 * ffn * arch.hidden_size
+
+
 def engine_params(arch: ModelArch, engine_tp: int) -> int:
     """Parameter elements of one vLLM engine rank (KV heads replicated past their count)."""
-    h, f, d = arch.hidden_size, arch.ffn_hidden_size, arch.head_dim
+    h, d = arch.hidden_size, arch.head_dim
     kv_heads = max(1, arch.num_query_groups // engine_tp)
-    q = _div(h, engine_tp, "hidden size")
-    layer = (q + 2 * kv_heads * d) * h + q * h + 3 * _div(f, engine_tp, "ffn_hidden_size") * h
+    q = _div(arch.query_width, engine_tp, "query width")
+    layer = (q + 2 * kv_heads * d) * h + q * h
+    if arch.moe is None:
+        layer += 3 * _div(arch.ffn_hidden_size, engine_tp, "ffn_hidden_size") * h
+    else:
+        layer += arch.moe.num_experts * h  # the router (replicated); experts below
     if arch.add_qkv_bias:
         layer += q + 2 * kv_heads * d
+    if arch.qk_layernorm:
+        layer += 2 * d
     layer += 2 * h
     rows = -(-padded_vocab_size(arch.vocab_size, 1, divisible_by=VLLM_VOCAB_MULTIPLE) // engine_tp)
     vocab = rows * h * (1 if arch.tie_word_embeddings else 2)
-    return arch.num_layers * layer + vocab + h
+    return arch.num_layers * layer + vocab + h + engine_expert_params(arch, engine_tp)
 
 
 def engine_memory(inputs: MemoryInputs) -> EngineMemory | None:
@@ -424,8 +521,14 @@ def engine_memory(inputs: MemoryInputs) -> EngineMemory | None:
     weights = engine_params(arch, et) * p
     ov = inputs.overheads
     runtime = ov.engine_runtime_gib - (0.5 if e.enforce_eager else 0.0)
-    qkv = (h // et) + 2 * kv_heads * arch.head_dim
-    profile = ov.engine_profile_tokens * p * (2 * h + qkv + 3 * f / et)
+    qkv = arch.query_width // et + 2 * kv_heads * arch.head_dim
+    # The MLP's profile activations: SwiGLU, or the fused MoE's caches of the top-k routed
+    # copies ([tokens, k, 2F/et], [tokens k, F/et], [tokens, k, h]).
+    if arch.moe is None:
+        mlp = 3 * f / et
+    else:
+        mlp = arch.moe.experts_per_token * (h + 3 * arch.moe.moe_ffn_hidden_size / et)
+    profile = ov.engine_profile_tokens * p * (2 * h + qkv + mlp)
     sampler = e.max_num_seqs * arch.vocab_size * 4 * 2  # fp32 logits + processed logprobs
     overhead = runtime * GIB + profile + sampler
     kv_per_token = 2 * arch.num_layers * kv_heads * arch.head_dim * p
@@ -434,6 +537,7 @@ def engine_memory(inputs: MemoryInputs) -> EngineMemory | None:
     return EngineMemory(
         budget=_gib(budget),
         weights=_gib(weights),
+        expert_weights=_gib(engine_expert_params(arch, et) * p),
         overhead=_gib(overhead),
         kv_cache=_gib(kv_cache),
         kv_bytes_per_token=kv_per_token,

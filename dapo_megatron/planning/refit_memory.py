@@ -24,7 +24,10 @@ Sending side (policy ranks, on their GPU):
              1), and a row-parallel gather holds the shards and their concatenation. So
              the export holds up to 2 F at once, F the largest gathered parameter (the
              padded vocabulary rows, fc1's 2 ffn x h or qkv's (heads + 2 groups) x
-             head_dim x h).
+             head_dim x h; MoE: one expert's fc1, 2 F_moe x h, or the router, E x h).
+             Experts stream like every other tensor: a bucket carries some experts'
+             gate/up/down, each gathered over TP from the EP rank that holds it, so no
+             rank holds all experts (the buffers stay bucket-sized).
              A rank that collects a bucket holds B (the bucket's HF tensors, counting the
              split copies) plus F (the gathered parameter they were cut from); the others
              hold 2 F.
@@ -76,20 +79,30 @@ def _align(n: int) -> int:
     return -(-n // ALIGN_BYTES) * ALIGN_BYTES
 
 
+def _mlp_rows(arch: ModelArch) -> tuple[int, int]:
+    """(rows of one gate/up/down tensor, rows of the router) of a layer's MLP: the dense
+    SwiGLU's ffn and no router, or one expert's F_moe and the router's E."""
+    if arch.moe is None:
+        return arch.ffn_hidden_size, 0
+    return arch.moe.moe_ffn_hidden_size, arch.moe.num_experts
+
+
 def largest_hf_tensor(arch: ModelArch) -> int:
     """Elements of the largest exported HF tensor: embedding / lm_head (vocab x h, padding
-    removed), gate / up / down (ffn x h) or q / o (heads x head_dim x h)."""
-    h = arch.hidden_size
-    return h * max(arch.vocab_size, arch.ffn_hidden_size, arch.num_attention_heads * arch.head_dim)
+    removed), gate / up / down (ffn x h; MoE: one expert's F_moe x h), the router (E x h)
+    or q / o (query_width x h)."""
+    ffn, router = _mlp_rows(arch)
+    return arch.hidden_size * max(arch.vocab_size, ffn, router, arch.query_width)
 
 
 def largest_gathered_parameter(arch: ModelArch, tp: int) -> int:
     """Elements of the largest Megatron parameter the export gathers whole (F): the
     embedding or output layer (the vocabulary padded for ``tp``), fc1 (gate and up,
-    2 ffn x h) or qkv ((heads + 2 query groups) x head_dim x h)."""
-    h = arch.hidden_size
+    2 ffn x h; MoE: one expert's 2 F_moe x h), the router (E x h) or qkv ((heads + 2
+    query groups) x head_dim x h)."""
+    ffn, router = _mlp_rows(arch)
     qkv = (arch.num_attention_heads + 2 * arch.num_query_groups) * arch.head_dim
-    return h * max(padded_vocab_size(arch.vocab_size, tp), 2 * arch.ffn_hidden_size, qkv)
+    return arch.hidden_size * max(padded_vocab_size(arch.vocab_size, tp), 2 * ffn, router, qkv)
 
 
 def bucket_buffer_bytes(refit: RefitInputs, arch: ModelArch, precision_bytes: int) -> int:

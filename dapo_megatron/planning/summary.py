@@ -10,6 +10,8 @@ import math
 from dataclasses import dataclass
 
 from dapo_megatron.config.loader import LoadedConfig
+from dapo_megatron.config.model_arch import ModelArch
+from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.planning.memory import MemoryReport, sleeping_engine_gib, unreleased_generation
 
@@ -58,6 +60,23 @@ def _human_count(n: int) -> str:
     return str(n)
 
 
+def layout(dims: ParallelDims) -> str:
+    """The policy layout as dapo-plan prints it: TP PP CP DP, +SP, and EP with its expert
+    data-parallel size (the group the experts' optimizer states shard over) when EP > 1."""
+    text = f"TP{dims.tp} PP{dims.pp} CP{dims.cp} DP{dims.dp}"
+    if dims.ep > 1:
+        text += f" EP{dims.ep} (expert DP{dims.dp * dims.cp // dims.ep})"
+    return text + (" +SP" if dims.sequence_parallel else "")
+
+
+def _experts(arch: ModelArch) -> str:
+    """The MoE part of the model row; empty for a dense model."""
+    if arch.moe is None:
+        return ""
+    m = arch.moe
+    return f", {m.num_experts} experts (top-{m.experts_per_token}, FFN {m.moe_ffn_hidden_size})"
+
+
 def format_plan(loaded: LoadedConfig) -> str:
     """A short human-readable table of the run's layout."""
     report = loaded.require_plan()
@@ -68,8 +87,9 @@ def format_plan(loaded: LoadedConfig) -> str:
             (
                 "model",
                 f"{arch.family}, {arch.num_layers} layers, hidden {arch.hidden_size}, heads "
-                f"{arch.num_attention_heads}/{arch.num_query_groups} kv, vocab {arch.vocab_size}, "
-                f"{_human_count(arch.num_parameters())} params ({report.arch_source})",
+                f"{arch.num_attention_heads}/{arch.num_query_groups} kv{_experts(arch)}, vocab "
+                f"{arch.vocab_size}, {_human_count(arch.num_parameters())} params "
+                f"({report.arch_source})",
             )
         )
     else:
@@ -82,9 +102,7 @@ def format_plan(loaded: LoadedConfig) -> str:
     rows.append(
         (
             "policy",
-            f"TP{dims.tp} PP{dims.pp} CP{dims.cp} DP{dims.dp}"
-            f"{' +SP' if dims.sequence_parallel else ''}, world {dims.world_size}, "
-            f"{cfg.policy.precision}",
+            f"{layout(dims)}, world {dims.world_size}, {cfg.policy.precision}",
         )
     )
     rows.append(
@@ -156,15 +174,20 @@ def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str
         extra.append((f"KL reference ({inp.precision})", col("reference"), "dapo.loss.kl_coef > 0"))
     if any(s.refit_buffer for s in report.stages):
         extra.append(("refit buffer (ipc)", col("refit_buffer"), "kept between refits"))
+    moe = _expert_rows(report)
     return [
         (f"weights ({inp.precision})", col("weights"), ""),
+        *moe[0],
         (
             "master weights (fp32)",
             col("master"),
             f"distributed optimizer {dist}; train peak with it {other}: {swap:.1f}",
         ),
+        *moe[1],
         ("grads (fp32 buffer)", col("grads"), "not sharded over DP"),
+        *moe[2],
         (f"optimizer ({inp.optimizer}, fp32)", col("optimizer"), f"distributed optimizer {dist}"),
+        *moe[3],
         *extra,
         (
             "activations",
@@ -172,6 +195,7 @@ def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str
             f"recompute {inp.recompute}, {in_flight} micro-batch(es) in flight; "
             f"train peak with recompute {recompute}",
         ),
+        *moe[4],
         (
             "logits (train step)",
             col("logits"),
@@ -204,14 +228,41 @@ def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str
     ]
 
 
+Row = tuple[str, tuple[float, ...], str]
+
+
+def _expert_rows(report: MemoryReport) -> list[list[Row]]:
+    """The experts' share of weights, master, grads, optimizer and activations: one
+    "of which experts" row under each (MoE only; five empty lists for a dense model)."""
+    inp = report.inputs
+    moe, dims = inp.arch.moe, inp.dims
+    if moe is None:
+        return [[] for _ in range(5)]
+    local = f"{moe.num_experts // dims.ep} of {moe.num_experts} experts per rank (EP{dims.ep})"
+    expert_dp = dims.dp * dims.cp // dims.ep if inp.distributed_optimizer else 1
+    sharded = f"sharded over expert DP{expert_dp}"
+    notes = (local, sharded, "not sharded over expert DP", sharded)
+    rows = [
+        [("  of which experts", tuple(s.expert_states[i] for s in report.stages), note)]
+        for i, note in enumerate(notes)
+    ]
+    routed = (
+        f"top-{moe.experts_per_token} routed copies of every token through the expert MLPs, "
+        "router scores"
+    )
+    rows.append(
+        [("  of which experts", tuple(s.expert_activations for s in report.stages), routed)]
+    )
+    return rows
+
+
 def format_memory(report: MemoryReport) -> str:
     """The per-GPU memory table: each term per pipeline stage, the knobs' alternatives,
     the peak of every phase and the verdict."""
     inp = report.inputs
     dims = inp.dims
     header = (
-        f"memory per GPU ({inp.gpu_mem_gib:.0f} GiB, {inp.precision}; policy TP{dims.tp} "
-        f"PP{dims.pp} CP{dims.cp} DP{dims.dp}{' +SP' if dims.sequence_parallel else ''}, "
+        f"memory per GPU ({inp.gpu_mem_gib:.0f} GiB, {inp.precision}; policy {layout(dims)}, "
         + (
             f"packed, {inp.packed_tokens} tokens per micro-batch"
             if inp.packed_tokens is not None
@@ -246,7 +297,9 @@ def format_memory(report: MemoryReport) -> str:
         lines.append(
             f"  vLLM engine GPU (TP{inp.engine.tensor_parallel_size}, utilization "
             f"{inp.engine.gpu_memory_utilization}): budget {e.budget:.1f} = weights "
-            f"{e.weights:.1f} + runtime/profile {e.overhead:.1f} + KV cache {e.kv_cache:.1f} GiB"
+            f"{e.weights:.1f}"
+            + (f" (experts {e.expert_weights:.1f}: all of them)" if e.expert_weights else "")
+            + f" + runtime/profile {e.overhead:.1f} + KV cache {e.kv_cache:.1f} GiB"
             f" -> {e.kv_tokens:,} tokens ({e.kv_bytes_per_token:,} B each), "
             f"{e.full_sequences} concurrent sequence(s) of {inp.seq_len} tokens"
         )

@@ -31,15 +31,17 @@ SEVENTY_B = REPO / "recipes" / "dapo-llama-3.1-70b-16n8g-tp8pp4cp2.yaml"
 NO_OVERHEAD = Overheads(0.0, 0.0, 0.0, 0.0, 0)
 
 
-def _unique_params(arch_name: str, tp: int, pp: int) -> int:
+def _unique_params(arch_name: str, tp: int, pp: int, ep: int = 1) -> int:
     """Parameters of the HF model recovered from every rank's count: drop padded vocabulary
-    rows and the tied copy, and count TP-replicated norms once per stage."""
+    rows and the tied copy, count TP-replicated norms (and router) once per stage, and add
+    the experts of the other EP - 1 ranks of the stage (each holds a different E/EP)."""
     arch = PRESETS[arch_name]
     total = 0
     for pp_rank in range(pp):
-        ranks = [rank_params(arch, tp, pp, pp_rank, tp_rank) for tp_rank in range(tp)]
+        ranks = [rank_params(arch, tp, pp, pp_rank, tp_rank, ep) for tp_rank in range(tp)]
         total += sum(r.total - r.vocab_padding - r.tied_copy for r in ranks)
         total -= (tp - 1) * ranks[0].replicated
+        total += (ep - 1) * sum(r.experts for r in ranks)
     return total
 
 
@@ -51,6 +53,27 @@ def test_qwen2_5_7b_split_adds_up_to_the_published_count(tp, pp):
 @pytest.mark.parametrize("tp,pp", [(1, 1), (8, 1), (8, 4), (4, 8), (8, 10)])
 def test_llama_3_1_70b_split_adds_up_to_the_published_count(tp, pp):
     assert _unique_params("llama-3.1-70b", tp, pp) == 70_553_706_496
+
+
+# Published parameter counts of the Hugging Face checkpoints (as in test_config.py).
+@pytest.mark.parametrize(
+    "name,published,layouts",
+    [
+        # Tied embedding, q width 2048 != hidden 1024.
+        ("qwen3-0.6b", 596_049_920, [(1, 1, 1), (2, 1, 1), (4, 2, 1), (8, 7, 1), (2, 28, 1)]),
+        ("qwen3-8b", 8_190_735_360, [(1, 1, 1), (4, 1, 1), (8, 4, 1), (2, 3, 1)]),
+        ("qwen3-32b", 32_762_123_264, [(1, 1, 1), (8, 1, 1), (8, 4, 1), (4, 2, 1)]),
+        # 128 experts of 3 x 2048 x 768 per layer, q width 4096 != hidden 2048.
+        (
+            "qwen3-30b-a3b",
+            30_532_122_624,
+            [(1, 1, 1), (1, 1, 8), (2, 1, 4), (4, 2, 8), (2, 4, 16), (1, 6, 128), (4, 1, 2)],
+        ),
+    ],
+)
+def test_qwen3_split_adds_up_to_the_published_count(name, published, layouts):
+    for tp, pp, ep in layouts:
+        assert _unique_params(name, tp, pp, ep) == published, (tp, pp, ep)
 
 
 @pytest.mark.parametrize("tp,pp", [(1, 1), (2, 2)])
@@ -139,11 +162,13 @@ def _seven_b(**change) -> MemoryInputs:
     return dataclasses.replace(base, **change)
 
 
-def test_distributed_optimizer_divides_master_and_states_by_dp():
+def test_distributed_optimizer_divides_master_and_states_by_dp_times_cp():
+    # DP8 x CP2: Megatron's dense DDP buffer reduce-scatters over the DP x CP group
+    # (intra_dp_cp_group), so the states shard 16 ways.
     on = stage_memory(_seven_b(distributed_optimizer=True), 0)
     off = stage_memory(_seven_b(distributed_optimizer=False), 0)
-    assert off.optimizer == pytest.approx(8 * on.optimizer)
-    assert off.master == pytest.approx(8 * on.master)
+    assert off.optimizer == pytest.approx(16 * on.optimizer)
+    assert off.master == pytest.approx(16 * on.master)
     assert off.grads == on.grads and off.weights == on.weights
 
 
