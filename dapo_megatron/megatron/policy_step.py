@@ -25,6 +25,7 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import overload
 
 import torch
 import torch.distributed as dist
@@ -113,7 +114,11 @@ def hidden_state_head(model_chunks: list[torch.nn.Module]) -> Iterator[None]:
     layer_owners = [
         unwrap_model(m) for m in model_chunks if hasattr(unwrap_model(m), "output_layer")
     ]
-    layers = [owner.output_layer for owner in layer_owners if getattr(owner, "post_process", False)]
+    layers: list[torch.nn.Module] = [
+        owner.output_layer
+        for owner in layer_owners
+        if getattr(owner, "post_process", False) and isinstance(owner.output_layer, torch.nn.Module)
+    ]
     for owner, layer in zip(layer_owners, layers, strict=False):
 
         def forward(hidden, weight=None, runtime_gather_output=None, _layer=layer, _owner=owner):
@@ -128,22 +133,33 @@ def hidden_state_head(model_chunks: list[torch.nn.Module]) -> Iterator[None]:
                 hidden = _CopyToTensorParallel.apply(hidden)
             return hidden, None
 
-        layer.forward = forward
+        # An instance attribute shadows the class's forward (nn.Module.__call__ reads it).
+        setattr(layer, "forward", forward)  # noqa: B010 - mypy refuses assigning a method
     try:
         yield
     finally:
         for layer in layers:
-            del layer.forward  # back to the class's forward
+            delattr(layer, "forward")  # back to the class's forward
         for owner in layer_owners:
             owner.__dict__.pop("_dapo_output_weight", None)
 
 
 def _output_weight(model: torch.nn.Module) -> torch.Tensor:
-    return unwrap_model(model)._dapo_output_weight
+    weight = unwrap_model(model).__dict__["_dapo_output_weight"]
+    assert isinstance(weight, torch.Tensor)
+    return weight
 
 
 # ---------------------------------------------------------------------------------------
 # Micro-batches
+
+
+@overload
+def _shifted(t: torch.Tensor) -> torch.Tensor: ...
+
+
+@overload
+def _shifted(t: torch.Tensor | None) -> torch.Tensor | None: ...
 
 
 def _shifted(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -168,12 +184,13 @@ def _micro_batches(
     cp_rank = parallel_state.get_context_parallel_rank()
     device = compute_device()
 
-    def local(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None:
-            return None
+    def local(t: torch.Tensor) -> torch.Tensor:
         if dims.cp > 1 and t.dim() == 2:
             t = split_for_context_parallel(t, seq_dim=1, cp_rank=cp_rank, cp_size=dims.cp)
         return t.to(device)
+
+    def optional(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else local(t)
 
     advantages = batch.advantages
     if advantages is not None and advantages.dim() == 1:
@@ -189,10 +206,10 @@ def _micro_batches(
                 position_ids=local(position_ids[rows]),
                 labels=local(_shifted(mb.input_ids)),
                 mask_BT=local(_shifted(mb.loss_mask).float()),
-                advantages_BT=local(_shifted(None if advantages is None else advantages[rows])),
-                old_logprobs_BT=local(_shifted(mb.old_logprobs)),
-                rollout_logprobs_BT=local(_shifted(mb.rollout_logprobs)),
-                ref_logprobs_BT=local(_shifted(mb.ref_logprobs)),
+                advantages_BT=optional(None if advantages is None else _shifted(advantages[rows])),
+                old_logprobs_BT=optional(_shifted(mb.old_logprobs)),
+                rollout_logprobs_BT=optional(_shifted(mb.rollout_logprobs)),
+                ref_logprobs_BT=optional(_shifted(mb.ref_logprobs)),
             )
         )
     return MicroBatches(micro, seq_len, rows_per_micro=micro_batch_size)
@@ -509,14 +526,15 @@ def train_step(
     want_entropy_grad = loss.entropy_coef > 0
 
     def loss_fn(model, mb: MicroBatch, hidden):
-        lp, ent = _token_logprobs(model, hidden, mb.labels, ctx, entropy=True)
+        lp, ent_or_none = _token_logprobs(model, hidden, mb.labels, ctx, entropy=True)
+        assert ent_or_none is not None and mb.advantages_BT is not None  # asked for; checked
         # Packed: the loss sees per-row tensors, as unpacked.
-        lp, ent = mb.loss_rows(lp), mb.loss_rows(ent)
+        lp, ent = mb.loss_rows(lp), mb.loss_rows(ent_or_none)
         # Without old logprobs this is the only update on the batch (the controller skips
         # the separate pass, controller/steps.py): the policy before the update IS the
         # current one, so old = lp.detached is exact (ratio 1, the same gradient).
         reuse = mb.old_logprobs_BT is None
-        old = lp.detach() if reuse else mb.old_logprobs_BT
+        old = lp.detach() if mb.old_logprobs_BT is None else mb.old_logprobs_BT
         # algorithms.loss.policy_loss semantics; the fused Triton kernel on CUDA, that very
         # function on CPU (impl="auto").
         inputs = LossInputs(
