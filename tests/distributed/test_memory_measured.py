@@ -11,9 +11,11 @@ the optimizer states exist, and the bytes of its tensors are summed by category:
 
 Without the distributed optimizer Megatron pads nothing and the numbers must be EXACT. With
 it, each parameter's start in the buffers is aligned to 64 elements and the buffer end to
-lcm(dp, 128), so grads (and the sharded master/state, 1/dp of the padded buffer) may exceed
-the plan by at most that padding; the test bounds the difference by it. Adam's per-tensor
-`step` scalars are not part of the plan (a few bytes per parameter tensor) and are excluded.
+lcm(dp x cp, 128), so grads (and the sharded master/state, 1/(dp x cp) of the padded
+buffer: the DDP buffer's group is DP x CP) may exceed the plan by at most that padding; the
+test bounds the difference by it (the CP2 case fails if the plan shards over DP only).
+Adam's per-tensor `step` scalars are not part of the plan (a few bytes per parameter
+tensor) and are excluded.
 """
 
 from __future__ import annotations
@@ -148,6 +150,8 @@ CASES = {
     "fp32-dp1": (ParallelDims(1, 1, 1, 1, False), "fp32", False),
     "bf16-dp1": (ParallelDims(1, 1, 1, 1, False), "bf16", False),
     "bf16-dp2-distopt": (ParallelDims(1, 1, 1, 2, False), "bf16", True),
+    # CP2, DP1: Megatron's DDP buffer shards over DP x CP, so the states still halve.
+    "bf16-cp2-distopt": (ParallelDims(1, 1, 2, 1, False), "bf16", True),
 }
 
 
@@ -163,8 +167,10 @@ def test_planned_states_match_measured_tensors(case, model_dir):
         assert measured["master"] == plan["master"]
         assert measured["states"] == plan["optimizer"]
         return
-    # Padding bound (module docstring): 64 elements per parameter tensor plus the buffer end.
-    pad = measured["num_tensors"] * 64 + math.lcm(dims.dp, 128)
+    # Padding bound (module docstring): 64 elements per parameter tensor plus the buffer end;
+    # the buffer is sharded over the DP x CP group.
+    shards = dims.dp * dims.cp
+    pad = measured["num_tensors"] * 64 + math.lcm(shards, 128)
     assert plan["grads"] <= measured["grads"] <= plan["grads"] + 4 * pad
-    assert plan["master"] <= measured["master"] <= plan["master"] + 4 * pad / dims.dp
-    assert plan["optimizer"] <= measured["states"] <= plan["optimizer"] + 8 * pad / dims.dp
+    assert plan["master"] <= measured["master"] <= plan["master"] + 4 * pad / shards
+    assert plan["optimizer"] <= measured["states"] <= plan["optimizer"] + 8 * pad / shards
