@@ -240,12 +240,19 @@ def engine_arguments(
     seed: int,
     dtype: str,
     enable_sleep_mode: bool,
+    cuda: bool,
 ) -> dict[str, Any]:
     """The ``vllm.LLM`` keyword arguments of one engine (``VllmGenerationBackend`` args).
 
-    The same on the CPU build and on CUDA except ``enable_sleep_mode`` (vLLM has no sleep
-    mode on CPU); tests/vllm_backend/test_engine_config.py feeds them to vLLM's own config
-    and validation with a CUDA node's facts.
+    The same on the CPU build and on CUDA (``cuda``) except two platform facts: sleep mode
+    (vLLM has none on CPU) and the MoE kernel. On CUDA vLLM 0.32 picks an unquantized MoE
+    kernel by GPU (fused_moe/oracle/unquantized.py ``select_unquantized_moe_backend``:
+    Triton on Hopper, FlashInfer first on Blackwell); FlashInfer's CUTLASS experts prepare
+    their weights once at load and keep them on a weight update, so a refit would serve
+    stale experts. Triton's experts need no preparation: pinned on every GPU (on CPU the
+    only kernel is the CPU one; generation/vllm_worker.py redoes its prepack after a refit).
+    tests/vllm_backend/test_engine_config.py feeds these arguments to vLLM's own config and
+    validation with a CUDA node's facts.
     """
     return {
         "model": model_path,
@@ -263,6 +270,7 @@ def engine_arguments(
         "logits_processors": [LOGITS_PROCESSOR],
         "worker_extension_cls": WORKER_EXTENSION,
         "enable_sleep_mode": enable_sleep_mode,
+        "moe_backend": "triton" if cuda else "auto",
     }
 
 
@@ -412,6 +420,7 @@ class VllmGenerationBackend:
                 seed=seed,
                 dtype=dtype,
                 enable_sleep_mode=self._sleep_supported,
+                cuda=_cuda_available(),
             )
         )
         config = self._llm.llm_engine.vllm_config

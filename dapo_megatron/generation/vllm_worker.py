@@ -156,6 +156,54 @@ def _reload_keeping_ties(worker: object, weights: Iterable[tuple[str, torch.Tens
             method = getattr(module, "quant_method", None)
             if method is not None and hasattr(method, "process_weights_after_loading"):
                 method.process_weights_after_loading(module)
+    _repack_experts(model)
+
+
+def _repack_experts(model: torch.nn.Module) -> None:
+    """Re-run the expert kernel's weight preparation that a weight update skips (MoE).
+
+    vLLM 0.32's unquantized MoE method (fused_moe/unquantized_fused_moe_method.py,
+    ``_setup_kernel``) converts reloaded expert weights to the kernel's format on every
+    load, but calls the experts class's own ``process_weights_after_loading`` only on the
+    first (``is_weight_update``). For the base class that is a no-op; the CPU experts
+    (fused_moe/experts/cpu_moe.py ``CPUUnquantizedExperts``) prepack there, so after a
+    refit they multiplied with raw weights laid out as packed ones: logprobs of a tiny
+    Qwen3-MoE were off by up to 7. Here the prepack is redone in place (the kernel keeps
+    the same storage, which the next layerwise reload writes into again). On CUDA the
+    backend pins the Triton experts (``vllm_backend.engine_arguments``), whose preparation
+    is the base no-op; any other class that prepares weights is refused rather than
+    served stale.
+    """
+    from vllm.model_executor.layers.fused_moe.modular_kernel import FusedMoEExperts
+
+    for module in model.modules():
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is None:
+            continue
+        prepare = type(experts).process_weights_after_loading
+        if prepare is FusedMoEExperts.process_weights_after_loading:
+            continue  # nothing to redo: the conversion already ran on this update
+        isa = getattr(experts, "isa", None)
+        config = getattr(experts, "moe_config", None)
+        padded = (
+            isa is not None
+            and config is not None
+            and (
+                experts._padded_intermediate_size(config) != config.intermediate_size_per_partition
+            )
+        )
+        if isa is None or padded or getattr(experts, "_use_zentorch", False):
+            raise NotImplementedError(
+                f"vLLM's {type(experts).__name__} MoE kernel prepares its weights after "
+                "loading and skips that on a weight update; a refit would serve stale "
+                "experts. Supported: the Triton experts (CUDA) and the CPU experts"
+            )
+        from vllm import _custom_ops
+
+        for name in ("w13_weight", "w2_weight"):
+            weight = getattr(module, name)
+            weight.data.copy_(_custom_ops.cpu_prepack_moe_weight(weight.data, isa))
 
 
 class WeightRefitExtension:

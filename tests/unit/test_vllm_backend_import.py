@@ -85,7 +85,9 @@ def test_engine_arguments_need_no_vllm() -> None:
         seed=0,
         dtype="bfloat16",
         enable_sleep_mode=True,
+        cuda=True,
     )
     assert args["logprobs_mode"] == "processed_logits"
+    assert args["moe_backend"] == "triton"
     assert args["logits_processors"] == [vllm_backend.LOGITS_PROCESSOR]
     assert args["distributed_executor_backend"] == "mp"

@@ -94,7 +94,7 @@ def _apply_cuda_facts(monkeypatch: pytest.MonkeyPatch) -> None:
         monkeypatch.setattr(envs, "__getattr__", envs.__getattr__.__wrapped__)
 
 
-def _arguments(model_dir: str, *, enable_sleep_mode: bool) -> dict[str, Any]:
+def _arguments(model_dir: str, *, enable_sleep_mode: bool, cuda: bool = True) -> dict[str, Any]:
     # A GPU recipe's engine (bf16, CUDA graphs, TP 1).
     return vllm_backend.engine_arguments(
         model_dir,
@@ -106,6 +106,7 @@ def _arguments(model_dir: str, *, enable_sleep_mode: bool) -> dict[str, Any]:
         seed=0,
         dtype="bfloat16",
         enable_sleep_mode=enable_sleep_mode,
+        cuda=cuda,
     )
 
 
@@ -147,11 +148,37 @@ def test_vllm_sees_triton_on_a_cuda_node(
     assert has_triton is expected
 
 
-def test_arguments_differ_from_the_cpu_build_only_in_sleep_mode(tmp_path) -> None:
-    cpu = _arguments(str(tmp_path), enable_sleep_mode=False)
-    cuda = _arguments(str(tmp_path), enable_sleep_mode=True)
-    assert {k for k in cuda if cuda[k] != cpu[k]} == {"enable_sleep_mode"}
+def test_arguments_differ_from_the_cpu_build_only_in_sleep_mode_and_moe_kernel(tmp_path) -> None:
+    cpu = _arguments(str(tmp_path), enable_sleep_mode=False, cuda=False)
+    cuda = _arguments(str(tmp_path), enable_sleep_mode=True, cuda=True)
+    assert {k for k in cuda if cuda[k] != cpu[k]} == {"enable_sleep_mode", "moe_backend"}
     assert cuda["logprobs_mode"] == vllm_backend.LOGPROBS_MODE == "processed_logits"
+
+
+def test_cuda_engine_runs_moe_experts_whose_weights_a_refit_keeps_current(cuda_config) -> None:
+    """vLLM 0.32 calls an experts class's ``process_weights_after_loading`` at the first
+    load only (unquantized_fused_moe_method.py ``_setup_kernel``, ``is_weight_update``), so
+    a refit is exact only with experts that prepare nothing there. On CUDA the oracle's own
+    choice depends on the GPU (Blackwell tries FlashInfer first, whose CUTLASS experts do
+    prepare); the engine pins Triton, whose experts keep the base no-op. On CPU the only
+    experts prepack, which vllm_worker._repack_experts redoes after every refit."""
+    from vllm.model_executor.layers.fused_moe import modular_kernel as mk
+    from vllm.model_executor.layers.fused_moe.oracle import unquantized as oracle
+
+    assert cuda_config.kernel_config.moe_backend == "triton"
+    backend = oracle.map_unquantized_backend(cuda_config.kernel_config.moe_backend)
+    assert backend == oracle.UnquantizedMoeBackend.TRITON
+    base = mk.FusedMoEExperts.process_weights_after_loading
+    for experts in oracle.backend_to_kernel_cls(backend):
+        assert experts.process_weights_after_loading is base, experts
+    # Controls: the experts of the unpinned choices this guards against do prepare.
+    from vllm.model_executor.layers.fused_moe.experts.flashinfer_cutlass_moe import (
+        FlashInferExperts,
+    )
+
+    assert FlashInferExperts.process_weights_after_loading is not base
+    for experts in oracle.backend_to_kernel_cls(oracle.UnquantizedMoeBackend.CPU):
+        assert experts.process_weights_after_loading is not base, experts
 
 
 def test_cuda_node_runs_the_v1_model_runner(cuda_config) -> None:
