@@ -25,9 +25,12 @@ Sending side (policy ranks, on their GPU):
              the export holds up to 2 F at once, F the largest gathered parameter (the
              padded vocabulary rows, fc1's 2 ffn x h or qkv's (heads + 2 groups) x
              head_dim x h; MoE: one expert's fc1, 2 F_moe x h, or the router, E x h).
-             Experts stream like every other tensor: a bucket carries some experts'
-             gate/up/down, each gathered over TP from the EP rank that holds it, so no
-             rank holds all experts (the buffers stay bucket-sized).
+             A MoE's experts stream after the other tensors, one local expert slot of one
+             layer at a time (``megatron/hf_experts.export_experts``): every rank gathers
+             its expert over TP and the slot's EP experts over EP, so it holds
+             X = (EP + 2) x 3 F_moe h at once (EP experts' fc1 and fc2, its own expert
+             gathered, and the fc2 shards and gate/up copies of one expert); no rank
+             holds all experts, and X replaces F where it is larger.
              A rank that collects a bucket holds B (the bucket's HF tensors, counting the
              split copies) plus F (the gathered parameter they were cut from); the others
              hold 2 F.
@@ -129,6 +132,14 @@ class RefitStage:
     parameter being split on a rank that collects buckets, else twice that parameter."""
 
 
+def expert_export_elements(arch: ModelArch, ep: int) -> int:
+    """X: elements an expert slot's export holds at once on a rank, (EP + 2) x 3 F_moe h
+    (module docstring); 0 for a dense model."""
+    if arch.moe is None:
+        return 0
+    return (ep + 2) * 3 * arch.moe.moe_ffn_hidden_size * arch.hidden_size
+
+
 def refit_stage(
     refit: RefitInputs | None,
     arch: ModelArch,
@@ -142,13 +153,14 @@ def refit_stage(
     b = bucket_buffer_bytes(refit, arch, precision_bytes)
     exporter = has_exporter(refit, dims, stage)
     gathered = largest_gathered_parameter(arch, dims.tp) * precision_bytes
+    experts = expert_export_elements(arch, dims.ep) * precision_bytes
     if refit.transport == "ipc":
         # Every rank collects each bucket's tensors, with or without a buffer to pack into.
-        return RefitStage(buffer=b if exporter else 0, staging=0, export=b + gathered)
+        return RefitStage(buffer=b if exporter else 0, staging=0, export=b + max(gathered, experts))
     return RefitStage(
         buffer=0,
         staging=b if exporter else 0,
-        export=b + gathered if exporter else 2 * gathered,
+        export=b + max(gathered, experts) if exporter else max(2 * gathered, experts),
     )
 
 

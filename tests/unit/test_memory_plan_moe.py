@@ -27,7 +27,12 @@ from dapo_megatron.planning.memory_terms import (
     layer_params,
     stage_memory,
 )
-from dapo_megatron.planning.refit_memory import largest_gathered_parameter, largest_hf_tensor
+from dapo_megatron.planning.refit_memory import (
+    MIB,
+    RefitInputs,
+    largest_gathered_parameter,
+    largest_hf_tensor,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 MOE_RECIPES = sorted((REPO / "recipes").glob("dapo-qwen3-30b-a3b-*.yaml"))
@@ -171,6 +176,20 @@ def test_refit_tensors_of_a_moe_are_one_expert_not_all():
     big = PRESETS["qwen3-30b-a3b"]
     assert largest_hf_tensor(big) == 151936 * 2048
     assert largest_gathered_parameter(big, 2) == 152064 * 2048
+
+
+def test_expert_slot_export_sizes_the_refit_export_of_a_moe():
+    # tiny-qwen3-moe at EP2, broadcast from rank 0 with a 1 MiB bucket: one expert slot
+    # gathers 2 experts' fc1 (2 x 32 x 64) and fc2 (64 x 32) over EP, plus its own expert
+    # and one expert's shards/copies: (2 + 2) x 3 x 32 x 64 = 24576 elements, more than the
+    # largest gathered parameter (qkv, 12288): 49152 bytes in bf16 beside the bucket.
+    refit = RefitInputs("broadcast", MIB, exporters=1, engine_asleep=True)
+    engine = EngineInputs(1, 0.5, 4, enforce_eager=False)
+    inputs = _moe_inputs(2, colocated=False, engine=engine, refit=refit)
+    assert stage_memory(inputs, 0).refit_export * GIB == MIB + 24576 * 2
+    # A dense model of the same attention keeps the gathered-parameter bound.
+    dense = dataclasses.replace(inputs, arch=PRESETS["tiny-qwen3"])
+    assert stage_memory(dense, 0).refit_export * GIB == MIB + 16384 * 2  # fc1 2 x 128 x 64
 
 
 def test_ep_appears_in_the_layout_and_the_knobs():
