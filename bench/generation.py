@@ -1,10 +1,10 @@
 """Rollout throughput of the Megatron generation backend vs HF transformers ``generate``, CPU.
 
-Both providers run in THIS process, one after the other, on the same random tiny Qwen2
-(fp32, default: the ``tiny-qwen2`` preset of the CPU recipe), the same prompts (random
-token ids, lengths drawn from [min, max] prompt length, so rows are padded) and the same
-sampling (temperature 1, no top-k/top-p, no stop token: every row generates exactly
-``--max-tokens`` tokens, so both do the same amount of work):
+Both providers run in THIS process, one after the other, on the same random tiny model
+(fp32, a ``--preset`` of any family; default: the ``tiny-qwen2`` preset of the CPU
+recipe), the same prompts (random token ids, lengths drawn from [min, max] prompt length,
+so rows are padded) and the same sampling (temperature 1, no top-k/top-p, no stop token:
+every row generates exactly ``--max-tokens`` tokens, so both do the same amount of work):
 
   megatron  ``MegatronGenerationBackend.generate`` (Megatron-Core GPTModel, static KV
             cache, our decode loop), all prompts x n rows in one batch, world size 1.
@@ -38,7 +38,13 @@ from pathlib import Path
 import torch
 import transformers
 
-from dapo_megatron.config.model_arch import PRESETS, ModelArch, arch_from_hf_config, qwen2_hf_config
+from dapo_megatron.config.model_arch import (
+    HF_ARCHITECTURES,
+    PRESETS,
+    ModelArch,
+    arch_from_hf_config,
+    hf_config,
+)
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.shared.sampling import SamplingParams
 
@@ -147,14 +153,14 @@ def main() -> None:
     from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
     from dapo_megatron.megatron.inference import MegatronGenerationBackend
 
-    hf_config = qwen2_hf_config(PRESETS[args.preset])
+    config = hf_config(PRESETS[args.preset])
     torch.manual_seed(0)
-    hf_model = transformers.Qwen2ForCausalLM(hf_config).eval()
+    hf_model = getattr(transformers, HF_ARCHITECTURES[config.model_type])(config).eval()
     dims = ParallelDims(tp=1, pp=1, cp=1, dp=1, sequence_parallel=False)
     initialize_parallel(dims, seed=0)
     with tempfile.TemporaryDirectory() as tmp:
         hf_model.save_pretrained(tmp)
-        arch = arch_from_hf_config(hf_config.to_dict(), "bench model")
+        arch = arch_from_hf_config(config.to_dict(), "bench model")
         engine = MegatronGenerationBackend.from_hf_checkpoint(tmp, arch, dims, "fp32")
     load_before = os.getloadavg()
     cases = {spec: _case(engine, hf_model, arch, spec, args) for spec in args.cases.split(",")}

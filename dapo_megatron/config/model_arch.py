@@ -340,20 +340,6 @@ HF_ARCHITECTURES = {
 """The transformers model class (config.json ``architectures``) of each family."""
 
 
-def qwen2_hf_config(arch: ModelArch, **extra: object) -> transformers.Qwen2Config:
-    """The HF Qwen2 config of a (qwen2-family) ModelArch; `extra` adds HF-only fields.
-
-    Here, beside ``hf_config_fields``, because both the tiny-model writer (data/) and the HF
-    exporter (megatron/) build it, and both import config/."""
-    import transformers  # lazily: importing the config package stays light
-
-    # Keywords gathered in a dict[str, Any]: transformers 5's typed signature lacks
-    # `rope_theta` (still accepted and turned into rope_parameters; 4.x needs it), and
-    # `extra` may hold values for any field.
-    kwargs: dict[str, Any] = {**hf_config_fields(arch), **extra}
-    return transformers.Qwen2Config(**kwargs)
-
-
 def arch_from_hf_config(hf: dict[str, Any], source: str) -> ModelArch:
     """Read a ModelArch from a parsed HF config.json; `source` names the file in errors."""
     family = hf.get("model_type")

@@ -1,7 +1,8 @@
-"""Create the tiny CPU recipe's policy: a randomly initialised Qwen2 checkpoint, offline.
+"""Create the tiny CPU recipe's policy: a randomly initialised checkpoint, offline.
 
-The tiny recipe (policy.init_model_if_missing) starts from a model no hub has: a
-Qwen2ForCausalLM of a ModelArch preset with random weights, saved as an ordinary Hugging Face
+The tiny recipe (policy.init_model_if_missing) starts from a model no hub has: the HF model
+of a ModelArch preset (any family: Qwen2ForCausalLM, Qwen3ForCausalLM,
+Qwen3MoeForCausalLM...) with random weights, saved as an ordinary Hugging Face
 checkpoint (config.json, model.safetensors) with the char tokenizer next to it, so every
 later stage (Megatron weight loading, generation, evaluation) reads it like a real model.
 
@@ -11,7 +12,8 @@ creation is idempotent: an existing complete checkpoint is left untouched. Sever
 may race to create it (e.g. every rank of a first run); one rename wins and the others
 use its result.
 
-CLI: ``python -m dapo_megatron.data.tiny_model --out DIR [--seed N]`` (the tiny-qwen2 preset).
+CLI: ``python -m dapo_megatron.data.tiny_model --out DIR [--seed N] [--preset NAME]``
+(default preset: tiny-qwen2).
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from dapo_megatron.config.model_arch import PRESETS, ModelArch, arch_from_hf_config, qwen2_hf_config
+from dapo_megatron.config.model_arch import (
+    HF_ARCHITECTURES,
+    PRESETS,
+    ModelArch,
+    arch_from_hf_config,
+    hf_config,
+)
 from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
 
 REQUIRED_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
@@ -53,10 +61,13 @@ def _write_checkpoint(out: Path, arch: ModelArch, seed: int) -> None:
     import torch
     import transformers
 
-    if arch.family != "qwen2" or arch.rope_scaling_factor is not None:
+    if arch.family not in HF_ARCHITECTURES or arch.rope_scaling_factor is not None:
+        # hf_config writes no RoPE scaling (the exporter adds Llama's); a tiny model never
+        # needs it.
         raise ValueError(
-            f"create_tiny_model builds Qwen2 models with unscaled RoPE; got family "
-            f"{arch.family!r}, rope scaling {arch.rope_scaling_factor}"
+            f"create_tiny_model builds models of the families {', '.join(HF_ARCHITECTURES)} "
+            f"with unscaled RoPE; got family {arch.family!r}, rope scaling "
+            f"{arch.rope_scaling_factor}"
         )
     tokenizer = build_char_tokenizer(model_max_length=arch.max_position_embeddings)
     if len(tokenizer) > arch.vocab_size:
@@ -64,7 +75,7 @@ def _write_checkpoint(out: Path, arch: ModelArch, seed: int) -> None:
             f"the char tokenizer has {len(tokenizer)} tokens but the architecture's vocabulary "
             f"has {arch.vocab_size}; choose a preset with vocab_size >= {len(tokenizer)}"
         )
-    config = qwen2_hf_config(
+    config = hf_config(
         arch,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -73,7 +84,7 @@ def _write_checkpoint(out: Path, arch: ModelArch, seed: int) -> None:
     # A private RNG state: the caller's torch seed (and its later draws) stay untouched.
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = transformers.Qwen2ForCausalLM(config)
+        model = getattr(transformers, HF_ARCHITECTURES[arch.family])(config)
     model.save_pretrained(out)
     save_char_tokenizer(tokenizer, out)
 
@@ -81,7 +92,7 @@ def _write_checkpoint(out: Path, arch: ModelArch, seed: int) -> None:
 def create_tiny_model(
     out_dir: str | Path, *, arch: ModelArch = PRESETS["tiny-qwen2"], seed: int
 ) -> Path:
-    """Create a random Qwen2ForCausalLM of `arch` with the char tokenizer at `out_dir`.
+    """Create a random HF model of `arch` with the char tokenizer at `out_dir`.
 
     Does nothing when `out_dir` already holds a complete checkpoint of `arch`.
 
@@ -96,8 +107,8 @@ def create_tiny_model(
 
     Raises:
         FileExistsError: `out_dir` exists and is neither empty nor a complete checkpoint.
-        ValueError: the existing checkpoint has another architecture, or `arch` is not a
-            Qwen2 whose vocabulary fits the tokenizer.
+        ValueError: the existing checkpoint has another architecture, or `arch` has no HF
+            model class, scaled RoPE, or a vocabulary smaller than the tokenizer's.
     """
     out = Path(out_dir)
     if is_complete_checkpoint(out):
@@ -135,12 +146,18 @@ def main(argv: list[str] | None = None) -> int:
     """CLI entry: create the model and print its directory."""
     parser = argparse.ArgumentParser(
         prog="python -m dapo_megatron.data.tiny_model",
-        description="Create a randomly initialised tiny-qwen2 checkpoint with the char tokenizer.",
+        description="Create a randomly initialised tiny checkpoint with the char tokenizer.",
+    )
+    parser.add_argument(
+        "--preset",
+        default="tiny-qwen2",
+        choices=sorted(PRESETS),
+        help="ModelArch preset (default tiny-qwen2)",
     )
     parser.add_argument("--out", required=True, help="checkpoint directory to create")
     parser.add_argument("--seed", type=int, default=0, help="initialisation seed (default 0)")
     args = parser.parse_args(argv)
-    print(create_tiny_model(args.out, seed=args.seed))
+    print(create_tiny_model(args.out, arch=PRESETS[args.preset], seed=args.seed))
     return 0
 
 

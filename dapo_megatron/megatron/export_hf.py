@@ -9,7 +9,7 @@ writes; the other ranks only take part in the collectives. The result is an ordi
 model directory that ``AutoModelForCausalLM.from_pretrained`` (and vLLM, and
 ``policy.model_name_or_path`` of a new run) reads:
 
-* ``config.json``: the HF config of the architecture (Qwen2 or Llama, built from
+* ``config.json``: the HF config of the architecture (Qwen2, Llama, Qwen3..., built from
   ``ModelArch``; the token ids of the base model's config.json are carried over) with the
   dtype of the exported tensors;
 * ``model.safetensors``, or shards ``model-0000i-of-0000n.safetensors`` of at most
@@ -45,11 +45,11 @@ import torch
 
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import (
+    HF_ARCHITECTURES,
     ModelArch,
     arch_from_hf_config,
-    hf_config_fields,
-    qwen2_hf_config,
 )
+from dapo_megatron.config.model_arch import hf_config as arch_hf_config
 from dapo_megatron.storage.checkpoint_dirs import MARKER, latest_checkpoint, read_marker
 
 if TYPE_CHECKING:
@@ -195,7 +195,8 @@ def check_layout(arch: ModelArch, tp: int, pp: int) -> None:
 def hf_config(
     arch: ModelArch, *, dtype: torch.dtype | None = None, base_config: dict[str, Any] | None = None
 ) -> transformers.PretrainedConfig:
-    """The Hugging Face config of ``arch`` (Qwen2 or Llama) for ``from_pretrained``.
+    """The Hugging Face config of ``arch`` (any family of ``HF_ARCHITECTURES``) for
+    ``from_pretrained``.
 
     Args:
         arch: the architecture.
@@ -207,8 +208,6 @@ def hf_config(
             bias, which HF's ``attention_bias`` would also put on o_proj; a config that does
             not read back as ``arch``).
     """
-    import transformers
-
     extra: dict[str, Any] = {
         k: base_config[k] for k in _CARRIED_CONFIG_KEYS if base_config and k in base_config
     }
@@ -220,22 +219,18 @@ def hf_config(
             "factor": arch.rope_scaling_factor,
             **_LLAMA3_ROPE,
         }
-    if arch.family == "qwen2":
-        config = qwen2_hf_config(arch, **extra)
-        config.architectures = ["Qwen2ForCausalLM"]
-    elif arch.family == "llama":
-        if arch.add_qkv_bias:
-            raise ExportError(
-                "a Llama with q/k/v bias has no HF Llama equivalent (attention_bias also "
-                "biases o_proj, which this model does not have)"
-            )
-        fields: dict[str, Any] = {**hf_config_fields(arch), **extra}
-        config = transformers.LlamaConfig(attention_bias=False, mlp_bias=False, **fields)
-        config.architectures = ["LlamaForCausalLM"]
-    else:
+    if arch.family not in HF_ARCHITECTURES:
         raise ExportError(
-            f"model family {arch.family!r} has no Hugging Face export; supported: qwen2, llama"
+            f"model family {arch.family!r} has no Hugging Face export; supported: "
+            f"{', '.join(HF_ARCHITECTURES)}"
         )
+    if arch.family == "llama" and arch.add_qkv_bias:
+        raise ExportError(
+            "a Llama with q/k/v bias has no HF Llama equivalent (attention_bias also "
+            "biases o_proj, which this model does not have)"
+        )
+    config = arch_hf_config(arch, **extra)
+    config.architectures = [HF_ARCHITECTURES[arch.family]]
     read_back = arch_from_hf_config(config.to_dict(), "the exported config")
     if read_back != arch:
         raise ExportError(

@@ -1,4 +1,4 @@
-"""Hugging Face <-> Megatron-Core weights for the Qwen2 / Llama GPT model of model.py.
+"""Hugging Face <-> Megatron-Core weights for the GPT model of model.py (Qwen2, Llama, Qwen3).
 
 Import (``load_hf_checkpoint``) fills this rank's TP shard of this rank's pipeline stage
 straight from the safetensors files: each tensor is opened lazily with ``safe_open`` and
@@ -22,6 +22,10 @@ Megatron layouts handled here (np query heads, ng query groups, hn head dim, tp 
   TP-concatenated tensor is ``[tp, 2, ffn/tp, h]``.
 * column-parallel (qkv, fc1, embedding, output layer) split rows; row-parallel
   (``linear_proj``, ``linear_fc2``) split columns; norms are replicated.
+* the q rows of ``linear_qkv`` and the columns of ``linear_proj`` are ``query_width`` =
+  np x hn wide: the hidden size except where the head size is explicit (Qwen3).
+* Qwen3's ``self_attn.q_norm`` / ``k_norm`` <-> ``self_attention.q_layernorm`` /
+  ``k_layernorm`` (hn wide, replicated).
 * embedding/output layer rows are padded to ``padded_vocab_size``; padding rows are zero
   on import and dropped on export.
 """
@@ -98,13 +102,26 @@ def _layer_entries(arch: ModelArch, layer: int, local: int, stage: int) -> list[
                 (qkv_rows,),
             )
         )
+    if arch.qk_layernorm:
+        # Qwen3's per-head q/k RMSNorm: one head's width, shared by every head, so each TP
+        # rank holds all of it. The local and TE specs use the same module names.
+        entries += [
+            _Entry(
+                (f"{mg}self_attention.{mg_norm}.weight",),
+                (f"{hf}self_attn.{hf_norm}.weight",),
+                REPLICATED,
+                stage,
+                (arch.head_dim,),
+            )
+            for mg_norm, hf_norm in (("q_layernorm", "q_norm"), ("k_layernorm", "k_norm"))
+        ]
     entries += [
         _Entry(
             (f"{mg}self_attention.linear_proj.weight",),
             (f"{hf}self_attn.o_proj.weight",),
             ROW,
             stage,
-            (h, arch.num_attention_heads * arch.head_dim),
+            (h, arch.query_width),
         ),
         _Entry(
             (f"{mg}pre_mlp_layernorm.weight", f"{mg}mlp.linear_fc1.layer_norm_weight"),
@@ -351,7 +368,7 @@ def _hf_shapes(entry: _Entry, arch: ModelArch) -> list[tuple[int, ...]]:
         return [(arch.ffn_hidden_size, *rest)] * 2
     if entry.kind == QKV:
         kv = (arch.num_query_groups * arch.head_dim, *rest)
-        return [(arch.num_attention_heads * arch.head_dim, *rest), kv, kv]
+        return [(arch.query_width, *rest), kv, kv]
     return [entry.full_shape]
 
 

@@ -1,8 +1,9 @@
-"""Build this rank's Megatron-Core GPTModel for a Qwen2 or Llama 3 architecture.
+"""Build this rank's Megatron-Core GPTModel for a Qwen2, Llama 3 or Qwen3 architecture.
 
 The model mirrors the HF implementation: RMSNorm before attention and MLP, SwiGLU MLP
 without biases, rotary embeddings with the model's theta, grouped-query attention, a
-q/k/v bias for Qwen2, tied or untied input/output embeddings. Weights are random until
+q/k/v bias for Qwen2, Qwen3's per-head q/k RMSNorm and explicit head size, tied or
+untied input/output embeddings. Weights are random until
 ``hf_weights.load_hf_checkpoint`` fills them.
 
 Layer implementation: Transformer Engine's spec on CUDA; Megatron's local (pure torch)
@@ -43,7 +44,7 @@ from megatron.core.transformer.transformer_block import (
 )
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
+from dapo_megatron.config.model_arch import SUPPORTED_FAMILIES, ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.megatron import rope_thd
 from dapo_megatron.megatron.cp_attention import ContextParallelAttention
@@ -134,7 +135,7 @@ def transformer_config(
     """Megatron TransformerConfig equivalent to the HF model ``arch`` under layout ``dims``.
 
     Args:
-        arch: model architecture (Qwen2 or Llama family).
+        arch: model architecture (Qwen2, Llama or Qwen3 family).
         dims: parallel layout; tp, pp, cp and sequence_parallel are used.
         precision: "fp32", "bf16" or "fp16": the dtype of the parameters and activations.
         recompute: activation recompute in training: "none", "selective" or "full".
@@ -142,8 +143,10 @@ def transformer_config(
     if precision not in _DTYPES:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(_DTYPES)}")
     recompute_fields = _recompute_settings(recompute)
-    if arch.family not in ("qwen2", "llama"):
-        raise ValueError(f"model family {arch.family!r} is not supported (qwen2, llama)")
+    # Qwen3-MoE needs the expert fields (being added); until then only dense families.
+    dense = tuple(f for f in SUPPORTED_FAMILIES if f != "qwen3_moe")
+    if arch.family not in dense:
+        raise ValueError(f"model family {arch.family!r} is not supported ({', '.join(dense)})")
     dtype = _DTYPES[precision]
     on_cpu = not torch.cuda.is_available()
     return TransformerConfig(
@@ -152,7 +155,15 @@ def transformer_config(
         ffn_hidden_size=arch.ffn_hidden_size,
         num_attention_heads=arch.num_attention_heads,
         num_query_groups=arch.num_query_groups,
+        # Qwen3's head size is its own (heads x head_dim != hidden in Qwen3-0.6B/8B...):
+        # SelfAttention sizes linear_qkv's q rows and linear_proj's input as
+        # heads x kv_channels, not hidden.
         kv_channels=arch.head_dim,
+        # Qwen3's q_norm / k_norm: RMSNorm over each head after the qkv split, before RoPE
+        # (Attention.get_query_key_value_tensors). Both specs take it from this field
+        # (spec_arguments); finalize_model_grads all-reduces the q/k_layernorm grads over
+        # TP by their names whenever it is set.
+        qk_layernorm=arch.qk_layernorm,
         normalization="RMSNorm",
         layernorm_epsilon=arch.norm_epsilon,
         gated_linear_unit=True,  # SwiGLU: fc1 = [gate; up], act = silu(gate) * up
@@ -204,7 +215,14 @@ class _RMSNorm(torch.nn.RMSNorm):
 
 def spec_arguments(config: TransformerConfig) -> dict[str, Any]:
     """The layer-spec arguments both specs take from the model's config (QK-norm, MoE), so
-    the TE spec on GPU and the local spec on CPU build the same layer."""
+    the TE spec on GPU and the local spec on CPU build the same layer.
+
+    QK-norm on GPU is decided in Megatron's ``get_gpt_layer_with_transformer_engine_spec``
+    (``gpt_layer_specs.py``): ``q_layernorm``/``k_layernorm`` are
+    ``TESpecProvider.layer_norm(for_qk=True)`` (TENorm) when ``qk_layernorm`` is passed,
+    else IdentityOp; nothing reads ``config.qk_layernorm`` there, so it must be passed.
+    Either spec names the weights ``self_attention.q_layernorm.weight`` / ``k_layernorm``.
+    """
     return {
         "num_experts": config.num_moe_experts,
         "moe_grouped_gemm": config.moe_grouped_gemm,

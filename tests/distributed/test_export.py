@@ -318,7 +318,10 @@ def test_cli_errors_name_the_path_and_the_fix(tmp_path: Path, capsys) -> None:
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("preset", ["tiny-qwen2", "qwen2.5-7b", "llama-3.1-8b"])
+@pytest.mark.parametrize(
+    "preset",
+    ["tiny-qwen2", "qwen2.5-7b", "llama-3.1-8b", "qwen3-8b", "tiny-qwen3", "qwen3-30b-a3b"],
+)
 def test_hf_config_reads_back_as_the_arch(preset: str) -> None:
     from dapo_megatron.config.model_arch import PRESETS, arch_from_hf_config
     from dapo_megatron.megatron.export_hf import hf_config
@@ -328,7 +331,12 @@ def test_hf_config_reads_back_as_the_arch(preset: str) -> None:
     as_json = json.loads(config.to_json_string())
     assert arch_from_hf_config(as_json, preset) == arch
     assert as_json["eos_token_id"] == [7, 8] and as_json["dtype"] == "bfloat16"
-    family = {"qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM"}[arch.family]
+    family = {
+        "qwen2": "Qwen2ForCausalLM",
+        "llama": "LlamaForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+        "qwen3_moe": "Qwen3MoeForCausalLM",
+    }[arch.family]
     assert as_json["architectures"] == [family]
 
 

@@ -92,7 +92,8 @@ def _hf_logprobs(model, input_ids):
 
 def _reference(hf_dir: Path, batch: PolicyBatch, spec: LossSpec) -> dict:
     """Float64 DAPO loss and gradients on the HF model, whole batch at once."""
-    model = transformers.Qwen2ForCausalLM.from_pretrained(hf_dir, attn_implementation="eager")
+    # Auto: test_qwen3.py reuses this reference for a Qwen3 checkpoint.
+    model = transformers.AutoModelForCausalLM.from_pretrained(hf_dir, attn_implementation="eager")
     model = model.double()
     lp, ent = _hf_logprobs(model, batch.input_ids)
     normalizer = loss_denominator(

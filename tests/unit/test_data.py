@@ -480,6 +480,23 @@ def test_tiny_model_loads_and_matches_the_preset(
     )
 
 
+@pytest.mark.parametrize(
+    ("preset", "model_class"),
+    [("tiny-qwen3", "Qwen3ForCausalLM"), ("tiny-qwen3-moe", "Qwen3MoeForCausalLM")],
+)
+def test_tiny_model_of_other_families(preset: str, model_class: str, tmp_path: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    arch = PRESETS[preset]
+    out = create_tiny_model(tmp_path / preset, arch=arch, seed=0)
+    config = json.loads((out / "config.json").read_text())
+    assert arch_from_hf_config(config, "config.json") == arch
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert type(model).__name__ == model_class
+    # Exact parameter counts: q/k norms, head_dim != hidden / heads, the experts.
+    assert sum(p.numel() for p in model.parameters()) == arch.num_parameters()
+
+
 def test_tiny_model_is_idempotent(tiny_model_dir: Path) -> None:
     before = {p.name: p.stat().st_mtime_ns for p in tiny_model_dir.iterdir()}
     assert create_tiny_model(tiny_model_dir, seed=123) == tiny_model_dir
