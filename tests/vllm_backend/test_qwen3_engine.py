@@ -1,0 +1,157 @@
+"""A Qwen3 dense engine of the vLLM backend against HF transformers, a refit included (CPU).
+
+Two tiny random fp32 Qwen3 checkpoints A and B of one architecture: hidden 64, 4 query
+heads of 32 (query width 128 != hidden: head size 32 is the smallest vLLM's CPU attention
+takes), 2 KV heads, q/k norms, untied; every weight randomised (HF one-inits the norms,
+which would hide a q/k norm vLLM skipped). One in-process engine started from A:
+
+* greedy responses equal HF's greedy ``generate`` and the logprobs HF's ``log_softmax``
+  (bound 1e-4, as test_vllm_backend.py); tests/distributed/test_qwen3.py ties HF to our
+  Megatron policy (logits 1e-5), so the engine scores what the policy trains;
+* a refit (``update_weights``, the path every transport ends in) with B's tensors under
+  the names and shapes our exporter streams (``hf_weight_specs`` of the Qwen3 arch: the
+  q/k norms included) makes the engine B; a refit back makes it A again.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from dapo_megatron.config.model_arch import arch_from_hf_config
+from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
+from dapo_megatron.generation.base import GenerationBackend
+from dapo_megatron.shared.sampling import SamplingParams
+
+VOCAB = 64
+MAX_MODEL_LEN = 64
+LOGPROB_ATOL = 1e-4
+GREEDY_TOKENS = 8
+TEXTS = ["12+7=", "3*4=", "100-58=9", "5"]
+
+
+def _hf_config() -> transformers.Qwen3Config:
+    return transformers.Qwen3Config(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=MAX_MODEL_LEN,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
+
+
+def _save_model(out: Path, seed: int) -> None:
+    torch.manual_seed(seed)
+    model = transformers.Qwen3ForCausalLM(_hf_config())
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(
+                1.0 + 0.2 * torch.randn_like(param)
+                if name.endswith("norm.weight")  # q_norm / k_norm too
+                else 0.2 * torch.randn_like(param)
+            )
+    model.save_pretrained(out)
+    save_char_tokenizer(build_char_tokenizer(model_max_length=MAX_MODEL_LEN), out)
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    root = tmp_path_factory.mktemp("vllm_qwen3_models")
+    for seed, name in enumerate(("a", "b")):
+        _save_model(root / name, seed + 20)
+    return {name: str(root / name) for name in ("a", "b")}
+
+
+@pytest.fixture(scope="module")
+def engine(model_dirs: dict[str, str]) -> Iterator[GenerationBackend]:
+    from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
+
+    backend = VllmGenerationBackend(
+        model_dirs["a"],
+        tensor_parallel_size=1,
+        gpu_memory_utilization=0.5,
+        max_num_seqs=32,
+        enforce_eager=True,
+        max_model_len=MAX_MODEL_LEN,
+        seed=0,
+        dtype="float32",
+    )
+    yield backend
+    backend.shutdown()
+
+
+@functools.cache
+def _hf_model(hf_dir: str) -> transformers.PreTrainedModel:
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        hf_dir, attn_implementation="eager", dtype=torch.float32
+    )
+    return model.eval()
+
+
+@torch.no_grad()
+def _check_against_hf(engine: GenerationBackend, hf_dir: str, prompts: list[list[int]]) -> float:
+    """Greedy responses equal HF's; returns max |engine logprob - HF log_softmax|."""
+    model = _hf_model(hf_dir)
+    greedy = SamplingParams(temperature=1.0, top_k=1, max_tokens=GREEDY_TOKENS)
+    worst = 0.0
+    for prompt, (sample,) in zip(prompts, engine.generate(prompts, greedy), strict=True):
+        ids = torch.tensor([prompt])
+        expected = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=GREEDY_TOKENS,
+            eos_token_id=None,
+            pad_token_id=0,
+        )[0, len(prompt) :].tolist()
+        assert sample.response_token_ids == expected
+        logits = model(torch.tensor([prompt + expected])).logits[0].float()
+        ref = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+        ref = ref.gather(-1, torch.tensor(expected)[:, None]).squeeze(-1)
+        worst = max(worst, (torch.tensor(sample.logprobs) - ref).abs().max().item())
+    assert worst <= LOGPROB_ATOL
+    return worst
+
+
+def _exporter_stream(hf_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors in the names, shapes and order our exporter streams them
+    (``hf_weight_specs``, what a refit from the Megatron policy sends)."""
+    from dapo_megatron.config.parallel import ParallelDims
+    from dapo_megatron.megatron.hf_weights import hf_weight_specs
+
+    tensors: dict[str, torch.Tensor] = {}
+    for path in Path(hf_dir).glob("*.safetensors"):
+        tensors.update(load_file(path))
+    arch = arch_from_hf_config(_hf_config().to_dict(), "vllm qwen3 test config")
+    specs = hf_weight_specs(arch, ParallelDims(1, 1, 1, 1, False))
+    assert sorted(name for name, _ in specs) == sorted(tensors)
+    for name, shape in specs:
+        assert tuple(tensors[name].shape) == shape, name
+        yield name, tensors[name]
+
+
+def test_qwen3_engine_matches_hf_and_refits(engine, model_dirs) -> None:
+    tokenizer = build_char_tokenizer()
+    prompts = [tokenizer.encode(text) for text in TEXTS]
+    start = _check_against_hf(engine, model_dirs["a"], prompts)
+    try:
+        engine.update_weights(_exporter_stream(model_dirs["b"]))
+        to_b = _check_against_hf(engine, model_dirs["b"], prompts)
+    finally:
+        engine.update_weights(_exporter_stream(model_dirs["a"]))
+    back = _check_against_hf(engine, model_dirs["a"], prompts)
+    print(f"qwen3 max |logprob - HF|: start {start:.1e}, refit to B {to_b:.1e}, back {back:.1e}")
