@@ -89,7 +89,9 @@ def check_runnable(plan: RunPlan) -> None:
     listing every problem."""
     from dapo_megatron.planning.preflight import preflight
 
-    problems = runtime_problems(plan) + preflight(plan.config, plan.device)
+    problems = runtime_problems(plan) + preflight(
+        plan.config, plan.device, run_dir=plan.run_dir, checkpoint_dir=plan.checkpoint_dir
+    )
     if len(problems) == 1:
         raise ConfigError(problems[0])  # one problem, one line
     if problems:
@@ -123,7 +125,13 @@ def _resume_hint(plan: RunPlan, command: str) -> str:
 
     last = latest_checkpoint(plan.checkpoint_dir)
     if last is None:
-        return f"no checkpoint was saved yet; `{command}` starts the run again"
+        if unresumable_run_problem(plan.run_dir, plan.checkpoint_dir) is None:
+            return f"no checkpoint was saved yet; `{command}` starts the run again"
+        # A re-run refuses the directory: starting afresh would overwrite its metrics.
+        return (
+            f"no checkpoint was saved yet; delete {plan.run_dir} (or set a new run.output_dir) "
+            f"and run `{command}` to start again"
+        )
     return f"the last checkpoint is {last}; `{command}` resumes from it"
 
 
@@ -135,13 +143,29 @@ def _train(loaded: LoadedConfig, command: str) -> int:
     cfg = plan.config
     # Locked before anything is written: a refused second process must not touch the
     # directory (not even config.yaml) of the run that holds it.
+    from dapo_megatron.storage.run_dir import unresumable_run_problem
     with acquire_run_dir(
         plan.run_dir,
         resume=cfg.checkpointing.resume,
-        checkpoint_dir=plan.checkpoint_dir if cfg.checkpointing.checkpoint_dir else None,
+        checkpoint_dir=plan.checkpoint_dir,
+        export_dir=plan.run_dir / "hf" if cfg.checkpointing.export_hf else None,
     ):
         _write_resolved_config(loaded, plan.run_dir)
         return _train_locked(plan, command)
+def _finished(plan: RunPlan, *, notes: bool = False) -> str | None:
+    """The line of a run that has nothing left to do (planning/resume_check.py), or None;
+    ``notes`` prints the lines about checkpoints skipped on the way (a dry run's view)."""
+    from dapo_megatron.planning.resume_check import finished_run, resume_point
+
+    point = resume_point(plan.config, plan.run_dir, plan.checkpoint_dir)
+    if notes:
+        for line in point.notes:
+            print(line)
+        if point.path is not None:
+            print(f"[resume] the run would resume from {point.path} (step {point.step})")
+    return finished_run(plan.config, plan.run_dir, point)
+
+
 
 
 def _train_locked(plan: RunPlan, command: str) -> int:
@@ -150,11 +174,18 @@ def _train_locked(plan: RunPlan, command: str) -> int:
     from dapo_megatron.controller.loop import train
     from dapo_megatron.controller.remote import RestartsExhausted, WorkerFailure
     from dapo_megatron.storage.checkpoint_dirs import CheckpointError
+    # Every directory the run writes is locked: two runs sharing a checkpoint directory
+    # would delete each other's saves in progress and resume from each other's steps.
 
     try:
         metrics = train(plan)
     except KeyboardInterrupt:
         print(
+        finished = _finished(plan)
+        if finished is not None:
+            # Found from the files: no Ray, no workers, the directory left as it is.
+            print(f"dapo-train: {finished}")
+            return 0
             f"interrupted: the workers were stopped; {_resume_hint(plan, command)}",
             file=sys.stderr,
         )
@@ -200,7 +231,8 @@ def train_main(argv: Sequence[str] | None = None) -> int:
         if args.dry_run:
             print(
                 "dry run: configuration, data, model, tokenizer and devices are valid; "
-                "nothing was started"
+                + (f"{finished}; " if finished else "")
+                + "nothing was started"
             )
             return 0
         return _train(loaded, command)
@@ -231,6 +263,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     def main() -> int:
         from dapo_megatron.planning.memory import memory_inputs, plan_memory
         from dapo_megatron.planning.summary import format_memory
+            finished = _finished(loaded.require_plan(), notes=True)
 
         if args.gpu_mem <= 0:
             raise ConfigError(f"--gpu-mem = {args.gpu_mem}: must be > 0 GiB")

@@ -456,6 +456,11 @@ class CheckpointingConfig:
     """At the end of the run, write the final policy as a Hugging Face checkpoint to
     <run.output_dir>/hf/step_<N> (config.json, safetensors, tokenizer); other steps'
     checkpoints export with ``dapo-export``."""
+    allow_data_change: bool = False
+    """Resume even though data.train_path's content differs from the data the checkpoint
+    was trained on (its SHA-256 is recorded in every checkpoint; a change is refused before
+    anything starts unless this is true). With a different number of prompts the sampler
+    starts a new epoch over the new data."""
 
 
 @dataclass

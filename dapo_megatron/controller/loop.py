@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 import torch
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
+from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller import steps
@@ -38,6 +39,7 @@ from dapo_megatron.controller.rollout_source import (
 from dapo_megatron.controller.rollout_stream import RolloutStream
 from dapo_megatron.controller.startup_check import check_engine_logprobs
 from dapo_megatron.logging import MetricsLogger, StepProgress
+from dapo_megatron.data.fingerprint import DATA_STATE_KEY, data_fingerprint
 from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.storage.checkpoint_dirs import (
     find_resumable,
@@ -58,7 +60,14 @@ def _resume(ctx: RunContext, policy: PolicyGroup) -> dict[str, Any]:
         return {}
     print(f"[resume] {path}", flush=True)
     state = policy.load(str(path))
-    ctx.sampler.load_state_dict(state["sampler"])
+    try:
+        # Pre-flight compared the data's fingerprint; the prompt count also depends on
+        # data.max_prompt_length: a user error, one line, not a traceback.
+        ctx.sampler.load_state_dict(
+            state["sampler"], allow_resize=ctx.config.checkpointing.allow_data_change
+        )
+    except ValueError as e:
+        raise ConfigError(f"resuming from {path}: {e}") from None
     ctx.dynamic.load_state_dict(state["dynamic"])
     return state
 
@@ -70,6 +79,8 @@ def _save(ctx: RunContext, policy: PolicyGroup, step: int, rollouts: Rollouts) -
         "dynamic": ctx.dynamic.state_dict(),  # carry cache, counters, keep-rate average
         "rollout": rollouts.state(),  # overlapped: prompts drawn but not trained
     }
+        # What the sampler's indices point into: a resume on changed data is refused.
+        DATA_STATE_KEY: data_fingerprint(ctx.config.data),
     policy.save(str(ctx.checkpoint_dir), step, state)
     prune_checkpoints(ctx.checkpoint_dir, ctx.config.checkpointing.keep_last)
 

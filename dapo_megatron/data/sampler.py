@@ -85,21 +85,34 @@ class PromptSampler:
             "shuffle": self.shuffle,
         }
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
+    def load_state_dict(self, state: dict[str, Any], *, allow_resize: bool = False) -> None:
         """Continue from a state_dict(); the checkpoint's seed replaces this sampler's.
 
+        Args:
+            state: a ``state_dict()``.
+            allow_resize: a dataset of another size continues with the next epoch over
+                the new prompts (``checkpointing.allow_data_change``) instead of failing.
+
         Raises:
-            ValueError: keys are missing, or the dataset size or shuffle flag differ from the
-                checkpoint's (the resumed run would then see other prompts than the original).
+            ValueError: keys are missing, or the dataset size (unless ``allow_resize``) or
+                shuffle flag differ from the checkpoint's (the resumed run would then see
+                other prompts than the original).
         """
         missing = [k for k in ("epoch", "position", "seed") if k not in state]
         if missing:
             raise ValueError(f"sampler state lacks {', '.join(missing)}: {state}")
         if state.get("num_items", self.num_items) != self.num_items:
+            if allow_resize:
+                # Positions of the old epoch mean nothing in the new data: a fresh epoch.
+                epoch = int(state["epoch"]) + (1 if int(state["position"]) else 0)
+                self._seed, self._epoch, self._position = int(state["seed"]), epoch, 0
+                self._order = None
+                return
             raise ValueError(
                 f"the checkpoint's sampler covered {state['num_items']} prompts but the dataset "
                 f"now has {self.num_items}; resume with the same data files and "
-                "data.max_prompt_length, or start a new run"
+                "data.max_prompt_length, set checkpointing.allow_data_change=true to continue "
+                "on the changed data on purpose, or start a new run"
             )
         if state.get("shuffle", self.shuffle) != self.shuffle:
             raise ValueError(

@@ -9,10 +9,15 @@ the dry run does not die later on a bad input. Config values are validated earli
    data.max_prompt_length allows; each message names the key, the file and the line.
 2. the model directory (policy.model_name_or_path): config.json parses, every safetensors
    file's header parses and accounts for the file's exact size, a shard index names files
-   that exist. A model the run will create (policy.init_model_if_missing) is not checked.
+   that exist, and the headers' tensor shapes are those config.json implies
+   (planning/weight_shapes.py). A model the run will create (policy.init_model_if_missing)
+   is not checked.
 3. the tokenizer (policy.tokenizer_name_or_path, else the model directory): exists, holds a
    vocabulary, loads, and round-trips a test string.
 4. devices: cuda asked for is visible on this node, with cluster.gpus_per_node devices.
+5. the run and checkpoint directories (planning/resume_check.py): a used directory with
+   nothing to resume, checkpoints of which none verifies, a checkpoint trained on other
+   data, a stale export of the final step.
 
 Each check is cheap (headers, not tensors; one tokenizer load; no tokenising of the data),
 so the whole pre-flight of the tiny recipe takes a few seconds. Every problem is collected,
@@ -31,6 +36,8 @@ from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.schema import ClusterConfig, DapoMegatronConfig, PolicyConfig
 from dapo_megatron.data.datasets import check_data_files
 from dapo_megatron.data.tokenizer import load_tokenizer, policy_tokenizer_source
+from dapo_megatron.planning.resume_check import resume_point
+from dapo_megatron.planning.weight_shapes import shape_problems
 
 MODEL_KEY = "policy.model_name_or_path"
 INDEX_FILE = "model.safetensors.index.json"
@@ -40,17 +47,29 @@ MAX_HEADER_BYTES = 100_000_000
 (and reading it could cost gigabytes)."""
 
 
-def preflight(config: DapoMegatronConfig, device: str) -> list[str]:
+def preflight(
+    config: DapoMegatronConfig,
+    device: str,
+    *,
+    run_dir: Path | None = None,
+    checkpoint_dir: Path | None = None,
+) -> list[str]:
     """Every problem of the run's inputs, one line each (key, path, fix); [] when none.
 
     Args:
         config: the loaded, validated config.
         device: cluster.device with auto resolved ("cpu" or "cuda").
+        run_dir, checkpoint_dir: the run's directories (RunPlan); when given, what they
+            hold is checked too (planning/resume_check.py: the checkpoint to resume, its
+            data fingerprint, a used directory with nothing to resume).
     """
     problems = check_data_files(config.data)
     problems += check_model(config.policy)
     problems += check_tokenizer(config.policy)
     problems += check_devices(config.cluster, device)
+    if run_dir is not None and checkpoint_dir is not None and not problems:
+        # Last, and only over valid inputs: it hashes the checkpoint and the data file.
+        problems += resume_point(config, run_dir, checkpoint_dir).problems
     return problems
 
 
@@ -81,13 +100,18 @@ def check_model(policy: PolicyConfig) -> list[str]:
     problems = _check_config_json(path)
     files, index_problems = _weight_files(path)
     problems += index_problems
+    damaged = False
     for file in files:
         problem = safetensors_problem(file)
         if problem is not None:
+            damaged = True
             problems.append(
                 f"{MODEL_KEY}: {file}: {problem}; the file is damaged (an interrupted download "
                 "or copy?): copy it again"
             )
+    if files and not damaged and not problems:
+        # The headers hold every tensor's shape: config.json must describe these weights.
+        problems += shape_problems(path, files, MODEL_KEY)
     return problems
 
 

@@ -304,8 +304,32 @@ def verify_checkpoint(path: str | Path) -> str | None:
     ):
         return f"{MARKER} has a file list this version cannot check"
     problems = _size_problems(root, files)
-    if not problems:
-        problems = _checksum_problems(root, files)
+    if problems:
+        return _first_of(problems)
+    # The pre-flight check and the controller's resume verify the same checkpoint in one
+    # process: hash it once (the cache is keyed by every file's size, mtime and inode).
+    signature = _signature(root, files)
+    cached = _VERIFIED.get(root.resolve())
+    if cached is not None and cached[0] == signature:
+        return cached[1]
+    verdict = _first_of(_checksum_problems(root, files))
+    _VERIFIED[root.resolve()] = (signature, verdict)
+    return verdict
+
+
+_VERIFIED: dict[Path, tuple[tuple[Any, ...], str | None]] = {}
+"""verify_checkpoint's checksum verdicts in this process, with the files' signature."""
+
+
+def _signature(root: Path, files: dict[str, dict[str, Any]]) -> tuple[Any, ...]:
+    entries = []
+    for name in sorted([MARKER, *files]):
+        st = (root / name).stat()
+        entries.append((name, st.st_size, st.st_mtime_ns, st.st_ino))
+    return tuple(entries)
+
+
+def _first_of(problems: list[str]) -> str | None:
     if not problems:
         return None
     more = len(problems) - 1

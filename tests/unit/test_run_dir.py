@@ -125,6 +125,8 @@ def test_resume_never_refuses_a_directory_that_holds_a_run(tmp_path: Path) -> No
         f"checkpointing.resume=auto to continue that run"
     )
     assert (tmp_path / "metrics.jsonl").read_text() == '{"step": 1}\n'  # untouched
+    (tmp_path / "checkpoints" / "step_000001").mkdir()  # auto needs one to continue from
+    (tmp_path / "checkpoints" / "step_000001" / "complete.json").write_text("{}")
     with acquire_run_dir(tmp_path, resume="auto"):  # the refusal released the lock
         pass
 
@@ -159,7 +161,7 @@ def test_interrupted_saves_are_removed_once_the_lock_is_held(
     (tmp_path / "metrics.jsonl").write_text("")
     with acquire_run_dir(tmp_path, resume="auto") as lock:
         assert lock.removed == [leftover]
-    assert [p.name for p in checkpoints.iterdir()] == ["step_000002"]
+    assert sorted(p.name for p in checkpoints.iterdir()) == [LOCK_FILE, "step_000002"]
     assert capsys.readouterr().out == (
         f"[run-dir] removed {leftover} (left by a save that failed or was killed)\n"
     )
