@@ -74,6 +74,17 @@ def _parser(prog: str, description: str, epilog: str | None = None) -> argparse.
     return parser
 
 
+def _recipe(config: Path | None) -> Path:
+    """--config, or the default recipe; a directory is named as one (the loader would say
+    "not found")."""
+    if config is not None and config.is_dir():
+        raise ConfigError(
+            f"--config {config} is a directory; pass a recipe YAML file, e.g. "
+            f"--config {config / 'dapo-tiny-cpu.yaml'}"
+        )
+    return config or DEFAULT_RECIPE
+
+
 def resolved_config_yaml(loaded: LoadedConfig) -> str:
     """The merged config as YAML, with derived values (data_parallel_size) filled in."""
     tree = dataclasses.asdict(loaded.config)
@@ -122,6 +133,7 @@ def _write_resolved_config(loaded: LoadedConfig, run_dir: Path) -> None:
 def _resume_hint(plan: RunPlan, command: str) -> str:
     """Where the run stands on disk and how to continue it."""
     from dapo_megatron.storage.checkpoint_dirs import latest_checkpoint
+    from dapo_megatron.storage.run_dir import unresumable_run_problem
 
     last = latest_checkpoint(plan.checkpoint_dir)
     if last is None:
@@ -135,23 +147,6 @@ def _resume_hint(plan: RunPlan, command: str) -> str:
     return f"the last checkpoint is {last}; `{command}` resumes from it"
 
 
-def _train(loaded: LoadedConfig, command: str) -> int:
-    """Run the job in its locked run directory (storage/run_dir.py)."""
-    from dapo_megatron.storage.run_dir import acquire_run_dir
-
-    plan = loaded.require_plan()
-    cfg = plan.config
-    # Locked before anything is written: a refused second process must not touch the
-    # directory (not even config.yaml) of the run that holds it.
-    from dapo_megatron.storage.run_dir import unresumable_run_problem
-    with acquire_run_dir(
-        plan.run_dir,
-        resume=cfg.checkpointing.resume,
-        checkpoint_dir=plan.checkpoint_dir,
-        export_dir=plan.run_dir / "hf" if cfg.checkpointing.export_hf else None,
-    ):
-        _write_resolved_config(loaded, plan.run_dir)
-        return _train_locked(plan, command)
 def _finished(plan: RunPlan, *, notes: bool = False) -> str | None:
     """The line of a run that has nothing left to do (planning/resume_check.py), or None;
     ``notes`` prints the lines about checkpoints skipped on the way (a dry run's view)."""
@@ -166,6 +161,29 @@ def _finished(plan: RunPlan, *, notes: bool = False) -> str | None:
     return finished_run(plan.config, plan.run_dir, point)
 
 
+def _train(loaded: LoadedConfig, command: str) -> int:
+    """Run the job in its locked run directory (storage/run_dir.py)."""
+    from dapo_megatron.storage.run_dir import acquire_run_dir
+
+    plan = loaded.require_plan()
+    cfg = plan.config
+    # Locked before anything is written: a refused second process must not touch the
+    # directory (not even config.yaml) of the run that holds it.
+    # Every directory the run writes is locked: two runs sharing a checkpoint directory
+    # would delete each other's saves in progress and resume from each other's steps.
+    with acquire_run_dir(
+        plan.run_dir,
+        resume=cfg.checkpointing.resume,
+        checkpoint_dir=plan.checkpoint_dir,
+        export_dir=plan.run_dir / "hf" if cfg.checkpointing.export_hf else None,
+    ):
+        finished = _finished(plan)
+        if finished is not None:
+            # Found from the files: no Ray, no workers, the directory left as it is.
+            print(f"dapo-train: {finished}")
+            return 0
+        _write_resolved_config(loaded, plan.run_dir)
+        return _train_locked(plan, command)
 
 
 def _train_locked(plan: RunPlan, command: str) -> int:
@@ -174,18 +192,11 @@ def _train_locked(plan: RunPlan, command: str) -> int:
     from dapo_megatron.controller.loop import train
     from dapo_megatron.controller.remote import RestartsExhausted, WorkerFailure
     from dapo_megatron.storage.checkpoint_dirs import CheckpointError
-    # Every directory the run writes is locked: two runs sharing a checkpoint directory
-    # would delete each other's saves in progress and resume from each other's steps.
 
     try:
         metrics = train(plan)
     except KeyboardInterrupt:
         print(
-        finished = _finished(plan)
-        if finished is not None:
-            # Found from the files: no Ray, no workers, the directory left as it is.
-            print(f"dapo-train: {finished}")
-            return 0
             f"interrupted: the workers were stopped; {_resume_hint(plan, command)}",
             file=sys.stderr,
         )
@@ -222,13 +233,14 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     command = shlex.join(["dapo-train", *(a for a in raw if a != "--dry-run")])
 
     def main() -> int:
-        loaded = load_config(args.config or DEFAULT_RECIPE, args.overrides)
+        loaded = load_config(_recipe(args.config), args.overrides)
         if args.print_config:
             print(resolved_config_yaml(loaded), end="")
             return 0
         print(format_plan(loaded))
         check_runnable(loaded.require_plan())
         if args.dry_run:
+            finished = _finished(loaded.require_plan(), notes=True)
             print(
                 "dry run: configuration, data, model, tokenizer and devices are valid; "
                 + (f"{finished}; " if finished else "")
@@ -263,11 +275,10 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
     def main() -> int:
         from dapo_megatron.planning.memory import memory_inputs, plan_memory
         from dapo_megatron.planning.summary import format_memory
-            finished = _finished(loaded.require_plan(), notes=True)
 
         if args.gpu_mem <= 0:
             raise ConfigError(f"--gpu-mem = {args.gpu_mem}: must be > 0 GiB")
-        loaded = load_config(args.config or DEFAULT_RECIPE, args.overrides)
+        loaded = load_config(_recipe(args.config), args.overrides)
         print(format_plan(loaded))
         run = loaded.require_plan()
         if run.arch is None:

@@ -38,8 +38,8 @@ from dapo_megatron.controller.rollout_source import (
 )
 from dapo_megatron.controller.rollout_stream import RolloutStream
 from dapo_megatron.controller.startup_check import check_engine_logprobs
-from dapo_megatron.logging import MetricsLogger, StepProgress
 from dapo_megatron.data.fingerprint import DATA_STATE_KEY, data_fingerprint
+from dapo_megatron.logging import MetricsLogger, StepProgress
 from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.storage.checkpoint_dirs import (
     find_resumable,
@@ -78,9 +78,9 @@ def _save(ctx: RunContext, policy: PolicyGroup, step: int, rollouts: Rollouts) -
         "sampler": ctx.sampler.state_dict(),
         "dynamic": ctx.dynamic.state_dict(),  # carry cache, counters, keep-rate average
         "rollout": rollouts.state(),  # overlapped: prompts drawn but not trained
-    }
         # What the sampler's indices point into: a resume on changed data is refused.
         DATA_STATE_KEY: data_fingerprint(ctx.config.data),
+    }
     policy.save(str(ctx.checkpoint_dir), step, state)
     prune_checkpoints(ctx.checkpoint_dir, ctx.config.checkpointing.keep_last)
 
