@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from reliability_cases_resume import resume_cases
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = [sys.executable, "-m", "dapo_megatron.cli"]
 
@@ -79,6 +81,7 @@ def _cases(tmp: Path, model: Path) -> list[tuple[str, list[str]]]:
             [f"run.output_dir={used}", "checkpointing.resume=never"],
         ),
         ("override after a flag", ["run.name=a", "--dry-run", "dapo.max_num_steps=2"]),
+        *resume_cases(tmp, model, file_data),  # issue 30: run dirs, checkpoints, data
     ]
 
 
@@ -88,8 +91,9 @@ def main() -> int:
         tmp = Path(name)
         for title, args in _cases(tmp, tmp / "model"):
             start = time.perf_counter()
+            command = args if args[:1] == [sys.executable] else [*TRAIN, *args]
             out = subprocess.run(
-                [*TRAIN, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=600
+                command, cwd=REPO, env=env, capture_output=True, text=True, timeout=600
             )
             seconds = time.perf_counter() - start
             lines = [x for x in out.stderr.splitlines() if x.strip()]

@@ -398,7 +398,9 @@ class DataConfig:
     answer_key: str | None
     """Field holding the ground truth; null uses the format's standard field."""
     max_prompt_length: int
-    """Prompts longer than this many tokens are skipped (and counted)."""
+    """Prompts longer than this many tokens are skipped (and counted, ``[setup] skipped N``).
+    A row far longer than any such prompt (over 64 bytes per token + 64 KiB: a corrupt file
+    or the wrong field) is an error naming the file and the line, found before tokenising."""
     apply_chat_template: bool
     """Wrap prompts with the tokenizer's chat template."""
     shuffle: bool

@@ -2,8 +2,10 @@
 
 One JSON object per line, ``{"step": N, "time": <unix seconds>, "<metric>": value, ...}``.
 Every line is flushed and fsynced before ``write`` returns, so a SIGKILL (OOM killer,
-preemption, Ray tearing down the job) loses at most the line being written, and a
-truncated last line is tolerated by the reader and removed on resume.
+preemption, Ray tearing down the job) loses at most the rest of the line being written. A
+truncated last line is not dropped silently: its complete ``"key": value`` pairs are kept
+(``salvage_record``; a step's validation is merged into its one row, so dropping the line
+would lose the step), and the reader and the resume each say what was cut.
 
 Non-finite floats are written as ``null``: bare ``NaN``/``Infinity`` are not JSON, and jq,
 pandas and JavaScript dashboards reject files that contain them. ``read_metrics`` turns
@@ -82,6 +84,32 @@ def _parse_line(line: str) -> dict[str, Any] | None:
     return record
 
 
+def salvage_record(line: str) -> dict[str, Any] | None:
+    """The complete part of a line cut short by a crash: the longest prefix that ends
+    after a whole ``"key": value`` pair, closed as an object; None when no metric value
+    survived (only the step and time: nothing to keep). (Lines are written as one compact
+    JSON object, step and time first.)"""
+    end = len(line)
+    while (end := line.rfind(",", 0, end)) > 0:
+        record = _parse_line(line[:end] + "}")
+        if record is not None:
+            return record if set(record) - RESERVED_KEYS else None
+    return None
+
+
+def _torn_note(path: Path, record: dict[str, Any] | None) -> str:
+    if record is None:
+        return (
+            f"{path}: its last line was cut short by a crash before any complete metric "
+            f"value: dropped"
+        )
+    return (
+        f"{path}: the last line (step {record['step']}) was cut short by a crash: kept its "
+        f"{len(set(record) - RESERVED_KEYS)} complete metric value(s), the rest of the line "
+        f"is lost"
+    )
+
+
 def _drop_steps_from(path: Path, first_step: int) -> None:
     """Rewrite ``path`` atomically without lines whose step is ``>= first_step``."""
     if not path.exists():
@@ -94,10 +122,14 @@ def _drop_steps_from(path: Path, first_step: int) -> None:
         if not line.strip():
             continue
         record = _parse_line(line)
+        if record is None and lineno == len(lines) and not text.endswith("\n"):
+            # Cut short by a crash: keep what was complete, and say so.
+            record = salvage_record(line)
+            print(f"[metrics] {_torn_note(path, record)}", flush=True)
+            if record is not None:
+                line = json.dumps(record, allow_nan=False, separators=(",", ":"))
         if record is None:
-            # The last line may be cut short by a crash; anything else is worth a warning.
-            if lineno != len(lines) or text.endswith("\n"):
-                unreadable += 1
+            unreadable += 1
             continue
         if record["step"] < first_step:
             kept.append(line)
@@ -158,7 +190,8 @@ def read_metrics(path: Path | str) -> list[dict[str, float]]:
 
     ``null`` values become NaN; ``step`` stays an int. Lines of the same step (a caller
     that logged a step in two calls) are merged, later values winning. A truncated last
-    line (crash mid-write) is skipped; any other unreadable line raises ``ValueError``.
+    line (crash mid-write) keeps its complete values, with a warning; any other
+    unreadable line raises ``ValueError``.
     """
     path = Path(path)
     text = path.read_text(encoding="utf-8")
@@ -170,8 +203,12 @@ def read_metrics(path: Path | str) -> list[dict[str, float]]:
         record = _parse_line(line)
         if record is None:
             if lineno == len(lines) and not text.endswith("\n"):
-                break
-            raise ValueError(f"{path}:{lineno}: not a metrics record: {line[:80]!r}")
+                record = salvage_record(line)
+                _log.warning("%s", _torn_note(path, record))
+                if record is None:
+                    break
+            else:
+                raise ValueError(f"{path}:{lineno}: not a metrics record: {line[:80]!r}")
         row = {key: math.nan if value is None else value for key, value in record.items()}
         if out and out[-1]["step"] == row["step"]:
             out[-1].update(row)
