@@ -26,6 +26,30 @@ COLOCATED_SHARE = 0.5
 
 
 @dataclass(frozen=True)
+class MoeTraining:
+    """What the policy's model build takes from ``policy.moe`` (read for a
+    mixture-of-experts architecture only; a dense model ignores it)."""
+
+    aux_loss_coef: float
+    """Load-balancing loss coefficient; 0 builds the router without the loss."""
+    token_dispatcher: Literal["alltoall", "allgather"]
+    """Megatron's token dispatcher between expert-parallel ranks."""
+
+
+FORWARD_MOE = MoeTraining(aux_loss_coef=0.0, token_dispatcher="alltoall")
+"""``policy.moe`` of configs/dapo_base.yaml, for a model built outside a run (an engine's
+copy, the exporter, tests); tests/unit check that the two agree."""
+
+
+def moe_training(config: DapoMegatronConfig) -> MoeTraining:
+    """``policy.moe`` as the model build reads it."""
+    return MoeTraining(
+        aux_loss_coef=config.policy.moe.aux_loss_coef,
+        token_dispatcher=config.policy.moe.token_dispatcher,
+    )
+
+
+@dataclass(frozen=True)
 class PolicyPlan:
     """What a policy rank needs: its slice of the run plan."""
 
@@ -35,6 +59,8 @@ class PolicyPlan:
     """The policy's parallel layout."""
     arch: ModelArch
     """The policy architecture."""
+    moe: MoeTraining
+    """Mixture-of-experts training settings (a MoE architecture only)."""
     loss: LossSpec
     """The policy loss's hyper-parameters."""
     total_optimizer_steps: int
@@ -83,6 +109,8 @@ class RunPlan:
     """Optimizer steps of the whole run (the lr schedule's horizon)."""
     loss: LossSpec
     """The policy loss's hyper-parameters, validated."""
+    moe: MoeTraining
+    """Mixture-of-experts training settings (a MoE architecture only)."""
     warnings: tuple[str, ...]
     """Suspicious but legal settings."""
 
@@ -98,6 +126,7 @@ class RunPlan:
             config=self.config,
             dims=self.dims,
             arch=self.require_arch(),
+            moe=self.moe,
             loss=self.loss,
             total_optimizer_steps=self.total_optimizer_steps,
         )
@@ -117,6 +146,7 @@ def policy_plan(
         config=config,
         dims=dims,
         arch=arch,
+        moe=moe_training(config),
         loss=build_loss_spec(config),
         total_optimizer_steps=total_optimizer_steps(config),
     )
@@ -253,5 +283,6 @@ def make_plan(
         padded_vocab_size=padded_vocab_size(arch.vocab_size, dims.tp) if arch else None,
         total_optimizer_steps=total_optimizer_steps(config),
         loss=build_loss_spec(config),
+        moe=moe_training(config),
         warnings=warnings,
     )

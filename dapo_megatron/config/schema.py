@@ -61,6 +61,26 @@ class MegatronConfig:
 
 
 @dataclass
+class MoeConfig:
+    """How the policy trains a mixture-of-experts model (ignored for dense models)."""
+
+    aux_loss_coef: float
+    """Coefficient of Megatron's load-balancing loss (``moe_aux_loss_coeff``; 0 turns the
+    loss off: ``moe_router_load_balancing_type`` none). 0 for RL by default, as verl
+    (mbridge) and slime do: the term is not part of the policy objective, and a non-zero
+    value changes the gradient of every router away from the DAPO loss's. With it on, the
+    term is Megatron's per micro-batch mean, summed over micro-batches and data-parallel
+    ranks (its scaling under a per-token policy loss), not averaged."""
+    token_dispatcher: Literal["alltoall", "allgather"]
+    """How tokens reach the experts of other expert-parallel ranks: alltoall (each token
+    goes to the ranks of its experts only; Megatron's choice for EP > 1) or allgather
+    (every rank sees every token; simpler, more traffic)."""
+    routing_replay: bool
+    """Rollout routing replay: train with the experts the engine chose for each token.
+    Reserved: not implemented yet, validation refuses true."""
+
+
+@dataclass
 class OptimizerConfig:
     """Megatron optimizer settings."""
 
@@ -119,6 +139,8 @@ class PolicyConfig:
     without the gpu extra only. No effect on CPU, where the local spec is the only one."""
     megatron: MegatronConfig
     """Parallel layout and memory settings."""
+    moe: MoeConfig
+    """Mixture-of-experts training settings (MoE models only)."""
     optimizer: OptimizerConfig
     """Optimizer."""
     scheduler: SchedulerConfig

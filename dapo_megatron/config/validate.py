@@ -448,6 +448,7 @@ def _check_arch(
             ep_key,
             f"must divide num_experts = {arch.moe.num_experts} ({source})",
         )
+        _check_moe(c, dims, arch, source)
     engine_tp = c.config.generation.engine.tensor_parallel_size
     if engine_tp >= 1:
         c.require(
@@ -466,6 +467,33 @@ def _check_arch(
             f"policy.max_total_sequence_length = {length} is not a multiple of 2 * CP = "
             f"{2 * dims.cp}; sequences are padded to a multiple of it"
         )
+
+
+def _check_moe(c: _Checker, dims: ParallelDims, arch: ModelArch, source: str) -> None:
+    """policy.moe and the layout against a mixture-of-experts architecture."""
+    assert arch.moe is not None
+    c.at_least("policy.moe.aux_loss_coef", 0)
+    c.require(
+        not c.config.policy.moe.routing_replay,
+        "policy.moe.routing_replay",
+        "rollout routing replay is not implemented yet: the policy routes every token "
+        "itself; set it to false",
+    )
+    # Megatron's MoE layer raises in training when TP > 1 runs without SP (MoELayer.forward).
+    c.require(
+        dims.tp == 1 or dims.sequence_parallel,
+        "policy.megatron.sequence_parallel",
+        f"must be true for a mixture-of-experts model with tensor_model_parallel_size = "
+        f"{dims.tp} > 1 (Megatron's MoE layer trains only with sequence parallelism under "
+        f"TP) ({source})",
+    )
+    # HF renormalises one probability to 1; Megatron routes top-1 only after a softmax over
+    # every expert (it refuses the post-softmax router at top-1), so the two would differ.
+    c.require(
+        not (arch.moe.norm_topk_prob and arch.moe.experts_per_token == 1),
+        "policy.model_name_or_path",
+        f"a top-1 router with norm_topk_prob = true is not supported ({source})",
+    )
 
 
 __all__ = ["validate_config"]

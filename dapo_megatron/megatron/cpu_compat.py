@@ -21,18 +21,22 @@ sequences need no patch here: with ``packed_seq`` the rotary embedding skips the
 slicing, and the unfused THD RoPE (``apply_rope_fusion`` is off) is plain torch, replaced
 by ``rope_thd.py`` for speed only), the RNG tracker, Megatron's DDP (grad buffers, grad sync) and optimizers (fp32 and mixed precision,
 the distributed optimizer, grad clipping), whose classes run every method under the mode
-(``_CPU_DEVICE_CLASSES``).
+(``_CPU_DEVICE_CLASSES``), and the mixture-of-experts layer (router, SequentialMLP experts,
+the allgather and alltoall token dispatchers over gloo: ``_patch_moe``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from dapo_megatron.device import collectives
 
 _applied = False
 
@@ -56,6 +60,7 @@ def apply_cpu_compat() -> bool:
         _run_under_cpu_devices(module_name, attribute)
     for module_name, class_name in _CPU_DEVICE_CLASSES:
         _run_class_under_cpu_devices(module_name, class_name)
+    _patch_moe()
     _applied = True
     return True
 
@@ -136,6 +141,147 @@ def _patch_megatron_rng_tracker() -> None:
 
     mpu_random._get_cuda_rng_state = get_state
     mpu_random._set_cuda_rng_state = set_state
+
+
+def _patch_moe() -> None:
+    """Megatron-Core's MoE layer without Transformer Engine and without CUDA streams.
+
+    * ``moe_utils.RouterGatingLinearFunction`` (the router's logits, ``router_gating_linear``)
+      tests ``te_general_gemm is not None`` to choose TE's GEMM over ``torch.mm``; the name
+      is only bound when TE imports, so without TE the test raises NameError instead of
+      taking the torch branch it was written for. Binding it to None selects that branch.
+    * ``MoEAlltoAllTokenDispatcher.__init__`` creates a side ``torch.cuda.Stream()`` for its
+      device-to-host copies of the split sizes, and ``_maybe_dtoh_and_synchronize`` orders
+      them with ``torch.cuda.current_stream()`` / ``torch.cuda.stream()`` and an event. On
+      the CPU the split sizes are host tensors already (``maybe_move_tensor_to_cpu`` leaves
+      them alone) and gloo's collectives are synchronous, so both run with host stand-ins
+      for the stream calls (``_host_streams``): the same code with nothing to order.
+    * ``moe_utils.maybe_move_tensor_to_cpu`` returns the split sizes of the alltoall
+      dispatcher as NumPy arrays (``as_numpy=True``), which ``all_to_all_single`` takes as
+      its split lists, but only for a CUDA tensor: a host tensor comes back as a tensor,
+      which the collective refuses. The replacement converts host tensors too; the token
+      dispatcher imported the function by name, so its copy is the one replaced.
+    """
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    upstream = moe_utils.maybe_move_tensor_to_cpu
+
+    @functools.wraps(upstream)
+    def move_to_host(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if as_numpy and torch.is_tensor(tensor) and tensor.device.type == "cpu":
+            return tensor.numpy()
+        return upstream(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    token_dispatcher.maybe_move_tensor_to_cpu = move_to_host
+    _patch_uneven_sequence_parallel_collectives()
+
+
+def _patch_uneven_sequence_parallel_collectives() -> None:
+    """Uneven all-gather and reduce-scatter along dim 0 over gloo.
+
+    Under TP (with SP) the alltoall dispatcher gathers the tokens routed to this EP rank's
+    experts over the TP group and reduce-scatters their outputs back, with a different
+    count per TP rank (``tensor_parallel.mappings._gather_along_first_dim`` with
+    ``output_split_sizes``, ``_reduce_scatter_along_first_dim`` with ``input_split_sizes``):
+    a list all-gather / reduce-scatter of unequal tensors, which NCCL runs and gloo
+    refuses. Those two branches become an equal-size all-gather of rows padded to the
+    largest count, and an all-reduce of the whole input from which this rank keeps its
+    rows: the same results for more traffic. Equal splits keep Megatron's code.
+    """
+    from megatron.core.tensor_parallel import mappings
+
+    gather, reduce_scatter = (
+        mappings._gather_along_first_dim,
+        mappings._reduce_scatter_along_first_dim,
+    )
+
+    @functools.wraps(gather)
+    def gather_uneven(
+        input_: torch.Tensor,
+        group: Any,
+        output_split_sizes: list[int] | None = None,
+        use_global_buffer: bool = False,
+    ) -> torch.Tensor:
+        if output_split_sizes is None or group.size() == 1:
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        longest = max(output_split_sizes)
+        padded = input_.new_zeros((longest, *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        rows = [torch.empty_like(padded) for _ in output_split_sizes]
+        collectives.all_gather(rows, padded, group=group)
+        return torch.cat([r[:n] for r, n in zip(rows, output_split_sizes, strict=True)])
+
+    @functools.wraps(reduce_scatter)
+    def reduce_scatter_uneven(
+        input_: torch.Tensor,
+        group: Any,
+        input_split_sizes: list[int] | None = None,
+        use_global_buffer: bool = False,
+    ) -> torch.Tensor:
+        if input_split_sizes is None or group.size() == 1:
+            return reduce_scatter(input_, group, input_split_sizes, use_global_buffer)
+        total = input_.contiguous().clone()
+        collectives.all_reduce(total, group=group)
+        start = sum(input_split_sizes[: group.rank()])
+        return total[start : start + input_split_sizes[group.rank()]].clone()
+
+    mappings._gather_along_first_dim = gather_uneven
+    mappings._reduce_scatter_along_first_dim = reduce_scatter_uneven
+    for method in ("__init__", "_maybe_dtoh_and_synchronize"):
+        _run_with_host_streams(
+            "megatron.core.transformer.moe.token_dispatcher",
+            f"MoEAlltoAllTokenDispatcher.{method}",
+        )
+
+
+class _HostEvent:
+    """A completed event: host work is done when the call that recorded it returns."""
+
+    def synchronize(self) -> None:
+        return None
+
+
+class _HostStream:
+    """A CUDA stream's interface with nothing to order (host work runs in program order)."""
+
+    def wait_stream(self, stream: Any) -> None:
+        return None
+
+    def record_event(self, event: Any = None) -> _HostEvent:
+        return _HostEvent()
+
+
+_HOST_CURRENT_STREAM = _HostStream()
+
+
+@contextlib.contextmanager
+def _host_streams() -> Iterator[None]:
+    """``torch.cuda.Stream``, ``current_stream`` and ``stream`` as host stand-ins while the
+    block runs (a CPU build raises on each); restored afterwards, so nothing else sees them."""
+    saved = torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream
+    torch.cuda.Stream = _HostStream  # type: ignore[misc,assignment]
+    torch.cuda.current_stream = lambda device=None: _HOST_CURRENT_STREAM  # type: ignore[assignment,return-value]
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream = saved  # type: ignore[misc]
+
+
+def _run_with_host_streams(module_name: str, attribute: str) -> None:
+    """Replace module.Class.method by a wrapper that runs it under ``_host_streams``."""
+    cls_name, name = attribute.split(".")
+    owner = getattr(importlib.import_module(module_name), cls_name)
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        with _host_streams():
+            return original(*args, **kwargs)
+
+    setattr(owner, name, wrapper)
 
 
 def _is_cuda_device(device: Any) -> bool:

@@ -24,7 +24,7 @@ from dapo_megatron.megatron.gloo_device import one_gloo_device
 
 
 def initialize_parallel(dims: ParallelDims, *, seed: int, backend: str | None = None) -> None:
-    """Initialise torch.distributed, Megatron's TP/PP/CP/DP groups and all RNG seeds.
+    """Initialise torch.distributed, Megatron's TP/PP/CP/DP/EP groups and all RNG seeds.
 
     Args:
         dims: the validated layout; ``dims.world_size`` must equal WORLD_SIZE.
@@ -61,6 +61,10 @@ def initialize_parallel(dims: ParallelDims, *, seed: int, backend: str | None = 
             tensor_model_parallel_size=dims.tp,
             pipeline_model_parallel_size=dims.pp,
             context_parallel_size=dims.cp,
+            # The expert grid (MoE): EP ranks from the DP x CP ranks of a stage, expert TP
+            # = TP; a dense model has ep 1 and its expert groups are never used.
+            expert_model_parallel_size=dims.ep,
+            expert_tensor_parallel_size=dims.tp,
         )
     stage_seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
     random.seed(stage_seed)
@@ -103,4 +107,5 @@ def parallel_ranks() -> dict[str, int]:
         "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
         "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
         "cp_rank": parallel_state.get_context_parallel_rank(),
+        "ep_rank": parallel_state.get_expert_model_parallel_rank(),
     }

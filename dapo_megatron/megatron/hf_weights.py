@@ -28,6 +28,9 @@ Megatron layouts handled here (np query heads, ng query groups, hn head dim, tp 
   ``k_layernorm`` (hn wide, replicated).
 * embedding/output layer rows are padded to ``padded_vocab_size``; padding rows are zero
   on import and dropped on export.
+* Qwen3-MoE: the router ``mlp.gate.weight`` <-> ``mlp.router.weight`` is replicated like a
+  norm; the experts are ``hf_experts.py``'s (expert parallel), exported after every other
+  tensor.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from safetensors import safe_open
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.device import collectives
+from dapo_megatron.megatron import hf_experts
 from dapo_megatron.megatron.model import padded_vocab_size, unwrap_model
 
 # How a Megatron parameter is split over TP and fused from HF tensors.
@@ -130,6 +134,20 @@ def _layer_entries(arch: ModelArch, layer: int, local: int, stage: int) -> list[
             stage,
             (h,),
         ),
+    ]
+    if arch.moe is not None:
+        # The experts are hf_experts.py's; the router is replicated on every TP/EP rank.
+        entries.append(
+            _Entry(
+                (f"{mg}mlp.router.weight",),
+                (f"{hf}mlp.gate.weight",),
+                REPLICATED,
+                stage,
+                (arch.moe.num_experts, h),
+            )
+        )
+        return entries
+    entries += [
         _Entry(
             (f"{mg}mlp.linear_fc1.weight",),
             (f"{hf}mlp.gate_proj.weight", f"{hf}mlp.up_proj.weight"),
@@ -333,6 +351,8 @@ def load_hf_checkpoint(
             if entry.stage != stage:
                 continue
             loaded.add(_copy_shard(entry, ckpt, params, arch, tp_rank, dims.tp, str(hf_dir)))
+        if arch.moe is not None:
+            loaded |= hf_experts.load_expert_shards(ckpt, params, arch, dims)
     missing = sorted(set(params) - loaded)
     if missing:
         raise KeyError(f"model parameters with no HF source: {missing}")
@@ -419,7 +439,14 @@ def load_hf_tensors(
     done: set[int] = set()
     loaded: set[str] = set()
     source = _InMemoryTensors(pending)
+    experts = hf_experts.ExpertTensorSink(params, arch, dims) if arch.moe is not None else None
     for name, tensor in named_tensors:
+        expert_shape = experts.expected_shape(name) if experts is not None else None
+        if experts is not None and expert_shape is not None:
+            if tuple(tensor.shape) != expert_shape:
+                raise ValueError(f"{name}: shape {tuple(tensor.shape)}, expected {expert_shape}")
+            experts.take(name, tensor)
+            continue
         if name not in expected_shape:
             if name == "lm_head.weight" and arch.tie_word_embeddings:
                 continue
@@ -440,6 +467,8 @@ def load_hf_tensors(
                 done.add(index)
         for part in [p for p in pending if all(i in done for i in needed_by[p])]:
             del pending[part]
+    if experts is not None:
+        loaded |= experts.loaded
     missing = sorted(set(params) - loaded)
     if missing:
         absent = sorted(
@@ -497,12 +526,15 @@ def hf_weight_specs(arch: ModelArch, dims: ParallelDims) -> list[tuple[str, tupl
     Computed from the architecture alone (no collective, no tensor), so a refit can plan
     its buckets before the first tensor is gathered.
     """
-    return [
+    specs = [
         (name, shape)
         for entry in _entries(arch, dims)
         if entry.export
         for name, shape in zip(entry.hf, _hf_shapes(entry, arch), strict=True)
     ]
+    if arch.moe is not None:
+        specs += hf_experts.expert_specs(arch, dims)
+    return specs
 
 
 @torch.no_grad()
@@ -515,7 +547,9 @@ def export_hf_weights(
     dtype and device, and never alias model parameters. Tied embeddings yield only
     ``model.embed_tokens.weight`` (as HF's ``save_pretrained`` does). Every rank of the
     model-parallel group must consume the iterator fully: each parameter costs one TP
-    all-gather on its stage and, with PP, one broadcast over the pipeline group.
+    all-gather on its stage and, with PP, one broadcast over the pipeline group. A MoE's
+    experts come last, gathered over the expert-TP and EP groups one slot of one layer at
+    a time (``hf_experts.export_experts``): then every rank of the job must iterate.
     """
     params = dict(unwrap_model(model).named_parameters())
     sample = next(iter(params.values()))
@@ -533,3 +567,5 @@ def export_hf_weights(
             src = dist.get_global_rank(pp_group, entry.stage)
             collectives.broadcast(full, src=src, group=pp_group)
         yield from _unfuse(entry, full, arch, dims.tp)
+    if arch.moe is not None:
+        yield from hf_experts.export_experts(params, arch, dims)

@@ -33,6 +33,15 @@ for the duration of a call (a one-token decode step cannot be split over the TP 
 and restored afterwards. Pipeline and context parallelism are not supported for
 generation (NotImplementedError): on GPU the vLLM backend is the default engine.
 
+Expert parallelism (a MoE with EP > 1): every forward dispatches tokens to the experts of
+the other EP ranks, a collective of the EP group, and those ranks are the engines of other
+data-parallel replicas, with prompts and stopping times of their own. They decode in
+lockstep: before each forward every rank says whether it has one to run (one all-reduce
+of a flag over the EP group), and a rank whose rows are done runs one-token idle forwards
+until no peer has work left, so all EP ranks run the same number of forwards per
+``generate`` call. Every EP rank must call ``generate`` together (with no prompts if its
+replica has none: the controller calls every replica).
+
 Transformer Engine's attention ignores explicit masks during decode; with it (or with
 fused masked softmax kernels) rows are grouped by prompt length instead, so no padding
 and no mask are needed.
@@ -292,6 +301,12 @@ class MegatronGenerationBackend:
         self._max_batch_size = max_batch_size
         self._max_model_len = max_model_len or arch.max_position_embeddings
         self._padding_mask_ok = _honours_padding_mask(self._model)
+        # The group whose ranks must run their forwards in lockstep (see the module doc).
+        self._lockstep_group = (
+            parallel_state.get_expert_model_parallel_group()
+            if arch.moe is not None and dims.ep > 1
+            else None
+        )
         # The engine's end of a collective refit: one weight-group member (TP1 engine).
         self._receiver = EngineReceiver(refit_device)
 
@@ -346,6 +361,8 @@ class MegatronGenerationBackend:
                 )
                 for b, row in enumerate(batch):
                     samples[row] = _to_sample(decoded, b, sampling.logprobs)
+            while self._peers_busy(False):
+                self._idle_forward(model)
         n = sampling.n
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts_token_ids))]
 
@@ -459,6 +476,7 @@ class MegatronGenerationBackend:
     ) -> torch.Tensor:
         """Logits [B, vocab] fp32 of the last position, for tokens at positions
         ``start..start+S-1``; the K/V of those positions are appended to the cache."""
+        self._peers_busy(True)
         b, s = tokens_BS.shape
         positions = torch.arange(start, start + s, device=tokens_BS.device).expand(b, s)
         mask = None
@@ -473,6 +491,23 @@ class MegatronGenerationBackend:
         )
         context.increment_sequence_len_offset(s)
         return logits[:, -1, : self._arch.vocab_size].float()
+
+    def _peers_busy(self, busy: bool) -> bool:
+        """Whether any rank of the lockstep group has a forward to run (``busy``: this rank
+        has); False at once without expert parallelism. Called before every forward."""
+        if self._lockstep_group is None:
+            return False
+        flag = torch.tensor([int(busy)], device=next(self._check_open().parameters()).device)
+        collectives.all_reduce(flag, op=collectives.MAX, group=self._lockstep_group)
+        return bool(flag.item())
+
+    def _idle_forward(self, model: torch.nn.Module) -> None:
+        """A one-token forward whose output is dropped: this rank's share of a peer's
+        forward (the experts' token exchange), when it has no row of its own to decode."""
+        device = next(model.parameters()).device
+        token = torch.zeros(1, 1, dtype=torch.long, device=device)
+        context = StaticInferenceContext(1, 1)
+        model(token, token, None, inference_context=context, runtime_gather_output=True)
 
     def _decode(
         self,

@@ -1,10 +1,12 @@
-"""Build this rank's Megatron-Core GPTModel for a Qwen2, Llama 3 or Qwen3 architecture.
+"""Build this rank's Megatron-Core GPTModel for a Qwen2, Llama 3, Qwen3 or Qwen3-MoE
+architecture.
 
 The model mirrors the HF implementation: RMSNorm before attention and MLP, SwiGLU MLP
 without biases, rotary embeddings with the model's theta, grouped-query attention, a
 q/k/v bias for Qwen2, Qwen3's per-head q/k RMSNorm and explicit head size, tied or
-untied input/output embeddings. Weights are random until
-``hf_weights.load_hf_checkpoint`` fills them.
+untied input/output embeddings. Qwen3-MoE replaces every MLP by a top-k router over
+SwiGLU experts, split over expert-parallel ranks (``_moe_settings``). Weights are random
+until ``hf_weights.load_hf_checkpoint`` fills them.
 
 Layer implementation: Transformer Engine's spec on CUDA; Megatron's local (pure torch)
 spec on CPU, with our own RMSNorm (the local spec's torch norm refuses sequence
@@ -46,6 +48,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from dapo_megatron.config.model_arch import SUPPORTED_FAMILIES, ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.run_plan import FORWARD_MOE, MoeTraining
 from dapo_megatron.megatron import rope_thd
 from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 from dapo_megatron.megatron.cpu_compat import apply_cpu_compat
@@ -129,24 +132,61 @@ def _recompute_settings(recompute: str) -> dict[str, object]:
     raise ValueError(f"recompute {recompute!r}: expected none, selective or full")
 
 
+def _moe_settings(arch: ModelArch, dims: ParallelDims, moe: MoeTraining) -> dict[str, object]:
+    """Megatron's MoE fields for a Qwen3-MoE ``arch`` (none for a dense model).
+
+    HF's router: softmax over every expert, top-k, then (``norm_topk_prob``) renormalise the
+    k probabilities; renormalised, that is a softmax over the k largest logits, Megatron's
+    ``moe_router_pre_softmax=False``; without renormalising it is Megatron's pre-softmax
+    router (softmax first, then top-k). Router logits in fp32 (``moe_router_dtype``), as
+    HF's softmax. Expert TP is TP (Megatron's default, and what hf_experts.py shards by).
+    """
+    if arch.moe is None:
+        return {}
+    # TEGroupedMLP (one grouped GEMM over the local experts) where TE imports on CUDA,
+    # SequentialMLP (one GEMM per expert) elsewhere: the local spec has no grouped GEMM
+    # without the grouped_gemm package.
+    grouped = torch.cuda.is_available() and transformer_engine_error() is None
+    return {
+        "num_moe_experts": arch.moe.num_experts,
+        "moe_router_topk": arch.moe.experts_per_token,
+        "moe_ffn_hidden_size": arch.moe.moe_ffn_hidden_size,
+        "moe_router_pre_softmax": not arch.moe.norm_topk_prob,
+        "moe_router_dtype": "fp32",
+        "moe_aux_loss_coeff": moe.aux_loss_coef,
+        # "none" builds the router without the load-balancing term at all (RL default).
+        "moe_router_load_balancing_type": "aux_loss" if moe.aux_loss_coef > 0 else "none",
+        "moe_token_dispatcher_type": moe.token_dispatcher,
+        "moe_grouped_gemm": grouped,
+        "expert_model_parallel_size": dims.ep,
+        "expert_tensor_parallel_size": dims.tp,
+    }
+
+
 def transformer_config(
-    arch: ModelArch, dims: ParallelDims, precision: str, *, recompute: str = "none"
+    arch: ModelArch,
+    dims: ParallelDims,
+    precision: str,
+    *,
+    recompute: str = "none",
+    moe: MoeTraining = FORWARD_MOE,
 ) -> TransformerConfig:
     """Megatron TransformerConfig equivalent to the HF model ``arch`` under layout ``dims``.
 
     Args:
-        arch: model architecture (Qwen2, Llama or Qwen3 family).
-        dims: parallel layout; tp, pp, cp and sequence_parallel are used.
+        arch: model architecture (Qwen2, Llama, Qwen3 or Qwen3-MoE family).
+        dims: parallel layout; tp, pp, cp, ep and sequence_parallel are used.
         precision: "fp32", "bf16" or "fp16": the dtype of the parameters and activations.
         recompute: activation recompute in training: "none", "selective" or "full".
+        moe: ``policy.moe`` (``PolicyPlan.moe``); read for a MoE architecture only.
     """
     if precision not in _DTYPES:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(_DTYPES)}")
     recompute_fields = _recompute_settings(recompute)
-    # Qwen3-MoE needs the expert fields (being added); until then only dense families.
-    dense = tuple(f for f in SUPPORTED_FAMILIES if f != "qwen3_moe")
-    if arch.family not in dense:
-        raise ValueError(f"model family {arch.family!r} is not supported ({', '.join(dense)})")
+    if arch.family not in SUPPORTED_FAMILIES:
+        raise ValueError(
+            f"model family {arch.family!r} is not supported ({', '.join(SUPPORTED_FAMILIES)})"
+        )
     dtype = _DTYPES[precision]
     on_cpu = not torch.cuda.is_available()
     return TransformerConfig(
@@ -185,6 +225,7 @@ def transformer_config(
         # the same seed starts from the same weights (and no CUDA allocation is tried).
         use_cpu_initialization=on_cpu,
         **recompute_fields,
+        **_moe_settings(arch, dims, moe),  # type: ignore[arg-type]
     )
 
 
@@ -285,6 +326,7 @@ def build_model(
     recompute: str = "none",
     packed: bool = False,
     allow_local_spec: bool = False,
+    moe: MoeTraining = FORWARD_MOE,
 ) -> GPTModel:
     """This rank's pipeline stage of the GPT model (requires ``initialize_parallel``).
 
@@ -307,12 +349,16 @@ def build_model(
 
     ``allow_local_spec`` (``policy.allow_local_spec``): on CUDA without an importable
     Transformer Engine, build the local spec instead of raising TransformerEngineUnavailable.
+
+    ``moe`` (``PolicyPlan.moe``): the MoE training settings of a Qwen3-MoE ``arch``; a
+    forward-only copy (engine, exporter) keeps the default. Each rank builds the experts
+    ``[ep_rank * E / ep, (ep_rank + 1) * E / ep)`` of every layer (``hf_experts.py``).
     """
     apply_cpu_compat()
     # Packed batches: Megatron's unfused THD RoPE loops over the sequences on every layer;
     # the vectorised replacement gives the same numbers (rope_thd.py).
     rope_thd.install()
-    config = transformer_config(arch, dims, precision, recompute=recompute)
+    config = transformer_config(arch, dims, precision, recompute=recompute, moe=moe)
     model = GPTModel(
         config=config,
         transformer_layer_spec=layer_spec(config, packed=packed, allow_local_spec=allow_local_spec),

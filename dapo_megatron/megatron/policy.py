@@ -64,6 +64,7 @@ class MegatronPolicy:
         self.dims = plan.dims
         self.arch = arch = plan.arch
         self.loss_spec = plan.loss
+        self._moe = plan.moe
         policy = config.policy
         initialize_parallel(self.dims, seed=config.run.seed)
         packed = policy.max_tokens_per_microbatch is not None
@@ -74,6 +75,7 @@ class MegatronPolicy:
             recompute=policy.megatron.recompute_granularity,
             packed=packed,
             allow_local_spec=policy.allow_local_spec,
+            moe=plan.moe,
         )
         load_hf_checkpoint(model, policy.model_name_or_path, arch, self.dims)
         # Our losses carry the global normaliser themselves: Megatron must only sum
@@ -122,6 +124,7 @@ class MegatronPolicy:
             self.config.policy.precision,
             packed=self.ctx.max_tokens_per_microbatch is not None,
             allow_local_spec=self.config.policy.allow_local_spec,
+            moe=self._moe,
         )
         restore_rng_state(rng)
         reference.config.calculate_per_token_loss = True  # as the policy's (forward only)

@@ -131,3 +131,24 @@ def test_no_derivation_outside_the_plan() -> None:
 def test_empty_policy_world_is_a_config_error() -> None:
     with pytest.raises(ConfigError, match="cluster.gpus_per_node = 0 .*must be >= 1"):
         plan_of("cluster.gpus_per_node=0")
+
+
+def test_policy_moe_reaches_the_policy_plan_and_is_validated() -> None:
+    moe = ("policy.model_arch=tiny-qwen3-moe", "policy.megatron.expert_model_parallel_size=2")
+    plan = plan_of(*moe, "policy.moe.token_dispatcher=allgather", "policy.moe.aux_loss_coef=0.01")
+    assert plan.moe == run_plan.MoeTraining(aux_loss_coef=0.01, token_dispatcher="allgather")
+    assert plan.policy().moe == plan.moe and plan.dims.ep == 2
+    # The defaults a model built outside a run uses are dapo_base.yaml's.
+    assert plan_of().moe == run_plan.FORWARD_MOE
+
+    def error(*overrides: str) -> str:
+        with pytest.raises(ConfigError) as info:
+            plan_of(*moe, *overrides)
+        return str(info.value)
+
+    assert "routing replay is not implemented" in error("policy.moe.routing_replay=true")
+    assert "policy.moe.aux_loss_coef = -0.1" in error("policy.moe.aux_loss_coef=-0.1")
+    # Megatron's MoE layer refuses to train under TP without sequence parallelism.
+    tp_no_sp = error("cluster.gpus_per_node=4", "policy.megatron.tensor_model_parallel_size=2")
+    assert "policy.megatron.sequence_parallel = False" in tp_no_sp
+    assert "token_dispatcher" in error("policy.moe.token_dispatcher=ring")
