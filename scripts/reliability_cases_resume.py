@@ -101,7 +101,20 @@ def resume_cases(tmp: Path, model: Path, file_data: list[str]) -> list[tuple[str
     changed_run = tmp / "changed-data"
     _checkpoint(changed_run, 2, train)
     train.write_text(train.read_text().replace("#### 8", "#### 9"))
+    # 1: dapo-export of a checkpoint with one flipped byte in a shard (its marker intact).
+    from dapo_megatron.storage.checkpoint_dirs import write_marker
+
+    flipped = _checkpoint(tmp / "flipped", 4, None)
+    write_marker(flipped, {"format_version": 1, "step": 4, "layout": {"tp": 1, "pp": 1}})
+    data = bytearray((flipped / "__0_0.distcp").read_bytes())
+    data[100] ^= 1
+    (flipped / "__0_0.distcp").write_bytes(bytes(data))
+    export = "import sys; from dapo_megatron.cli import export_main; sys.exit(export_main())"
     return [
+        (
+            "1: dapo-export of a checkpoint with a flipped byte in a shard",
+            [sys.executable, "-c", export, "--checkpoint", str(flipped), "--out", str(tmp / "hf")],
+        ),
         (
             "2: a second run sharing checkpointing.checkpoint_dir with a live run",
             [f"run.output_dir={tmp / 'run-b'}", f"checkpointing.checkpoint_dir={shared}"],

@@ -50,7 +50,14 @@ from dapo_megatron.config.model_arch import (
     arch_from_hf_config,
 )
 from dapo_megatron.config.model_arch import hf_config as arch_hf_config
-from dapo_megatron.storage.checkpoint_dirs import MARKER, latest_checkpoint, read_marker
+from dapo_megatron.storage.checkpoint_dirs import (
+    MARKER,
+    NoVerifiedCheckpointError,
+    find_resumable,
+    latest_checkpoint,
+    read_marker,
+    verify_checkpoint,
+)
 
 if TYPE_CHECKING:
     import transformers
@@ -94,12 +101,18 @@ class ExportError(ConfigError):
 # ------------------------------------------------------------------------------- checks
 
 
-def check_checkpoint_dir(checkpoint_dir: str | Path) -> dict[str, Any]:
-    """The ``complete.json`` marker of a complete checkpoint directory.
+def check_checkpoint_dir(checkpoint_dir: str | Path, *, verify: bool = True) -> dict[str, Any]:
+    """The ``complete.json`` marker of a complete checkpoint directory whose files verify.
+
+    ``verify``: check every file against the sizes and sha256 its marker records
+    (``verify_checkpoint``, the resume's check), so that a damaged shard is refused before
+    anything reads it instead of being exported as garbage or failing deep in
+    ``torch.load``. The launcher verifies once; the ranks it starts pass False.
 
     Raises:
-        ExportError: the directory is missing, or is not a complete checkpoint (a save
-            interrupted, a partial copy); the message names the latest complete one.
+        ExportError: the directory is missing, is not a complete checkpoint (a save
+            interrupted, a partial copy), or a file does not verify; the message names
+            the file and the newest checkpoint that does verify.
     """
     path = Path(checkpoint_dir)
     if not path.is_dir():
@@ -119,6 +132,18 @@ def check_checkpoint_dir(checkpoint_dir: str | Path) -> dict[str, Any]:
             f"{path} is not a complete checkpoint (no readable {MARKER}: an interrupted save "
             f"or a partial copy); {hint}"
         )
+    problem = verify_checkpoint(path) if verify else None
+    if problem is not None:
+        try:
+            good, _ = find_resumable(path.parent)
+        except NoVerifiedCheckpointError:
+            good = None
+        hint = (
+            f"restore its files, or export {good}, the newest checkpoint that verifies"
+            if good is not None and good != path
+            else f"restore its files ({path.parent} holds no checkpoint that verifies)"
+        )
+        raise ExportError(f"checkpoint {path} does not verify: {problem}; {hint}")
     return marker
 
 
@@ -505,7 +530,9 @@ def export_checkpoint(
         ExportError: on every rank, before Megatron starts: a path, the layout or the
             architecture is wrong.
     """
-    marker = check_checkpoint_dir(checkpoint_dir)
+    # The launcher verified the files (export_launch.preflight); each rank hashing a
+    # checkpoint of hundreds of GB again would multiply the export's start-up by the ranks.
+    marker = check_checkpoint_dir(checkpoint_dir, verify=False)
     check_out_dir(out_dir)
     arch, _ = base_arch(config)
     tokenizer_files(tokenizer_dir(config))
