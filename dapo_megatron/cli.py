@@ -26,6 +26,7 @@ DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "dapo-tiny
 USER_ERROR_EXIT = 2
 RUNTIME_ERROR_EXIT = 1
 INTERRUPTED_EXIT = 130  # the shell's code for a process ended by SIGINT (128 + 2)
+PREEMPTED_EXIT = 143  # SIGTERM (128 + 15): stopped at a safe point, resumable
 
 TRAIN_EPILOG = """\
 overrides:
@@ -46,12 +47,15 @@ resume:
   so re-running the same command after a crash, Ctrl-C or preemption resumes it;
   checkpointing.resume=never refuses a directory that already holds a run (choose another
   run.output_dir). A worker that dies is restarted from the last checkpoint up to
-  run.max_restarts times.
+  run.max_restarts times. SIGTERM (Slurm preemption or time limit; slurm/ray.sub asks
+  for it before the limit) saves a checkpoint at the end of the current step, within
+  run.preemption_grace_s, and exits 143 with the command that resumes.
 
 exit status:
   0 finished; 1 runtime failure (a worker failed, restarts exhausted, dynamic sampling
   found too few groups); 2 invalid input (config, paths, data, model, devices) found
-  before any worker started; 130 interrupted (Ctrl-C).
+  before any worker started; 130 interrupted (Ctrl-C); 143 stopped by SIGTERM
+  (preemption), resumable.
 """
 
 
@@ -189,12 +193,27 @@ def _train(loaded: LoadedConfig, command: str) -> int:
 def _train_locked(plan: RunPlan, command: str) -> int:
     """Train; runtime failures are one-line errors with exit status 1, Ctrl-C exits 130."""
     from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
+    from dapo_megatron.controller import preemption
     from dapo_megatron.controller.loop import train
     from dapo_megatron.controller.remote import RestartsExhausted, WorkerFailure
     from dapo_megatron.storage.checkpoint_dirs import CheckpointError
 
+    hook = preemption.Preemption(plan.config.run.preemption_grace_s)
+    hook.install()
+    preemption.activate(hook)
     try:
         metrics = train(plan)
+    except preemption.Preempted as e:
+        saved = f"saved step {e.step}; " if e.saved is not None else ""
+        print(f"preempted: SIGTERM; {saved}{_resume_hint(plan, command)}", file=sys.stderr)
+        return PREEMPTED_EXIT
+    except preemption.PreemptionDeadline as e:
+        print(
+            f"preempted: SIGTERM; {e}, so the workers were stopped without a new "
+            f"checkpoint; {_resume_hint(plan, command)}",
+            file=sys.stderr,
+        )
+        return PREEMPTED_EXIT
     except KeyboardInterrupt:
         print(
             f"interrupted: the workers were stopped; {_resume_hint(plan, command)}",
@@ -210,6 +229,9 @@ def _train_locked(plan: RunPlan, command: str) -> int:
         cause = e.__cause__ if isinstance(e.__cause__, CheckpointError) else e
         print(f"error: {cause}", file=sys.stderr)
         return RUNTIME_ERROR_EXIT
+    finally:
+        hook.uninstall()
+        preemption.activate(None)
     summary = {k: metrics[k] for k in ("reward/acc", "val/acc", "loss") if k in metrics}
     print(f"dapo-train: finished; run directory {plan.run_dir}; last step {summary}")
     return 0

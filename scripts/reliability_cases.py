@@ -1,7 +1,10 @@
 """Feed dapo-train the bad inputs and faults that can be found before any worker starts, and
 print, per case, the exit status, the seconds it took and the error line the user sees.
 
-    .venv/bin/python scripts/reliability_cases.py
+    .venv/bin/python scripts/reliability_cases.py [--no-jobs]
+
+Then (unless --no-jobs) the faults of a running job, from scripts/reliability_jobs.py:
+a preemption (SIGTERM), ... (about a minute each).
 
 Each case builds its broken input for real in a temporary directory (a truncated
 safetensors file, invalid UTF-8, a 50 MB line, ...). The faults that need a running job
@@ -100,7 +103,23 @@ def main() -> int:
             shown = " | ".join(lines[:3]) if lines else out.stdout.splitlines()[-1]
             traceback = " TRACEBACK" if "Traceback" in out.stderr else ""
             print(f"{title}: rc {out.returncode}, {seconds:.1f} s{traceback}: {shown}", flush=True)
+        if "--no-jobs" not in sys.argv:  # the faults of a running job (scripts/reliability_jobs.py)
+            _run_job_cases(tmp)
     return 0
+
+
+def _run_job_cases(tmp: Path) -> None:
+    sys.path.insert(0, str(REPO / "scripts"))
+    import reliability_jobs as jobs
+
+    for title, case in jobs.JOB_CASES:
+        outcome = case(tmp, tmp / "model")
+        traceback = " TRACEBACK" if "Traceback" in outcome.output else ""
+        print(
+            f"{title}: rc {outcome.rc}, {outcome.seconds:.1f} s after the fault{traceback}: "
+            f"{jobs.shown(outcome)}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

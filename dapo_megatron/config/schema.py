@@ -34,6 +34,23 @@ class RunConfig:
     """Global seed: data order, sampling, initialisation of a fresh model."""
     max_restarts: int
     """How many times the controller restarts from the last checkpoint after a worker dies."""
+    preemption_grace_s: float
+    """After a SIGTERM to dapo-train (a Slurm preemption or time limit, ``kill``): how long
+    the run may take to reach its next safe point (the end of a step), save a checkpoint
+    there and exit with status 143 and a resume line. Past it, the run stops at once
+    without saving (the last checkpoint stays the resume point), so keep it below the time
+    between the signal and the SIGKILL that follows (slurm/ray.sub asks Slurm for SIGTERM
+    300 s before the time limit)."""
+    collective_timeout_s: float
+    """How long a collective of the policy ranks may wait for a peer (a stuck or stopped
+    rank) before it fails; the run then names the rank that did not answer and restarts
+    from the last checkpoint. Generous: a collective also waits out the slowest rank's
+    compute before it, and a checkpoint save."""
+    call_timeout_s: float
+    """How long the controller waits for any one call to its workers (a generation round, a
+    train step, a refit, a save) before it names the worker that did not answer and
+    restarts from the last checkpoint: the backstop for a hang outside a collective. Far
+    above the longest call of a real run."""
 
 
 @dataclass

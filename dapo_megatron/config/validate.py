@@ -133,6 +133,8 @@ def _check_rollout(c: _Checker) -> list[str]:
 def _check_run_and_cluster(c: _Checker) -> None:
     c.require(bool(c.value("run.name")), "run.name", "must not be empty")
     c.at_least("run.max_restarts", 0)
+    for key in ("run.preemption_grace_s", "run.collective_timeout_s", "run.call_timeout_s"):
+        c.positive(key)
     c.at_least("cluster.num_nodes", 1)
     c.at_least("cluster.gpus_per_node", 1)
     cl = c.config.cluster

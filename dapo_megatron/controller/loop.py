@@ -23,12 +23,13 @@ from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.controller import steps
+from dapo_megatron.controller import preemption, steps
 from dapo_megatron.controller.cluster import start_ray
 from dapo_megatron.controller.context import RunContext, Workers, build_context
 from dapo_megatron.controller.generation_group import Engines, build_engines
 from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied
+from dapo_megatron.controller.preemption import Preempted
+from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied, set_call_timeout
 from dapo_megatron.controller.rollout_groups import RolloutGroup, rollout_metrics, staleness_metrics
 from dapo_megatron.controller.rollout_source import (
     Rollouts,
@@ -105,6 +106,8 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
     if config.generation.backend == "vllm":
         # Their logprobs must now be the policy's (what vLLM decides differently on GPU).
         check_engine_logprobs(ctx, engines, policy)
+    if preemption.requested():  # SIGTERM during start-up: the resumed state is saved
+        raise Preempted(start_step, None)
     if start_step == 0 and config.validation.val_at_start:
         logger.log(0, steps.validate(ctx, engines, 0))
     progress = StepProgress(
@@ -194,7 +197,8 @@ def _overlapped_steps(
             if prepared is not None:
                 queued = _queue_training(ctx, policy, prepared, done)
         metrics.update(refits.finish(refit, then=validate))
-        end.finish(done, started, metrics, taken)
+        # A batch taken for the next step (or its queued training) is not in a checkpoint.
+        end.finish(done, started, metrics, taken, safe=prepared is None and queued is None)
 
 
 class _StepEnd:
@@ -220,9 +224,17 @@ class _StepEnd:
         return time.perf_counter()
 
     def finish(
-        self, done: int, started: float, metrics: dict[str, float], taken: _Prepared
+        self,
+        done: int,
+        started: float,
+        metrics: dict[str, float],
+        taken: _Prepared,
+        *,
+        safe: bool = True,
     ) -> None:
-        """Policy version ``done`` is trained and in the engines: log it, checkpoint it."""
+        """Policy version ``done`` is trained and in the engines: log it, checkpoint it.
+        ``safe``: nothing is in flight that a checkpoint would miss, so a SIGTERM stops the
+        run here (``Preempted``, after a save)."""
         config = self.ctx.config
         metrics.update(self.workers.engines.refit_metrics())
         metrics["generated_per_trained"] = taken.stats.num_samples_generated / len(taken.batch)
@@ -235,9 +247,14 @@ class _StepEnd:
         self.last_metrics = metrics
         last = done == config.dapo.max_num_steps
         ckpt = config.checkpointing
-        if ckpt.enabled and (done % ckpt.save_period == 0 or last):
+        stop = safe and preemption.requested()
+        saved = ckpt.enabled and (done % ckpt.save_period == 0 or last or stop)
+        if saved:
             with self.rollouts.paused():
                 _save(self.ctx, self.workers.policy, done, self.rollouts)
+        if stop:
+            preemption.stop_clock()
+            raise Preempted(done, latest_checkpoint(self.ctx.checkpoint_dir) if saved else None)
 
 
 class _Prepared(NamedTuple):
@@ -317,6 +334,8 @@ def _prepares_next(plan: RunPlan, done: int) -> bool:
     end."""
     if not plan.overlapped or done >= plan.config.dapo.max_num_steps:
         return False
+    if preemption.requested():  # SIGTERM: this step's end is where the run stops
+        return False
     ckpt = plan.config.checkpointing
     return not (ckpt.enabled and done % ckpt.save_period == 0)
 
@@ -376,9 +395,14 @@ def train(plan: RunPlan) -> dict[str, float]:
     torch.set_num_threads(1)
     ctx = build_context(plan)
     restarts = 0
+    # Every call to the workers times out (the ones in modules without the config too).
+    set_call_timeout(config.run.call_timeout_s, config.run.collective_timeout_s)
     try:
         start_ray(config.cluster, device=plan.device)
+        preemption.reclaim_sigterm()
         while True:
+            if preemption.requested():  # SIGTERM between attempts: nothing new to save
+                raise Preempted(0, None)
             ctx.reset_state()
             resume = (
                 config.checkpointing.resume == "auto"
@@ -397,6 +421,8 @@ def train(plan: RunPlan) -> dict[str, float]:
                 failed = False
                 return metrics
             except WorkerDied as failure:
+                if preemption.requested():  # a worker lost while stopping: no restart
+                    raise Preempted(0, None) from failure
                 restarts += 1
                 if restarts > config.run.max_restarts:
                     raise RestartsExhausted(failure, config.run.max_restarts) from failure

@@ -258,3 +258,61 @@ def test_one_step_of_the_tiny_recipe_across_two_nodes(job, tmp_path: Path):
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [row["step"] for row in rows] == [1] and math.isfinite(rows[0]["loss"])
     assert (run_dir / "checkpoints" / "step_000001").is_dir()
+
+
+# A stand-in for dapo-train under preemption: on SIGTERM it "saves" (a second), says so
+# and exits 143, as dapo-train does at its next step end.
+PREEMPTIBLE = """
+import signal, sys, time
+def on_term(signum, frame):
+    time.sleep(1)
+    print("SAVED AFTER SIGTERM", flush=True)
+    sys.exit(143)
+signal.signal(signal.SIGTERM, on_term)
+print("COMMAND READY", flush=True)
+time.sleep(120)
+print("NO SIGNAL", flush=True)
+"""
+
+
+def test_sigterm_reaches_the_command_which_exits_before_ray_stops(job, tmp_path: Path):
+    """What Slurm does before the time limit (``#SBATCH --signal=B:TERM@300``: the batch
+    shell only): ray.sub forwards SIGTERM to COMMAND, waits for it (dapo-train saves a
+    checkpoint meanwhile) and exits with its status; Ray is stopped after COMMAND."""
+    header = (REPO / "slurm" / "ray.sub").read_text().splitlines()
+    assert "#SBATCH --signal=B:TERM@300" in header
+    script = tmp_path / "preemptible.py"
+    script.write_text(PREEMPTIBLE)
+    # The head is this machine: COMMAND runs in the batch shell's own job, no srun between.
+    env = job.environment(
+        f"{sys.executable} {script}",
+        SLURM_JOB_NODELIST=f"{socket.gethostname().split('.')[0]},node1",
+    )
+    out_path, err_path = tmp_path / "job.out", tmp_path / "job.err"
+    with out_path.open("w") as out, err_path.open("w") as err:
+        proc = subprocess.Popen(
+            ["bash", str(REPO / "slurm" / "ray.sub")],
+            cwd=tmp_path,
+            env=env,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
+    try:
+        deadline = time.monotonic() + 90
+        while "COMMAND READY" not in out_path.read_text():
+            assert proc.poll() is None, err_path.read_text()
+            assert time.monotonic() < deadline, err_path.read_text()
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 143, err_path.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = err_path.read_text()
+    assert "SAVED AFTER SIGTERM" in out_path.read_text(), out_path.read_text() + err
+    assert "SIGTERM: forwarded to COMMAND" in err, err
+    assert "COMMAND exited with status 143" in err, err
+    assert err.index("COMMAND exited with status 143") < err.index("stopping Ray on 2 node(s)")
+    assert _session_members(proc.pid) == [], "processes of the batch shell's session left"

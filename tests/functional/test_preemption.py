@@ -1,0 +1,102 @@
+"""SIGTERM to dapo-train (a Slurm preemption or time limit; slurm/ray.sub forwards it): the
+run saves a checkpoint at the end of the current step and exits 143 with one line naming it
+and the command that resumes; a step that cannot end within run.preemption_grace_s (a rank
+stopped with SIGSTOP) ends the run at the deadline, without a new checkpoint."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from tiny_job import metrics_by_step, start_and_wait_for, train_command
+
+pytestmark = pytest.mark.functional
+
+COMMON = [
+    "dapo.max_num_steps=1000",
+    "sft_warmup.num_steps=30",
+    "dapo.dynamic_sampling.max_gen_batches=0",
+    "checkpointing.save_period=1000",  # no periodic save: the preemption's is the one
+    "validation.val_period=0",
+    "validation.val_at_start=false",
+    "logger.progress_bar=false",
+    "logger.plots=false",
+    "checkpointing.export_hf=false",
+]
+
+
+def _start(run_dir: Path, *extra: str):
+    """The tiny job, returned once it has logged its first step."""
+    metrics = run_dir / "metrics.jsonl"
+    cmd = train_command(run_dir, run_dir.parent / "model", *COMMON, *extra)
+    proc = start_and_wait_for(cmd, metrics, capture=True)
+    deadline = time.monotonic() + 300
+    while proc.poll() is None and time.monotonic() < deadline:
+        if metrics.exists() and metrics.read_text().strip():
+            return proc
+        time.sleep(0.1)
+    output = proc.communicate(timeout=60)[0] if proc.poll() is not None else ""
+    raise AssertionError(f"the job logged no step: {output[-3000:]}")
+
+
+def _workers(proc) -> list[psutil.Process]:
+    """This job's policy ranks (other jobs on the machine may run some too)."""
+    return [
+        p
+        for p in psutil.Process(proc.pid).children(recursive=True)
+        if "PolicyWorker" in " ".join(p.cmdline())
+    ]
+
+
+def test_sigterm_saves_at_the_step_end_and_exits_143_with_a_resume_line(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, "run.preemption_grace_s=120")
+    workers = _workers(proc)
+    started = time.monotonic()
+    os.kill(proc.pid, signal.SIGTERM)  # the driver only, as ray.sub forwards it
+    output, _ = proc.communicate(timeout=180)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 143, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    last = max(metrics_by_step(run_dir))
+    step_dir = run_dir / "checkpoints" / f"step_{last:06d}"
+    line = next(x for x in output.splitlines() if x.startswith("preempted:"))
+    assert line == (
+        f"preempted: SIGTERM; saved step {last}; the last checkpoint is {step_dir}; "
+        f"`{line.split('`')[1]}` resumes from it"
+    ), line
+    assert line.split("`")[1].startswith("dapo-train --config")
+    assert (step_dir / "complete.json").is_file()
+    assert seconds < 120, f"{seconds:.0f} s from SIGTERM to exit"
+    _, alive = psutil.wait_procs(workers, timeout=30)
+    assert alive == [], f"policy workers still running after the exit: {alive}"
+
+
+def test_a_step_that_cannot_end_in_the_grace_period_stops_at_the_deadline(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, "run.preemption_grace_s=8")
+    stopped = _workers(proc)[-1].pid
+    os.kill(stopped, signal.SIGSTOP)  # this rank never reaches the end of its step
+    try:
+        started = time.monotonic()
+        os.kill(proc.pid, signal.SIGTERM)
+        output, _ = proc.communicate(timeout=120)
+        seconds = time.monotonic() - started
+    finally:
+        if psutil.pid_exists(stopped):
+            os.kill(stopped, signal.SIGKILL)
+    assert proc.returncode == 143, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    line = next(x for x in output.splitlines() if x.startswith("preempted:"))
+    assert line.startswith(
+        "preempted: SIGTERM; no safe point within run.preemption_grace_s = 8 s, so the "
+        "workers were stopped without a new checkpoint; no checkpoint was saved yet; "
+    ), line
+    assert 8 <= seconds < 60, f"{seconds:.0f} s from SIGTERM to exit"
+    assert not (run_dir / "checkpoints").exists() or not list(
+        (run_dir / "checkpoints").glob("step_*")
+    )
