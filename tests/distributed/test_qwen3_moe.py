@@ -22,7 +22,9 @@ two-process launch; Megatron's groups are rebuilt between cases), EP2 x TP2 with
 parallelism (one four-process launch). Each launch ends with greedy generation of the
 Megatron engine (KV cache) at EP2 (resp. EP2 x TP2), each data-parallel replica with
 prompts and a token budget of its own, so that one replica finishes first and must keep
-running idle forwards for the other's expert dispatch: the responses equal HF ``generate``.
+running idle forwards for the other's expert dispatch: the responses equal HF ``generate``,
+and so do those of a second engine refitted from the first one's export
+(``load_hf_tensors``: each rank keeps its own experts' shards).
 
 Megatron is imported inside the rank functions only.
 """
@@ -159,8 +161,9 @@ def _cases_worker(setups: dict[bool, Setup], cases: dict, generation: ParallelDi
 
     from dapo_megatron.config.run_plan import policy_plan
     from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
-    from dapo_megatron.megatron.hf_weights import hf_weight_specs
+    from dapo_megatron.megatron.hf_weights import export_hf_weights, hf_weight_specs
     from dapo_megatron.megatron.inference import MegatronGenerationBackend
+    from dapo_megatron.megatron.model import build_model
     from dapo_megatron.megatron.policy import MegatronPolicy
     from dapo_megatron.shared.sampling import SamplingParams
 
@@ -204,8 +207,15 @@ def _cases_worker(setups: dict[bool, Setup], cases: dict, generation: ParallelDi
         setup.hf_dir, setup.arch, generation, "fp32"
     )
     prompts, budget = GENERATION[parallel_state.get_data_parallel_rank()]
-    samples = engine.generate(prompts, SamplingParams(top_k=1, max_tokens=budget))
+    greedy = SamplingParams(top_k=1, max_tokens=budget)
+    samples = engine.generate(prompts, greedy)
     out["greedy"] = (prompts, budget, [group[0].response_token_ids for group in samples])
+    # The refit of an engine's own copy: random weights, then the HF tensors of the export.
+    copy = MegatronGenerationBackend(
+        build_model(setup.arch, generation, "fp32"), setup.arch, generation
+    )
+    copy.update_weights(export_hf_weights(engine._model, setup.arch, generation))
+    out["refit_greedy"] = [group[0].response_token_ids for group in copy.generate(prompts, greedy)]
     destroy_parallel()
     return out
 
@@ -248,6 +258,7 @@ def _check_greedy(per_rank: list[dict], hf_dir: Path) -> None:
     model.generation_config.eos_token_id = None  # the references run to the budget
     for rank, result in enumerate(per_rank):
         prompts, budget, responses = result["greedy"]
+        assert result["refit_greedy"] == responses, rank
         for prompt, response in zip(prompts, responses, strict=True):
             ids = torch.tensor([prompt])
             expected = model.eval().generate(
