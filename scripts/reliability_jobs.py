@@ -9,6 +9,7 @@ JOB_CASES; reliability_cases.py runs them after the cases that fail before any w
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -48,8 +49,8 @@ def env() -> dict[str, str]:
     return dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
 
 
-def start(run_dir: Path, model: Path, *overrides: str) -> subprocess.Popen[str]:
-    """The tiny job in its own session, returned once it has logged a step."""
+def start(run_dir: Path, model: Path, *overrides: str, wait: bool = True) -> subprocess.Popen[str]:
+    """The tiny job in its own session, returned once it has logged a step (``wait``)."""
     cmd = [
         sys.executable,
         "-m",
@@ -71,7 +72,7 @@ def start(run_dir: Path, model: Path, *overrides: str) -> subprocess.Popen[str]:
         start_new_session=True,
     )
     metrics = run_dir / "metrics.jsonl"
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + (600 if wait else 0)
     while proc.poll() is None and time.monotonic() < deadline:
         if metrics.exists() and metrics.read_text().strip():
             break
@@ -101,8 +102,53 @@ def preemption(tmp: Path, model: Path) -> JobOutcome:
     return finish(proc, fault_at)
 
 
+def descendants(proc: subprocess.Popen[str], name: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process(proc.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if name in " ".join(p.cmdline()) or p.name() == name:
+                found.append(p)
+    return found
+
+
+def rank_killed_in_collective(tmp: Path, model: Path) -> JobOutcome:
+    """A policy rank killed while the other waits for it in an all-reduce (SFT warm-up),
+    with the death report late (the raylet stopped for 4 s): the survivor's "Connection
+    reset by peer" reaches the controller first (tests/functional/test_rank_death_race.py).
+    The restart line is the outcome; Ctrl-C then ends the restarted run."""
+    proc = start(
+        tmp / "rank-race", model, "sft_warmup.num_steps=200", "run.max_restarts=1", wait=False
+    )
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("[sft] step 5/"):
+            break
+    rank = workers(proc)[-1]
+    raylet = descendants(proc, "raylet")[0]
+    os.kill(rank, signal.SIGSTOP)
+    time.sleep(2)  # the other rank now waits in the step's all-reduce
+    raylet.send_signal(signal.SIGSTOP)
+    fault_at = time.monotonic()
+    try:
+        os.kill(rank, signal.SIGKILL)
+        time.sleep(4)
+    finally:
+        raylet.send_signal(signal.SIGCONT)
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith(("[restart", "error:")):
+            break
+    seconds = time.monotonic() - fault_at
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    return JobOutcome(proc.returncode, seconds, "".join(seen) + rest)
+
+
 JOB_CASES: list[tuple[str, Callable[[Path, Path], JobOutcome]]] = [
     ("SIGTERM mid-run (Slurm preemption / time limit)", preemption),
+    ("policy rank killed in a collective, death reported late", rank_killed_in_collective),
 ]
 
 

@@ -1,0 +1,81 @@
+"""A policy rank killed in a collective: the surviving rank's gloo error ("Connection reset by
+peer") may reach the controller before Ray reports the death. It must still count as the
+death of the killed rank (a restart), not as a bug of the survivor.
+
+The race is made certain with real signals: rank 1 is stopped while the ranks train (SFT
+warm-up: an all-reduce per step), so rank 0 waits for it in the all-reduce; the job's
+raylet is stopped (Ray learns of a worker's death through it), rank 1 is killed (rank 0's
+collective fails at once and its error goes straight to the controller), and the raylet
+resumes seconds later, reporting the death.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+from tiny_job import start_and_wait_for, train_command
+
+pytestmark = pytest.mark.functional
+
+
+def _descendants(pid: int, needle: str) -> list[psutil.Process]:
+    found = []
+    for p in psutil.Process(pid).children(recursive=True):
+        try:
+            if needle in " ".join(p.cmdline()) or p.name() == needle:
+                found.append(p)
+        except psutil.Error:
+            pass
+    return found
+
+
+def test_survivor_error_before_the_death_report_restarts_and_names_the_dead_rank(tmp_path):
+    run_dir = tmp_path / "run"
+    cmd = train_command(
+        run_dir,
+        tmp_path / "model",
+        "dapo.max_num_steps=1",
+        "sft_warmup.num_steps=200",
+        "checkpointing.save_period=1",
+        "validation.val_at_start=false",
+        "logger.progress_bar=false",
+        "logger.plots=false",
+        "run.max_restarts=1",
+    )
+    # The first SFT lines: the ranks are in their warm-up steps.
+    proc = start_and_wait_for(cmd, run_dir / "config.yaml", capture=True)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith("[sft] step 5/"):
+            break
+    # One of the two ranks (which one is not visible from outside; the line must name it).
+    rank1 = _descendants(proc.pid, "ray::PolicyWorker")[-1]
+    raylet = _descendants(proc.pid, "raylet")[0]
+    rank1.send_signal(signal.SIGSTOP)
+    time.sleep(2)  # rank 0 now waits for rank 1 in the step's all-reduce
+    raylet.send_signal(signal.SIGSTOP)
+    try:
+        rank1.send_signal(signal.SIGKILL)
+        time.sleep(4)  # rank 0's error reaches the controller; Ray cannot report yet
+    finally:
+        raylet.send_signal(signal.SIGCONT)
+    restart = None
+    deadline = time.monotonic() + 120
+    for line in proc.stdout:
+        lines.append(line)
+        if line.startswith(("[restart", "error:")) or time.monotonic() > deadline:
+            restart = line
+            break
+    os.killpg(proc.pid, signal.SIGINT)  # enough: Ctrl-C stops the restarted run
+    rest, _ = proc.communicate(timeout=120)
+    output = "".join(lines) + rest
+    assert restart is not None and restart.startswith("[restart 1/1] policy rank "), output[-3000:]
+    assert " died: " in restart and "raised" not in restart, restart
+    assert proc.returncode == 130, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
