@@ -146,9 +146,39 @@ def rank_killed_in_collective(tmp: Path, model: Path) -> JobOutcome:
     return JobOutcome(proc.returncode, seconds, "".join(seen) + rest)
 
 
+def rank_stopped(tmp: Path, model: Path) -> JobOutcome:
+    """A policy rank that stops responding (SIGSTOP) while the other waits for it in an
+    all-reduce; run.collective_timeout_s=10 (tests/functional/test_hangs.py)."""
+    proc = start(
+        tmp / "rank-stopped",
+        model,
+        "sft_warmup.num_steps=300",
+        "run.max_restarts=0",
+        "run.collective_timeout_s=10",
+        wait=False,
+    )
+    assert proc.stdout is not None
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if line.startswith("[sft] step 5/"):
+            break
+    rank = workers(proc)[-1]
+    os.kill(rank, signal.SIGSTOP)
+    fault_at = time.monotonic()
+    try:
+        outcome = finish(proc, fault_at, timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(rank, signal.SIGKILL)
+    outcome.output = "".join(seen) + outcome.output
+    return outcome
+
+
 JOB_CASES: list[tuple[str, Callable[[Path, Path], JobOutcome]]] = [
     ("SIGTERM mid-run (Slurm preemption / time limit)", preemption),
     ("policy rank killed in a collective, death reported late", rank_killed_in_collective),
+    ("policy rank stopped (SIGSTOP) in a collective", rank_stopped),
 ]
 
 

@@ -18,6 +18,7 @@ any worker fails and names it, with three refinements:
 from __future__ import annotations
 
 import contextlib
+import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -189,7 +190,8 @@ def gather(
             except ray.exceptions.RayTaskError as e:
                 failure = WorkerFailure(f"{describe(index[ref])} raised: {e.cause!r}")
                 if is_peer_error(e.cause) and pending:
-                    _raise_behind_peer_error(failure, pending, index, describe)
+                    witness = f"{describe(index[ref])} ({_short(e.cause)})"
+                    _raise_behind_peer_error(witness, pending, index, describe)
                 raise failure from e.cause
     except BaseException:
         _release(pending)
@@ -197,15 +199,24 @@ def gather(
     return results
 
 
+def _short(cause: BaseException | None) -> str:
+    """A collective error in a few words: gloo's text starts with a source location
+    ("[.../pair.cc:537] Read error ...") and ends with advice; the middle is the news."""
+    text = first_line(cause) if cause is not None else "?"
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)
+    return text.split(". ")[0][:160]
+
+
 def _raise_behind_peer_error(
-    failure: WorkerFailure,
+    witness: str,
     pending: list[ray.ObjectRef[Any]],
     index: dict[ray.ObjectRef[Any], int],
     describe: Callable[[int], str],
 ) -> None:
-    """A worker's collective failed because of a peer: wait (``_grace_s``) for the other
-    calls of the group and raise what caused it, a death (WorkerDied) or a worker that
-    never answered (WorkerHung); returns when neither is found (the failure stands)."""
+    """A worker's collective failed because of a peer (``witness``: that worker and its
+    error): wait (``_grace_s``) for the other calls of the group and raise what caused it,
+    a death (WorkerDied) or a worker that never answered (WorkerHung); returns when
+    neither is found (the failure stands)."""
     grace = _grace_s()
     waiting = list(pending)
     deadline = time.monotonic() + grace
@@ -222,7 +233,9 @@ def _raise_behind_peer_error(
             pass  # another survivor that saw the same broken collective
     if waiting:
         names = ", ".join(describe(index[r]) for r in waiting)
+        timeout = "" if _collective_timeout_s is None else f"{_collective_timeout_s:g} s, "
         raise WorkerHung(
-            f"{names} stopped responding: {failure} and it gave no answer within "
-            f"{grace:g} s more; killed with its group"
+            f"{names} stopped responding: the collective of {witness} failed waiting for "
+            f"it ({timeout}run.collective_timeout_s) and it gave no answer within {grace:g} s "
+            f"more; killed with its group"
         ) from None

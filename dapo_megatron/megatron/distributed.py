@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import random
+from datetime import timedelta
 
 import numpy as np
 import torch
@@ -58,6 +59,9 @@ def initialize_parallel(dims: ParallelDims, *, seed: int, backend: str | None = 
         if not dist.is_initialized():
             _init_process_group(rank, world_size, backend)
         parallel_state.initialize_model_parallel(
+            # Megatron's groups time out like the default group: a stuck peer fails the
+            # collective (the controller names the rank) instead of hanging the run.
+            distributed_timeout_minutes=collective_timeout().total_seconds() / 60,
             tensor_model_parallel_size=dims.tp,
             pipeline_model_parallel_size=dims.pp,
             context_parallel_size=dims.cp,
@@ -75,6 +79,13 @@ def initialize_parallel(dims: ParallelDims, *, seed: int, backend: str | None = 
     model_parallel_cuda_manual_seed(stage_seed)
 
 
+def collective_timeout() -> timedelta:
+    """How long a collective waits for a peer: ``run.collective_timeout_s``, which a policy
+    worker passes as DAPO_COLLECTIVE_TIMEOUT_S with the launcher variables (default: 30
+    minutes, torch's and Megatron's own)."""
+    return timedelta(seconds=float(os.environ.get("DAPO_COLLECTIVE_TIMEOUT_S", "1800")))
+
+
 def _init_process_group(rank: int, world_size: int, backend: str | None) -> None:
     cuda = torch.cuda.is_available()
     backend = backend or ("nccl" if cuda else "gloo")
@@ -82,14 +93,22 @@ def _init_process_group(rank: int, world_size: int, backend: str | None) -> None
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if world_size == 1 and not {"MASTER_ADDR", "MASTER_PORT"} <= os.environ.keys():
         # A single rank needs no rendezvous: an in-memory store avoids picking a port.
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(
+            backend, store=dist.HashStore(), rank=0, world_size=1, timeout=collective_timeout()
+        )
         return
     missing = [k for k in ("MASTER_ADDR", "MASTER_PORT", "RANK") if k not in os.environ]
     if missing:
         raise ValueError(
             f"WORLD_SIZE={world_size} needs the launcher variables {', '.join(missing)}"
         )
-    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world_size)
+    dist.init_process_group(
+        backend,
+        init_method="env://",
+        rank=rank,
+        world_size=world_size,
+        timeout=collective_timeout(),
+    )
 
 
 def destroy_parallel() -> None:

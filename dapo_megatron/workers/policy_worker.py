@@ -70,6 +70,9 @@ class PolicyWorker:
             LOCAL_RANK="0",
             MASTER_ADDR=master_addr,
             MASTER_PORT=str(master_port),
+            # Read where the process groups are created (megatron/distributed.py), as
+            # the launcher variables above are.
+            DAPO_COLLECTIVE_TIMEOUT_S=str(self.config.run.collective_timeout_s),
         )
         from dapo_megatron.megatron.distributed import parallel_ranks
         from dapo_megatron.megatron.policy import MegatronPolicy
