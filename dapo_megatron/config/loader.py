@@ -1,8 +1,9 @@
 """Load a recipe: follow `defaults:` chains, merge, apply `a.b.c=value` overrides, type-check.
 
 Every leaf value remembers the file (or "command line") that set it, so an error can name
-the key, the file and the fix. Unknown keys are errors with the closest valid key; peer
-names (verl, NeMo RL) are recognised and mapped to ours in the suggestion.
+the key, the file and the fix. Unknown keys are errors with the closest valid key; a key of
+NeMo RL, SkyRL, RLinf or verl is named as theirs with our key and its converted value
+(config/dialects.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Literal, Union
 
 import yaml
 
+from dapo_megatron.config.dialects import explain_foreign, flatten
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
@@ -250,7 +252,7 @@ def apply_overrides(
             if not isinstance(child, dict):
                 prefix = ".".join(parts[: depth + 1])
                 if child is None and part not in node:
-                    _raise_unknown(prefix, CLI_SOURCE)
+                    _raise_unknown(prefix, CLI_SOURCE, {key: value})
                 raise ConfigError(f"override {item!r}: {prefix} is a value, not a section")
             node = child
         _merge(
@@ -292,7 +294,13 @@ def closest_key(key: str) -> str | None:
     return by_leaf[match[0]] if match else None
 
 
-def _raise_unknown(key: str, source: str) -> typing.NoReturn:
+def _raise_unknown(key: str, source: str, foreign: dict[str, Any] | None = None) -> typing.NoReturn:
+    """An unknown key: another system's name (config/dialects.py) is translated, with its
+    value, from `foreign` (the dotted keys and values under the unknown one); anything else
+    gets the closest valid key."""
+    translated = explain_foreign(foreign or {}, source)
+    if translated is not None:
+        raise ConfigError(translated)
     hint = closest_key(key)
     fix = f"; did you mean {hint}?" if hint else "; see configs/dapo_base.yaml for valid keys"
     raise ConfigError(f"unknown key {key} in {source}{fix}")
@@ -352,7 +360,9 @@ def build(cls: type, tree: dict[str, Any], sources: dict[str, str], prefix: str 
     for key in tree:
         if key not in names:
             dotted = f"{prefix}{key}"
-            _raise_unknown(dotted, _source_of(dotted, sources))
+            value = tree[key]
+            under = flatten(value, dotted + ".") if isinstance(value, dict) else {dotted: value}
+            _raise_unknown(dotted, _source_of(dotted, sources), under)
     kwargs = {}
     for name in names:
         dotted = f"{prefix}{name}"

@@ -1,0 +1,342 @@
+"""The foreign vocabularies: NeMo RL, SkyRL, RLinf and verl keys, and what they are here.
+
+One table (`FOREIGN_KEYS`, entries in dialect_keys.py) serves both the loader's "unknown key"
+errors (`explain_foreign`) and `dapo-import-config` (`translate`), so an error and an import
+can never disagree. Each entry converts a foreign value into our settings; where the meaning
+differs the converter changes the value (and says how), and where there is no exact
+equivalent it raises `Untranslatable` with what differs and what to set instead.
+
+Semantic notes were read from the peers' code, not only their docs: e.g. NeMo RL counts a
+generation round before checking `rounds <= dynamic_sampling_max_gen_batches`, so N allows
+N + 1 rounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from dapo_megatron.config.model_arch import PRESETS
+
+DIALECTS: dict[str, str] = {
+    "nemo-rl": "NeMo RL",
+    "skyrl": "SkyRL",
+    "rlinf": "RLinf",
+    "verl": "verl",
+}
+"""Dialect id (the --from value) -> the system's name as its users write it."""
+
+
+class Untranslatable(Exception):
+    """A foreign value with no exact equivalent here; the message says what differs and
+    what to set instead."""
+
+
+@dataclass(frozen=True)
+class Translation:
+    """Our settings for one foreign key's value."""
+
+    settings: tuple[tuple[str, Any], ...]
+    """(our dotted key, our value) pairs, in the order they should be written."""
+    note: str
+    """Why these values: "same meaning: ..." or what was converted and how."""
+
+
+Converter = Callable[[Any, Mapping[str, Any]], Translation]
+"""(foreign value, every foreign key of the same source, flat) -> our settings; raises
+Untranslatable. The mapping lets a converter read a sibling key (verl's gen_batch_size needs
+train_batch_size); the loader's errors pass an empty one."""
+
+
+@dataclass(frozen=True)
+class ForeignKey:
+    """One key of a peer system's config and how it maps to ours."""
+
+    dialect: str
+    """Dialect id, a key of DIALECTS."""
+    key: str
+    """The foreign dotted key as that system's configs write it."""
+    ours: str
+    """Our key(s) it sets, for the migration table; a description when there is none."""
+    difference: str
+    """The semantic difference, for the migration table ("same meaning" when none)."""
+    convert: Converter
+    """The value converter."""
+
+    @property
+    def system(self) -> str:
+        """The system's display name."""
+        return DIALECTS[self.dialect]
+
+
+# ---------------------------------------------------------------------------------------
+# Entry builders: the table reads as data, the converters stay small and typed.
+
+
+def _fill(text: str, value: Any, out: Any = None) -> str:
+    """A note with its placeholders filled: {v} = the foreign value, {out} = ours."""
+    return text.replace("{v}", _show(value)).replace("{out}", _show(out))
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def same(dialect: str, key: str, ours: str, why: str = "same meaning") -> ForeignKey:
+    """A key whose value means the same here: copied unchanged."""
+
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
+        return Translation(((ours, value),), _fill(why, value))
+
+    return ForeignKey(dialect, key, ours, _table_text(why, key, ours), convert)
+
+
+def mapped(
+    dialect: str,
+    key: str,
+    ours: str,
+    difference: str,
+    fn: Callable[[Any, Mapping[str, Any]], Any],
+) -> ForeignKey:
+    """A key whose value is converted by `fn` (which may raise Untranslatable)."""
+
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
+        out = fn(value, ctx)
+        return Translation(((ours, out),), _fill(difference, value, out))
+
+    return ForeignKey(dialect, key, ours, _table_text(difference, key, ours), convert)
+
+
+def choice(
+    dialect: str, key: str, ours: str, table: Mapping[Any, Any], difference: str = "same meaning"
+) -> ForeignKey:
+    """A key whose values are names: each known name maps to ours, others are refused."""
+
+    def fn(value: Any, ctx: Mapping[str, Any]) -> Any:
+        if value in table:
+            return table[value]
+        known = ", ".join(_show(k) for k in table)
+        raise Untranslatable(f"{_show(value)} has no counterpart here (known: {known})")
+
+    names = ", ".join(f"{_show(k)} -> {_show(v)}" for k, v in table.items())
+    return mapped(dialect, key, ours, f"{difference} ({names})", fn)
+
+
+def custom(dialect: str, key: str, ours: str, difference: str, convert: Converter) -> ForeignKey:
+    """A key with a converter of its own (several settings, a sibling key, a refusal)."""
+    return ForeignKey(dialect, key, ours, _table_text(difference, key, ours), convert)
+
+
+def _table_text(text: str, key: str, ours: str) -> str:
+    """A note as the migration table shows it: placeholders become the keys' names."""
+    leaf = ours.split(" ")[0].rsplit(".", 1)[-1]
+    return text.replace("{v}", f"`{key.rsplit('.', 1)[-1]}`").replace("{out}", f"`{leaf}`")
+
+
+# ---------------------------------------------------------------------------------------
+# Converters several systems share
+
+
+def as_int(value: Any) -> int:
+    """An int (not a bool), or Untranslatable."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise Untranslatable(f"{value!r} is not an integer")
+    return value
+
+
+def hub_model(key: str, dialect: str) -> ForeignKey:
+    """A Hugging Face hub id there; a local directory here (nothing is downloaded): the id
+    becomes models/<name>, and a matching architecture preset lets dapo-plan work before
+    the checkpoint is there."""
+
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
+        name = str(value)
+        if name.startswith(("/", ".", "~")):
+            return Translation((("policy.model_name_or_path", name),), "same meaning")
+        base = name.rstrip("/").rsplit("/", 1)[-1]
+        settings: list[tuple[str, Any]] = [("policy.model_name_or_path", f"models/{base}")]
+        note = f"a hub id there; here a local directory, nothing is downloaded: put {name} in models/{base}"
+        preset = _preset(base)
+        if preset is not None:
+            settings.append(("policy.model_arch", preset))
+            note += f"; preset {preset} plans the run until it is there"
+        return Translation(tuple(settings), note)
+
+    return custom(
+        dialect,
+        key,
+        "policy.model_name_or_path (+ policy.model_arch)",
+        "a hub id there; here a local checkpoint directory (`models/<name>`), and the "
+        "architecture preset of that name when there is one",
+        convert,
+    )
+
+
+def _preset(base: str) -> str | None:
+    name = base.lower()
+    for suffix in ("", "-instruct"):
+        if name.endswith(suffix) and name[: len(name) - len(suffix)] in PRESETS:
+            return name[: len(name) - len(suffix)]
+    return None
+
+
+def kl_estimator(dialect: str, key: str) -> ForeignKey:
+    return choice(
+        dialect,
+        key,
+        "dapo.loss.kl_estimator",
+        {"low_var_kl": "k3", "k3": "k3", "kl": "k1", "k1": "k1", "mse": "k2", "k2": "k2"},
+        "same estimators (Schulman's k1/k2/k3; low_var_kl is k3, clamped to [-10, 10] "
+        "there, not here); `abs` and `full` have none",
+    )
+
+
+def same_agg(dialect: str, key: str) -> ForeignKey:
+    names = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
+    return choice(
+        dialect, key, "dapo.loss.loss_agg_mode", {n: n for n in names}, "same names, same meaning"
+    )
+
+
+def policy_mini_batch(dialect: str, key: str, n_key: str) -> ForeignKey:
+    """Their mini-batch counts prompts; ours (train_global_batch_size) counts samples."""
+
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
+        prompts = as_int(value)
+        n = ctx.get(n_key)
+        if not isinstance(n, int) or isinstance(n, bool):
+            raise Untranslatable(
+                f"{dialect} counts this mini-batch in prompts, ours "
+                f"(policy.train_global_batch_size) in samples: set it to {prompts} x {n_key}"
+            )
+        return Translation(
+            (("policy.train_global_batch_size", prompts * n),),
+            f"converted: {prompts} prompts x {n} samples ({n_key}); ours counts samples",
+        )
+
+    return custom(
+        dialect,
+        key,
+        "policy.train_global_batch_size",
+        f"prompts there, samples here: converted to {{v}} x `{n_key.rsplit('.', 1)[-1]}`",
+        convert,
+    )
+
+
+def kl_coef(dialect: str, key: str, switch: str) -> ForeignKey:
+    """A KL loss coefficient that only applies while the system's KL-loss switch is on."""
+
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
+        if ctx.get(switch, True) is False:
+            raise Untranslatable(f"unused there ({switch} is false); ours: dapo.loss.kl_coef=0")
+        return Translation(
+            (("dapo.loss.kl_coef", value),),
+            "same meaning: a KL loss term against the reference policy",
+        )
+
+    return custom(
+        dialect,
+        key,
+        "dapo.loss.kl_coef",
+        f"same meaning while `{switch.rsplit('.', 1)[-1]}` is true",
+        convert,
+    )
+
+
+def kl_switch(dialect: str, key: str) -> ForeignKey:
+    def fn(value: Any, ctx: Mapping[str, Any]) -> Any:
+        if value is True:
+            raise Untranslatable(
+                "here the KL loss is on when dapo.loss.kl_coef > 0: set dapo.loss.kl_coef"
+            )
+        return 0.0
+
+    return mapped(dialect, key, "dapo.loss.kl_coef", "false: dapo.loss.kl_coef = 0", fn)
+
+
+def sampling_top_k(value: Any, ctx: Mapping[str, Any]) -> int:
+    return -1 if value is None or value == 0 else as_int(value)
+
+
+# ---------------------------------------------------------------------------------------
+# Lookups
+
+
+def _index(keys: Iterable[ForeignKey]) -> dict[tuple[str, str], ForeignKey]:
+    index: dict[tuple[str, str], ForeignKey] = {}
+    for fk in keys:
+        if fk.dialect not in DIALECTS:
+            raise ValueError(f"{fk.key}: unknown dialect {fk.dialect!r}")
+        if (fk.dialect, fk.key) in index:
+            raise ValueError(f"{fk.system} key {fk.key} is in the table twice")
+        index[(fk.dialect, fk.key)] = fk
+    return index
+
+
+def foreign_key(key: str, dialect: str | None = None) -> ForeignKey | None:
+    """The table entry of a foreign dotted key (Hydra's `+`/`++` prefix ignored); with no
+    dialect, the first system that has it."""
+    from dapo_megatron.config.dialect_keys import FOREIGN_KEYS
+
+    bare = key.lstrip("+")
+    for fk in FOREIGN_KEYS:
+        if fk.key == bare and (dialect is None or fk.dialect == dialect):
+            return fk
+    return None
+
+
+def all_foreign_keys() -> tuple[ForeignKey, ...]:
+    """The whole table, checked for duplicates."""
+    from dapo_megatron.config.dialect_keys import FOREIGN_KEYS
+
+    _index(FOREIGN_KEYS)
+    return FOREIGN_KEYS
+
+
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested mappings -> {dotted key: leaf value}, in order (an empty mapping is a leaf)."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, dotted + "."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def describe_settings(settings: tuple[tuple[str, Any], ...], value: Any) -> str:
+    """`our.key` when the value carries over unchanged, else `our.key=value` pairs."""
+    if len(settings) == 1 and settings[0][1] == value and type(settings[0][1]) is type(value):
+        return settings[0][0]
+    return " and ".join(f"{k}={_show(v)}" for k, v in settings)
+
+
+def explain_foreign(flat: Mapping[str, Any], source: str) -> str | None:
+    """The one-line error for the first foreign key among `flat` (dotted key -> value, the
+    unknown part of a recipe or one override), or None when none is known.
+
+    Translated: `KEY in SOURCE is SYSTEM's name; here it is OURS (note)`; no exact
+    equivalent: `...; it has no exact equivalent here: what differs; what to set`.
+    """
+    found = [(k, v, fk) for k, v in flat.items() if (fk := foreign_key(k)) is not None]
+    if not found:
+        return None
+    key, value, fk = found[0]
+    where = f"{key.lstrip('+')} in {source} is {fk.system}'s name"
+    more = ""
+    if len(found) > 1:
+        more = (
+            f"; {len(found) - 1} more {fk.system} key(s) follow: `dapo-import-config --from "
+            f"{fk.dialect} FILE -o recipes/mine.yaml` translates a whole config"
+        )
+    try:
+        tr = fk.convert(value, {})
+    except Untranslatable as e:
+        return f"{where}; it has no exact equivalent here: {e}{more}"
+    return f"{where}; here it is {describe_settings(tr.settings, value)} ({tr.note}){more}"
