@@ -338,6 +338,14 @@ def _export_config(args: argparse.Namespace, checkpoint: Path) -> LoadedConfig:
     return load_config(saved, args.overrides, validate=False)
 
 
+def _rank_error(error: BaseException) -> str:
+    """One line for a failed export rank: torch's message holds the rank's whole traceback
+    (20 lines for a full disk); its last line is the exception itself."""
+    lines = [x for x in str(error).strip().splitlines() if x.strip()]
+    rank = getattr(error, "error_index", None)
+    return (f"rank {rank}: " if rank is not None else "") + (lines[-1] if lines else repr(error))
+
+
 def export_main(argv: Sequence[str] | None = None) -> int:
     """dapo-export: write a Hugging Face checkpoint from a dapo-train checkpoint.
 
@@ -417,7 +425,10 @@ def export_main(argv: Sequence[str] | None = None) -> int:
                 max_shard_size=max(1, int(args.max_shard_gb * 10**9)),
             )
         except (mp.ProcessRaisedException, mp.ProcessExitedException) as e:
-            print(f"error: the export failed, {args.out} was not written: {e}", file=sys.stderr)
+            print(
+                f"error: the export failed, {args.out} was not written: {_rank_error(e)}",
+                file=sys.stderr,
+            )
             return 1
         files = sorted(p.name for p in out.iterdir())
         size = sum(p.stat().st_size for p in out.iterdir()) / 1e9

@@ -175,15 +175,38 @@ def rank_stopped(tmp: Path, model: Path) -> JobOutcome:
     return outcome
 
 
+def full_disk_save(tmp: Path, model: Path) -> JobOutcome:
+    """The checkpoint directory on a 256 KiB tmpfs: the first save fills it (root only;
+    tests/functional/test_full_disk.py also covers dapo-export)."""
+    disk = tmp / "full-disk"
+    disk.mkdir()
+    if (
+        os.geteuid() != 0
+        or subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)], capture_output=True
+        ).returncode
+    ):
+        return JobOutcome(-1, 0.0, "skipped: mounting a tmpfs needs root")
+    try:
+        proc = start(
+            tmp / "full-disk-run", model, "dapo.max_num_steps=1",
+            f"checkpointing.checkpoint_dir={disk / 'checkpoints'}", wait=False,
+        )  # fmt: skip
+        return finish(proc, time.monotonic())
+    finally:
+        subprocess.run(["umount", str(disk)], check=False)
+
+
 JOB_CASES: list[tuple[str, Callable[[Path, Path], JobOutcome]]] = [
     ("SIGTERM mid-run (Slurm preemption / time limit)", preemption),
     ("policy rank killed in a collective, death reported late", rank_killed_in_collective),
     ("policy rank stopped (SIGSTOP) in a collective", rank_stopped),
+    ("disk full during a checkpoint save (seconds: the whole run)", full_disk_save),
 ]
 
 
 def shown(outcome: JobOutcome) -> str:
     """The lines a user reads first: errors, preemption and restart lines."""
-    keys = ("error:", "preempted:", "interrupted:", "[restart", "Traceback", "Unhandled")
+    keys = ("error:", "preempted:", "interrupted:", "[restart", "Traceback", "Unhandled", "skipped")
     lines = [x for x in outcome.output.splitlines() if x.startswith(keys)]
     return " | ".join(lines[:3]) if lines else outcome.output.strip().splitlines()[-1]

@@ -40,7 +40,7 @@ from dapo_megatron.controller.placement import (
 )
 from dapo_megatron.controller.policy_group import PolicyGroup, shard_bounds
 from dapo_megatron.controller.refitter import PendingRefit, Refitter
-from dapo_megatron.controller.remote import gather
+from dapo_megatron.controller.remote import gather, settle_abandoned
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers.generation_worker import GenerationWorker
 
@@ -229,6 +229,7 @@ class GenerationGroup:
     def shutdown(self) -> None:
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
+        settle_abandoned()  # their calls a failure left uncollected end now
         if self.placement is not None:
             remove_placement_group(self.placement)
 

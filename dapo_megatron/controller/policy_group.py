@@ -22,7 +22,7 @@ import torch
 from dapo_megatron.config.run_plan import RefitTransport, RunPlan
 from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
 from dapo_megatron.controller.placement import policy_placements
-from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather
+from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather, settle_abandoned
 from dapo_megatron.data.pack_plan import balance_by_tokens
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.shared.batch import PolicyBatch
@@ -266,4 +266,5 @@ class PolicyGroup:
         """Kill the workers and release their resources (also after a failure)."""
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
+        settle_abandoned()  # their calls a failure left uncollected end now
         self.placement.remove()
