@@ -4,7 +4,8 @@ print, per case, the exit status, the seconds it took and the error line the use
     .venv/bin/python scripts/reliability_cases.py [--no-jobs]
 
 Then (unless --no-jobs) the faults of a running job, from scripts/reliability_jobs.py:
-a preemption (SIGTERM), ... (about a minute each).
+SIGTERM mid-run, a rank killed in a collective, a rank stopped (SIGSTOP), a full disk
+during a save (about a minute each).
 
 Each case builds its broken input for real in a temporary directory (a truncated
 safetensors file, invalid UTF-8, a 50 MB line, ...). The faults that need a running job
