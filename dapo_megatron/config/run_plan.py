@@ -34,6 +34,9 @@ class MoeTraining:
     """Load-balancing loss coefficient; 0 builds the router without the loss."""
     token_dispatcher: Literal["alltoall", "allgather"]
     """Megatron's token dispatcher between expert-parallel ranks."""
+    routing_replay: bool = False
+    """Routers with Megatron's RouterReplay: the Megatron engine records each token's
+    experts, the policy's passes replay them (megatron/routing_replay.py)."""
 
 
 FORWARD_MOE = MoeTraining(aux_loss_coef=0.0, token_dispatcher="alltoall")
@@ -46,6 +49,7 @@ def moe_training(config: DapoMegatronConfig) -> MoeTraining:
     return MoeTraining(
         aux_loss_coef=config.policy.moe.aux_loss_coef,
         token_dispatcher=config.policy.moe.token_dispatcher,
+        routing_replay=config.policy.moe.routing_replay,
     )
 
 

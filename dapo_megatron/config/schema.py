@@ -93,8 +93,12 @@ class MoeConfig:
     goes to the ranks of its experts only; Megatron's choice for EP > 1) or allgather
     (every rank sees every token; simpler, more traffic)."""
     routing_replay: bool
-    """Rollout routing replay: train with the experts the engine chose for each token.
-    Reserved: not implemented yet, validation refuses true."""
+    """Rollout routing replay (R3): the rollout engine records the experts each MoE layer
+    routed every token to, and the policy's logprob and train passes route the same tokens
+    to the same experts (Megatron's RouterReplay), so a router's top-k flips between
+    decoding and the trainer's forward cannot widen the train/rollout mismatch. Needs a
+    MoE model and generation.backend=megatron (vLLM 0.32 returns routing only with its
+    Model Runner V2); not with PP > 1 and full recompute."""
 
 
 @dataclass

@@ -444,6 +444,11 @@ def _check_arch(
             f"= {dims.ep} needs a mixture-of-experts model; {source} is a dense "
             f"{arch.family} model: set it to 1",
         )
+        c.require(
+            not c.config.policy.moe.routing_replay,
+            "policy.moe.routing_replay",
+            f"needs a mixture-of-experts model; {source} is a dense {arch.family} model",
+        )
     else:
         c.require(
             arch.moe.num_experts % dims.ep == 0,
@@ -475,12 +480,8 @@ def _check_moe(c: _Checker, dims: ParallelDims, arch: ModelArch, source: str) ->
     """policy.moe and the layout against a mixture-of-experts architecture."""
     assert arch.moe is not None
     c.at_least("policy.moe.aux_loss_coef", 0)
-    c.require(
-        not c.config.policy.moe.routing_replay,
-        "policy.moe.routing_replay",
-        "rollout routing replay is not implemented yet: the policy routes every token "
-        "itself; set it to false",
-    )
+    if c.config.policy.moe.routing_replay:
+        _check_routing_replay(c, dims)
     # Megatron's MoE layer raises in training when TP > 1 runs without SP (MoELayer.forward).
     c.require(
         dims.tp == 1 or dims.sequence_parallel,
@@ -495,6 +496,26 @@ def _check_moe(c: _Checker, dims: ParallelDims, arch: ModelArch, source: str) ->
         not (arch.moe.norm_topk_prob and arch.moe.experts_per_token == 1),
         "policy.model_name_or_path",
         f"a top-1 router with norm_topk_prob = true is not supported ({source})",
+    )
+
+
+def _check_routing_replay(c: _Checker, dims: ParallelDims) -> None:
+    """policy.moe.routing_replay: an engine that records routing, a schedule that replays."""
+    key = "policy.moe.routing_replay"
+    c.require(
+        c.config.generation.backend == "megatron",
+        key,
+        "needs generation.backend=megatron: vLLM 0.32 returns routed experts only with "
+        "Model Runner V2 (vllm/config/vllm.py _verify_aux_output_compatibility), which the "
+        "vllm backend cannot use (no Triton on CPU; V2 refuses our V1 logits processor)",
+    )
+    # A full-recompute backward re-runs the router with the CURRENT target, which is its
+    # own micro-batch's only when no other forward runs in between (no pipelining).
+    c.require(
+        dims.pp == 1 or c.config.policy.megatron.recompute_granularity != "full",
+        key,
+        "with pipeline_model_parallel_size > 1 needs recompute_granularity none or "
+        "selective (a full recompute would replay another micro-batch's routing)",
     )
 
 

@@ -144,13 +144,44 @@ def build_policy_batch(
     if config.dapo.overlong_filtering:
         truncated = truncated_from_finish_reasons([s.finish_reason for _, s in rows])
         loss_mask = overlong_filter_mask(loss_mask, truncated)
+    routed = None
+    if config.policy.moe.routing_replay:
+        routed = _routed_experts(rows, lengths, row_B, col_B)
     return PolicyBatch(
         input_ids=input_ids,
         loss_mask=loss_mask,
         advantages=advantages.float(),
         rollout_logprobs=rollout_lp,
         lengths=lengths,
+        routed_experts=routed,
     )
+
+
+def _routed_experts(
+    rows: Sequence[tuple[list[int], Sample]],
+    lengths: torch.Tensor,
+    row_B: torch.Tensor,
+    col_B: torch.Tensor,
+) -> torch.Tensor:
+    """``PolicyBatch.routed_experts`` ``[B, S, layers, k]``: each sample's recorded routing
+    of its first ``length - 1`` tokens (the engine never feeds the last one), zeros
+    elsewhere; one scatter, as the other fields."""
+    recorded = []
+    for i, (_, sample) in enumerate(rows):
+        routed = sample.routed_experts
+        expected = int(lengths[i]) - 1
+        if routed is None or routed.shape[0] != expected:
+            got = "none" if routed is None else f"{routed.shape[0]} tokens"
+            raise ValueError(
+                f"sample {i} of the batch carries routed experts for {got}, expected "
+                f"{expected} (prompt + response - 1): policy.moe.routing_replay needs the "
+                "megatron engine's recorded routing"
+            )
+        recorded.append(routed)
+    fed = col_B < torch.repeat_interleave(lengths - 1, lengths)
+    out = recorded[0].new_zeros((len(rows), int(lengths.max()), *recorded[0].shape[1:]))
+    out[row_B[fed], col_B[fed]] = torch.cat(recorded)
+    return out
 
 
 def staleness_metrics(groups: Sequence[RolloutGroup], version: int) -> dict[str, float]:

@@ -42,6 +42,11 @@ until no peer has work left, so all EP ranks run the same number of forwards per
 ``generate`` call. Every EP rank must call ``generate`` together (with no prompts if its
 replica has none: the controller calls every replica).
 
+Routing replay (a model built with ``policy.moe.routing_replay``): the routers RECORD
+during ``generate`` and every sample carries the experts of each token fed to the model
+(``Sample.routed_experts``, megatron/routing_replay.py); routing happens before the
+expert dispatch, so each EP rank records its own rows.
+
 Transformer Engine's attention ignores explicit masks during decode; with it (or with
 fused masked softmax kernels) rows are grouped by prompt length instead, so no padding
 and no mask are needed.
@@ -68,6 +73,7 @@ from dapo_megatron.device import collectives
 from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
 from dapo_megatron.megatron.model import build_model, unwrap_model
+from dapo_megatron.megatron.routing_replay import RoutingLog, RoutingRecorder
 from dapo_megatron.refit.buckets import RefitPlan
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.refit.receiver import EngineReceiver
@@ -204,6 +210,8 @@ class _Decoded:
     """[B] int64 response lengths."""
     stopped: torch.Tensor
     """[B] bool: ended on a stop token (else: reached its budget)."""
+    routing: RoutingLog | None = None
+    """The experts of every fed token (routing replay only)."""
 
 
 def sample_next_tokens(
@@ -301,6 +309,7 @@ class MegatronGenerationBackend:
         self._max_batch_size = max_batch_size
         self._max_model_len = max_model_len or arch.max_position_embeddings
         self._padding_mask_ok = _honours_padding_mask(self._model)
+        self._recorder = RoutingRecorder.of(self._model)
         # The group whose ranks must run their forwards in lockstep (see the module doc).
         self._lockstep_group = (
             parallel_state.get_expert_model_parallel_group()
@@ -350,7 +359,8 @@ class MegatronGenerationBackend:
         else:
             generator.manual_seed(sampling.seed)
         samples: list[Sample | None] = [None] * len(rows)
-        with self._inference(model):
+        recording = self._recorder.recording() if self._recorder else contextlib.nullcontext()
+        with self._inference(model), recording:
             for batch in self._plan_batches([len(r) for r in rows]):
                 decoded = self._decode(
                     model,
@@ -360,7 +370,11 @@ class MegatronGenerationBackend:
                     generator,
                 )
                 for b, row in enumerate(batch):
-                    samples[row] = _to_sample(decoded, b, sampling.logprobs)
+                    sample = samples[row] = _to_sample(decoded, b, sampling.logprobs)
+                    if decoded.routing is not None:
+                        sample.routed_experts = decoded.routing.sample(
+                            b, len(rows[row]), sample.response_length
+                        )
             while self._peers_busy(False):
                 self._idle_forward(model)
         n = sampling.n
@@ -534,12 +548,17 @@ class MegatronGenerationBackend:
         context = StaticInferenceContext(batch, prompt_len + steps)
         logits = self._forward(model, tokens, 0, pad_BK, context)
         context.enable_decode_mode()
+        routing = None
+        if self._recorder is not None:
+            routing = self._recorder.new_log(batch, prompt_len, prompt_len + steps, device)
+            routing.prefill()
 
         out = _Decoded(
             tokens=torch.zeros(batch, steps, dtype=torch.long, device=device),
             logprobs=torch.zeros(batch, steps, dtype=torch.float32, device=device),
             lengths=torch.zeros(batch, dtype=torch.long, device=device),
             stopped=torch.zeros(batch, dtype=torch.bool, device=device),
+            routing=routing,
         )
         budget_B = torch.tensor(budgets, device=device)
         stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=device)
@@ -563,6 +582,8 @@ class MegatronGenerationBackend:
                 rows, alive, next_tok = rows[keep], alive[keep], next_tok[keep]
                 pad_BK = None if pad_BK is None else pad_BK[keep]
             logits = self._forward(model, next_tok[:, None], prompt_len + step, pad_BK, context)
+            if routing is not None:
+                routing.step(rows, prompt_len + step)
         return out
 
     def _sample_on_tp_rank0(

@@ -158,6 +158,9 @@ def _moe_settings(arch: ModelArch, dims: ParallelDims, moe: MoeTraining) -> dict
         "moe_router_load_balancing_type": "aux_loss" if moe.aux_loss_coef > 0 else "none",
         "moe_token_dispatcher_type": moe.token_dispatcher,
         "moe_grouped_gemm": grouped,
+        # One RouterReplay per router (megatron/routing_replay.py); inert until an action
+        # is set, so a model built with it routes as one built without.
+        "moe_enable_routing_replay": moe.routing_replay,
         "expert_model_parallel_size": dims.ep,
         "expert_tensor_parallel_size": dims.tp,
     }

@@ -26,6 +26,7 @@ from dapo_megatron.data.packing import (
     unpack_predictions,
 )
 from dapo_megatron.megatron.context_parallel import gather_packed_from_context_parallel
+from dapo_megatron.megatron.routing_replay import packed_router_order
 from dapo_megatron.shared.batch import PolicyBatch
 
 
@@ -85,6 +86,9 @@ class MicroBatch:
     padded."""
     layout: PackLayout | None = None
     """Where each sequence sits in the pack; None when padded."""
+    routed_experts: torch.Tensor | None = None
+    """``[tokens, layers, k]`` the experts to replay for each token this rank's routers see,
+    in their order (routing_replay.py); None without routing replay."""
 
     def loss_rows(self, values: torch.Tensor) -> torch.Tensor:
         """Model outputs ``[b, S_local]`` as the loss's rows ``[B, T]`` (packed: gathered by
@@ -126,8 +130,10 @@ def packed_micro_batches(batch: PolicyBatch, max_tokens: int, dims: ParallelDims
     if not packs:  # only empty rows: one filler pack keeps the schedule (and DDP) in step
         packs, total = [[]], total or multiple
     cp_rank = parallel_state.get_context_parallel_rank() if dims.cp > 1 else 0
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
     device = compute_device()
     advantages = batch.advantages
+    routed = batch.routed_experts
     micro = []
     for rows in packs:
         layout = make_layout(
@@ -181,6 +187,9 @@ def packed_micro_batches(batch: PolicyBatch, max_tokens: int, dims: ParallelDims
                 old_logprobs_BT=per_row(batch.old_logprobs),
                 rollout_logprobs_BT=per_row(batch.rollout_logprobs),
                 ref_logprobs_BT=per_row(batch.ref_logprobs),
+                routed_experts=None
+                if routed is None
+                else packed_router_order(layout, routed, dims, tp_rank=tp_rank).to(device),
             )
         )
     seq_len = max(_layout(m).total for m in micro)

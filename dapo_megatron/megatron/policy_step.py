@@ -58,6 +58,7 @@ from dapo_megatron.megatron.packed_batches import (
     pad_multiple,
     unpack_outputs,
 )
+from dapo_megatron.megatron.routing_replay import padded_router_order, replaying
 from dapo_megatron.shared.batch import PolicyBatch
 
 
@@ -200,6 +201,10 @@ def _micro_batches(
     for i in range(n_micro):
         rows = slice(i * micro_batch_size, (i + 1) * micro_batch_size)
         mb = batch.select(rows)
+        routed = mb.routed_experts
+        if routed is not None:
+            tp_rank = parallel_state.get_tensor_model_parallel_rank()
+            routed = padded_router_order(routed, dims, cp_rank=cp_rank, tp_rank=tp_rank)
         micro.append(
             MicroBatch(
                 input_ids=local(mb.input_ids),
@@ -210,6 +215,7 @@ def _micro_batches(
                 old_logprobs_BT=optional(_shifted(mb.old_logprobs)),
                 rollout_logprobs_BT=optional(_shifted(mb.rollout_logprobs)),
                 ref_logprobs_BT=optional(_shifted(mb.ref_logprobs)),
+                routed_experts=optional(routed),
             )
         )
     return MicroBatches(micro, seq_len, rows_per_micro=micro_batch_size)
@@ -257,11 +263,14 @@ def _run(
     *,
     forward_only: bool,
 ) -> list[dict]:
-    """Megatron's schedule over the micro-batches; returns the last stage's loss outputs."""
+    """Megatron's schedule over the micro-batches; returns the last stage's loss outputs.
+    Micro-batches with routed experts replay them (routing_replay.py)."""
     data = iter(split.micro)
+    replay = replaying(model_chunks, split.micro[0].routed_experts is not None)
 
     def forward_step(data_iterator: Iterator[MicroBatch], model: torch.nn.Module):
         mb = next(data_iterator)
+        set_routing(model, mb.routed_experts)
         if mb.packed_seq_params is None:
             output = model(mb.input_ids, mb.position_ids, None)
         else:
@@ -270,7 +279,7 @@ def _run(
             )
         return output, functools.partial(loss_fn, model, mb)
 
-    with hidden_state_head(model_chunks):
+    with hidden_state_head(model_chunks), replay as set_routing:
         return get_forward_backward_func()(
             forward_step_func=forward_step,
             data_iterator=data,

@@ -35,6 +35,10 @@ class PolicyBatch:
     lengths: torch.Tensor | None = None
     """[B] int64 real tokens of each row (prompt + response); None = the whole row. Packed
     micro-batches (data/packing.py) keep only these tokens."""
+    routed_experts: torch.Tensor | None = None
+    """[B, S, layers, k] routing replay: the experts the rollout engine routed token t to
+    in each MoE layer (``Sample.routed_experts``); 0 where no engine forward read the token
+    (a row's last token, padding)."""
 
     def __post_init__(self) -> None:
         if self.input_ids.dim() != 2:
@@ -46,12 +50,17 @@ class PolicyBatch:
                 continue
             if field.name == "lengths":
                 ok = value.shape == shape[:1]
+            elif field.name == "routed_experts":
+                ok = value.dim() == 4 and value.shape[:2] == shape
             else:
                 ok = value.shape == shape or (
                     field.name == "advantages" and value.shape == shape[:1]
                 )
             if not ok:
-                expected = "[B]" if field.name == "lengths" else str(tuple(shape))
+                expected = {
+                    "lengths": "[B]",
+                    "routed_experts": f"{tuple(shape)} + [layers, k]",
+                }.get(field.name, str(tuple(shape)))
                 raise ValueError(
                     f"{field.name} has shape {tuple(value.shape)}; expected {expected}"
                     + (" or [B]" if field.name == "advantages" else "")
@@ -94,9 +103,8 @@ class PolicyBatch:
                 continue
             rows = num_samples - value.shape[0]
             padded = torch.cat([value, value.new_zeros((rows, *value.shape[1:]))])
-            if padded.dim() == 2:
-                padded = torch.cat(
-                    [padded, padded.new_zeros((num_samples, seq_len - padded.shape[1]))], dim=1
-                )
+            if padded.dim() >= 2:  # per-token: [B, S] or [B, S, layers, k]
+                columns = (num_samples, seq_len - padded.shape[1], *padded.shape[2:])
+                padded = torch.cat([padded, padded.new_zeros(columns)], dim=1)
             out[f.name] = padded
         return PolicyBatch(**out)

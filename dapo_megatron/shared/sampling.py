@@ -7,7 +7,10 @@ Torch-free and importing nothing of the package: the ground floor (``shared/__in
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:  # annotations only: this module stays importable without torch
+    import torch
 
 
 class GenerationSettings(Protocol):
@@ -109,6 +112,11 @@ class Sample:
     truncation; empty when ``SamplingParams.logprobs`` is False."""
     finish_reason: FinishReason
     """"stop": ended on a stop token; "length": reached max_tokens (or the context limit)."""
+    routed_experts: torch.Tensor | None = None
+    """Routing replay only (``policy.moe.routing_replay``, Megatron engine): the top-k
+    experts each MoE layer routed every token the engine fed to the model, i.e. the prompt
+    and every response token but the last: ``[prompt + response - 1, layers, k]`` uint8
+    (int16 beyond 256 experts), on the host. None otherwise."""
 
     @property
     def response_length(self) -> int:

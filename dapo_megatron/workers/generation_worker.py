@@ -136,7 +136,13 @@ class GenerationWorker:
         initialize_parallel(dims, seed=self.config.run.seed + self.engine_index)
         # Built here rather than by MegatronGenerationBackend.from_hf_checkpoint: the layer
         # spec follows the policy's (policy.allow_local_spec on a CUDA machine without TE).
-        model = build_model(arch, dims, policy.precision, allow_local_spec=policy.allow_local_spec)
+        model = build_model(
+            arch,
+            dims,
+            policy.precision,
+            allow_local_spec=policy.allow_local_spec,
+            moe=self.plan.moe,  # routing replay: the engine records what the policy replays
+        )
         load_hf_checkpoint(model, policy.model_name_or_path, arch, dims)
         return MegatronGenerationBackend(
             model,

@@ -146,7 +146,19 @@ def test_policy_moe_reaches_the_policy_plan_and_is_validated() -> None:
             plan_of(*moe, *overrides)
         return str(info.value)
 
-    assert "routing replay is not implemented" in error("policy.moe.routing_replay=true")
+    replay = plan_of(*moe, "policy.moe.routing_replay=true")  # the tiny recipe: megatron engine
+    assert replay.moe.routing_replay and replay.policy().moe.routing_replay
+    vllm = error("policy.moe.routing_replay=true", "generation.backend=vllm")
+    assert "policy.moe.routing_replay" in vllm and "_verify_aux_output_compatibility" in vllm
+    pp_full = error(
+        "policy.moe.routing_replay=true",
+        "cluster.gpus_per_node=4",
+        "policy.megatron.pipeline_model_parallel_size=2",
+        "policy.megatron.recompute_granularity=full",
+    )
+    assert "would replay another micro-batch's routing" in pp_full
+    with pytest.raises(ConfigError, match="routing_replay.*needs a mixture-of-experts model"):
+        plan_of("policy.moe.routing_replay=true")
     assert "policy.moe.aux_loss_coef = -0.1" in error("policy.moe.aux_loss_coef=-0.1")
     # Megatron's MoE layer refuses to train under TP without sequence parallelism.
     tp_no_sp = error("cluster.gpus_per_node=4", "policy.megatron.tensor_model_parallel_size=2")
