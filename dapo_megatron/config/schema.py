@@ -427,11 +427,34 @@ class ArithmeticTaskConfig:
 
 
 @dataclass
+class RemainderTaskConfig:
+    """The long-response synthetic task (data/remainder.py): ``"n-d="`` answered by
+    subtracting d repeatedly (every intermediate number written), then n mod d on its own
+    line; n and d uniform in their ranges. A solution has n // d steps of ~3-4 tokens, so
+    ones longer than generation.max_response_length are truncated: the long-response
+    recipe's cap leaves the longest problems unsolvable on purpose."""
+
+    num_train: int
+    """Training problems generated (the problems outside validation, repeated evenly)."""
+    num_val: int
+    """Validation problems generated (distinct, held out of training; at most half)."""
+    min_dividend: int
+    """Smallest dividend n (> max_divisor)."""
+    max_dividend: int
+    """Largest dividend n."""
+    min_divisor: int
+    """Smallest divisor d (>= 2)."""
+    max_divisor: int
+    """Largest divisor d (< min_dividend)."""
+
+
+@dataclass
 class DataConfig:
     """Training and validation prompts."""
 
-    format: Literal["dapo_math", "aime", "gsm8k", "arithmetic"]
-    """Dataset layout: DAPO-Math-17k, AIME24, GSM8K (jsonl/parquet) or the synthetic task."""
+    format: Literal["dapo_math", "aime", "gsm8k", "arithmetic", "remainder"]
+    """Dataset layout: DAPO-Math-17k, AIME24, GSM8K (jsonl/parquet) or a synthetic task
+    (arithmetic: short answers; remainder: worked solutions of 4-130 tokens)."""
     train_path: str | None
     """Training file (jsonl or parquet); null only for the arithmetic format."""
     val_path: str | None
@@ -450,14 +473,17 @@ class DataConfig:
     """Shuffle training prompts every epoch (seeded by run.seed)."""
     arithmetic: ArithmeticTaskConfig
     """Settings of the synthetic arithmetic task."""
+    remainder: RemainderTaskConfig
+    """Settings of the synthetic remainder (long-response) task."""
 
 
 @dataclass
 class RewardConfig:
     """Verification of responses."""
 
-    verifier: Literal["math", "gsm8k", "arithmetic"]
-    """Verifier: math (math-verify, "Answer: X" or \\boxed{X}), gsm8k final number, arithmetic."""
+    verifier: Literal["math", "gsm8k", "arithmetic", "remainder"]
+    """Verifier: math (math-verify, "Answer: X" or \\boxed{X}), gsm8k final number, arithmetic,
+    remainder (the answer line of a worked solution)."""
     timeout_s: float
     """Per-sample verification time limit; a timeout scores 0 and is counted."""
     num_workers: int

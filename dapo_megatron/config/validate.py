@@ -130,6 +130,30 @@ def _check_rollout(c: _Checker) -> list[str]:
     return warnings
 
 
+def _check_remainder(c: _Checker) -> None:
+    task = c.config.data.remainder
+    c.at_least("data.remainder.num_train", 1)
+    c.at_least("data.remainder.num_val", 0)
+    c.at_least("data.remainder.min_divisor", 2)
+    c.require(
+        task.min_divisor <= task.max_divisor < task.min_dividend <= task.max_dividend,
+        "data.remainder",
+        "need min_divisor <= max_divisor < min_dividend <= max_dividend",
+    )
+    size = (task.max_dividend - task.min_dividend + 1) * (task.max_divisor - task.min_divisor + 1)
+    c.require(
+        2 * task.num_val <= size,
+        "data.remainder.num_val",
+        f"validation problems are held out of training and the ranges give only {size} "
+        "distinct problems; use at most half of them",
+    )
+    c.require(
+        c.config.reward.verifier == "remainder",
+        "reward.verifier",
+        "data.format remainder is scored by the remainder verifier",
+    )
+
+
 def _check_run_and_cluster(c: _Checker) -> None:
     c.require(bool(c.value("run.name")), "run.name", "must not be empty")
     c.at_least("run.max_restarts", 0)
@@ -364,6 +388,8 @@ def _check_validation_data_reward(c: _Checker) -> None:
             "reward.verifier",
             "data.format arithmetic is scored by the arithmetic verifier",
         )
+    elif cfg.data.format == "remainder":
+        _check_remainder(c)
     else:
         c.require(
             cfg.data.train_path is not None,

@@ -10,6 +10,7 @@ Layouts (`data.format`):
 - ``gsm8k``: ``{"question": str, "answer": "<worked solution> #### 42"}``; the ground truth is
   the text after the last ``####``.
 - ``arithmetic``: no file; the synthetic task of data/arithmetic.py (see `build_datasets`).
+- ``remainder``: no file; the long-response task of data/remainder.py.
 
 `data.prompt_key` / `data.answer_key` replace the layout's field names; dotted paths such as
 ``reward_model.ground_truth`` reach into nested mappings.
@@ -51,12 +52,16 @@ from dapo_megatron.data.file_rows import (
     too_long_error,
 )
 from dapo_megatron.data.records import Message, PromptRecord
+from dapo_megatron.data.remainder import RemainderTask
+from dapo_megatron.data.remainder import make_train_val_split as remainder_split
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
 FILE_FORMATS = ("dapo_math", "aime", "gsm8k")
-"""Formats read from a file (arithmetic is generated)."""
+"""Formats read from a file (arithmetic and remainder are generated)."""
+GENERATED_FORMATS = ("arithmetic", "remainder")
+"""Formats generated in memory from the config and run.seed (no file, no fingerprint)."""
 
 MAX_CHECK_ERRORS = 10
 """check_prompt_file stops after this many bad rows of one file (the rest are alike)."""
@@ -445,6 +450,18 @@ def build_datasets(data: DataConfig, *, seed: int) -> DatasetSplits:
             PromptDataset(train, f"{name} train", len(train)),
             PromptDataset(val, f"{name} validation", len(val)) if val else None,
         )
+    if data.format == "remainder":
+        rs = data.remainder
+        problems = RemainderTask(rs.min_dividend, rs.max_dividend, rs.min_divisor, rs.max_divisor)
+        train, val = remainder_split(rs.num_train, rs.num_val, seed=seed, task=problems)
+        name = (
+            f"remainder(n={rs.min_dividend}..{rs.max_dividend}, "
+            f"d={rs.min_divisor}..{rs.max_divisor}, seed={seed})"
+        )
+        return DatasetSplits(
+            PromptDataset(train, f"{name} train", len(train)),
+            PromptDataset(val, f"{name} validation", len(val)) if val else None,
+        )
     if data.train_path is None:
         raise ConfigError(
             f"data.train_path: data.format {data.format} reads prompts from a file; set it"
@@ -471,7 +488,7 @@ def _file_args(data: DataConfig, what: str) -> dict[str, Any]:
 def check_data_files(data: DataConfig) -> list[str]:
     """The problems build_datasets would raise for the data files of `data` (each bad row
     of each file, up to a cap), without stopping at the first; [] for the arithmetic task."""
-    if data.format == "arithmetic":
+    if data.format in GENERATED_FORMATS:
         return []  # generated in memory: nothing to read
     if data.train_path is None:
         return [f"data.train_path: data.format {data.format} reads prompts from a file; set it"]

@@ -45,8 +45,9 @@ def file_fingerprint(path: str | Path) -> dict[str, Any]:
 
 def data_fingerprint(data: DataConfig) -> dict[str, Any] | None:
     """The fingerprint of the run's training prompts: ``data.train_path``'s; None for the
-    generated arithmetic task (its prompts follow from the config and the seed)."""
-    if data.format == "arithmetic" or data.train_path is None:
+    generated tasks, arithmetic and remainder (their prompts follow from the config and
+    the seed)."""
+    if data.format in ("arithmetic", "remainder") or data.train_path is None:
         return None
     return file_fingerprint(data.train_path)
 

@@ -110,11 +110,21 @@ def load_tokenizer(path: str | Path, *, key: str) -> PreTrainedTokenizerBase:
     """
     path = Path(path)
     _check_tokenizer_dir(path, key)
-    from transformers import AutoTokenizer
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
+    # transformers 5's AutoTokenizer picks the class from the MODEL's config.json when the
+    # directory holds one: Qwen2Tokenizer for the tiny model, whose byte-level
+    # pre-tokenizer replaces ours and silently drops the char tokenizer's space and newline
+    # ("38 29\n2" -> "38292"). A directory that names PreTrainedTokenizerFast (what
+    # save_char_tokenizer writes) is loaded as exactly that, with its own tokenizer.json.
+    loader = (
+        PreTrainedTokenizerFast
+        if _configured_class(path) == "PreTrainedTokenizerFast"
+        else AutoTokenizer
+    )
     try:
         # local_files_only: a directory is never a hub id, so never ask the network.
-        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        tokenizer = loader.from_pretrained(str(path), local_files_only=True)
     except Exception as e:  # loaders raise OSError, ValueError, KeyError, json...
         raise ConfigError(
             f"{key}: cannot load a tokenizer from {path}: {_first_line(e)}; check its files "
@@ -122,6 +132,16 @@ def load_tokenizer(path: str | Path, *, key: str) -> PreTrainedTokenizerBase:
         ) from None
     _check_round_trip(tokenizer, path, key)
     return tokenizer
+
+
+def _configured_class(path: Path) -> str | None:
+    """tokenizer_config.json's tokenizer_class, or None (no file, unreadable, not named)."""
+    try:
+        config = json.loads((path / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None  # AutoTokenizer then reports what is wrong with the directory
+    name = config.get("tokenizer_class") if isinstance(config, dict) else None
+    return name if isinstance(name, str) else None
 
 
 def _first_line(error: Exception) -> str:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from dapo_megatron.rewards import arithmetic, gsm8k, math
+from dapo_megatron.rewards import arithmetic, gsm8k, math, remainder
 from dapo_megatron.rewards.base import Verifier
 
 __all__ = ["VERIFIERS", "get_verifier", "score"]
 
 VERIFIERS: dict[str, Verifier] = {
-    v.name: v for v in (math.VERIFIER, gsm8k.VERIFIER, arithmetic.VERIFIER)
+    v.name: v for v in (math.VERIFIER, gsm8k.VERIFIER, arithmetic.VERIFIER, remainder.VERIFIER)
 }
 """Every registered verifier, by name."""
 

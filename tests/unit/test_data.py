@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dapo_megatron.config.arithmetic_task import num_distinct_problems
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import PRESETS, arch_from_hf_config
-from dapo_megatron.config.schema import ArithmeticTaskConfig, DataConfig
+from dapo_megatron.config.schema import ArithmeticTaskConfig, DataConfig, RemainderTaskConfig
 from dapo_megatron.data import tiny_model as tiny_model_module
 from dapo_megatron.data.arithmetic import make_problems, make_train_val_split
 from dapo_megatron.data.datasets import (
@@ -271,6 +271,14 @@ def data_config(**overrides: Any) -> DataConfig:
         "apply_chat_template": False,
         "shuffle": True,
         "arithmetic": ArithmeticTaskConfig(num_train=64, num_val=10, difficulty=2),
+        "remainder": RemainderTaskConfig(
+            num_train=64,
+            num_val=10,
+            min_dividend=10,
+            max_dividend=129,
+            min_divisor=3,
+            max_divisor=9,
+        ),
     }
     return DataConfig(**{**fields, **overrides})
 
@@ -594,3 +602,10 @@ def test_sampler_state_errors() -> None:
         sampler.load_state_dict({"epoch": 0, "seed": 0})
     with pytest.raises(ValueError, match="at least one prompt"):
         PromptSampler(0, seed=0, shuffle=True)
+
+
+def test_build_datasets_remainder() -> None:
+    splits = build_datasets(data_config(format="remainder"), seed=3)
+    assert len(splits.train) == 64 and splits.val is not None and len(splits.val) == 10
+    assert all(r.ground_truth.count("\n") == 1 for r in splits.train.records)
+    assert "remainder(n=10..129, d=3..9, seed=3)" in splits.train.source

@@ -264,7 +264,7 @@ def test_arithmetic_ignores_whitespace_and_later_lines(
 
 
 def test_registry_names_match_the_config_values() -> None:
-    assert set(VERIFIERS) == {"math", "gsm8k", "arithmetic"}
+    assert set(VERIFIERS) == {"math", "gsm8k", "arithmetic", "remainder"}
     assert score("arithmetic", "4", "4") == 1.0
     assert get_verifier("gsm8k") is gsm8k.VERIFIER
     with pytest.raises(ValueError, match="known"):
