@@ -13,8 +13,15 @@ own model (the seed also draws the initial weights). The variants are the paper'
   +token_loss        token-mean loss aggregation
   +dynamic_sampling  groups with zero accuracy variance dropped and refilled (= full DAPO)
 
-Every run trains the same number of samples (steps x prompts x group size); dynamic sampling
-generates more to fill its batches. Per run, from metrics.jsonl:
+All variants of a seed start from the SAME warmed-up model: per seed, one run of the recipe
+does the SFT warm-up (from random weights drawn by the seed) and one DAPO step at lr 1e-30
+(a no-op: the recipe needs >= 1 step to export), exports it as an HF checkpoint, and the
+six variants then start from that checkpoint without warm-up (``sft_warmup.num_steps=0``),
+with the same seed (same prompts order). This pairs the comparison (only the technique
+differs) and saves five SFT warm-ups per seed: on the shared 2-core machine the warm-up
+was most of a run's time. Every run trains the same number of samples (steps x prompts x
+group size); dynamic sampling generates more to fill its batches. Per run, from
+metrics.jsonl:
 
   final_acc                 mean greedy validation accuracy of the last 3 evaluations
   final_acc_stderr          one evaluation's standard error (mean of the last 3 evaluations'
@@ -24,7 +31,8 @@ generates more to fill its batches. Per run, from metrics.jsonl:
   mean_response_length_last mean response_length/mean over the last 10% of steps
   truncated_frac_last       mean response_length/clip_ratio over the last 10% of steps
   samples_generated         samples generated over the run (all dynamic-sampling rounds)
-  wall_s                    seconds of the whole command, model creation and SFT included
+  wall_s                    seconds of the run's command (Ray start included; the shared
+                            warm-up's seconds, once per seed, are in warmup_wall_s)
 
 The JSON is rewritten after every run (a re-run skips the (variant, seed) pairs it already
 holds), then the summary and the plots (accuracy and entropy over steps, mean over seeds,
@@ -40,6 +48,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -113,8 +122,8 @@ def summarise_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def run_once(variant: str, overrides: list[str], seed: int, tmp: Path, extra: list[str]) -> dict:
-    run_dir = tmp / f"{variant.strip('+')}-{seed}"
+def _train(run_dir: Path, seed: int, model: Path, overrides: list[str], what: str) -> float:
+    """One dapo-train of the recipe; returns its wall seconds (exits on failure)."""
     cmd = [
         sys.executable,
         "-c",
@@ -123,21 +132,64 @@ def run_once(variant: str, overrides: list[str], seed: int, tmp: Path, extra: li
         str(RECIPE),
         f"run.output_dir={run_dir}",
         f"run.seed={seed}",
-        f"policy.model_name_or_path={run_dir / 'model'}",
+        f"policy.model_name_or_path={model}",
         "logger.progress_bar=false",
         "logger.plots=false",
-        "checkpointing.enabled=false",
         *overrides,
-        *extra,
     ]
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
     if proc.returncode != 0:
-        raise SystemExit(
-            f"run failed ({variant}, seed {seed}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-        )
+        raise SystemExit(f"{what} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return time.perf_counter() - started
+
+
+def warm_up(seed: int, tmp: Path, extra: list[str]) -> tuple[Path, float]:
+    """The seed's shared starting model: random init + the recipe's SFT warm-up, exported."""
+    run_dir = tmp / f"warmup-{seed}"
+    wall = _train(
+        run_dir,
+        seed,
+        run_dir / "model",
+        [
+            "dapo.max_num_steps=1",
+            "policy.optimizer.lr=1e-30",  # the one (required) DAPO step changes nothing
+            "policy.optimizer.min_lr=0",
+            "dapo.dynamic_sampling.enabled=false",
+            "validation.val_at_start=false",
+            "validation.val_period=0",
+            "checkpointing.save_period=1000",
+            "checkpointing.export_hf=true",
+            *extra,
+        ],
+        f"warm-up (seed {seed})",
+    )
+    export = run_dir / "hf" / "step_000001"
+    # The char tokenizer as created (save_char_tokenizer: tokenizer_class
+    # PreTrainedTokenizerFast), so that it loads with its whitespace tokens.
+    for f in (run_dir / "model").glob("*token*"):
+        shutil.copy(f, export / f.name)
+    return export, wall
+
+
+def run_once(
+    variant: str, overrides: list[str], seed: int, model: Path, tmp: Path, extra: list[str]
+) -> dict:
+    run_dir = tmp / f"{variant.strip('+')}-{seed}"
+    wall = _train(
+        run_dir,
+        seed,
+        model,
+        [
+            "policy.init_model_if_missing=false",
+            "sft_warmup.num_steps=0",
+            "checkpointing.enabled=false",
+            *overrides,
+            *extra,
+        ],
+        f"run {variant} (seed {seed})",
+    )
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {"variant": variant, "seed": seed, **summarise_run(rows), "wall_s": wall}
 
@@ -267,6 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     runs: list[dict] = []
     if out.exists():
         runs = json.loads(out.read_text()).get("runs", [])
+        warmups: dict[str, float] = json.loads(out.read_text()).get("warmup_wall_s", {})
+    else:
+        warmups = {}
     done = {(r["variant"], r["seed"]) for r in runs}
 
     def write() -> None:
@@ -275,6 +330,7 @@ def main(argv: list[str] | None = None) -> int:
             "overrides": args.overrides,
             "variant_overrides": {n: all_variants[n] for n in names},
             "machine_cpus": os.cpu_count(),
+            "warmup_wall_s": warmups,
             "runs": runs,
             "summary": summarise(runs, names),
         }
@@ -287,10 +343,13 @@ def main(argv: list[str] | None = None) -> int:
         # Seed-major: after each seed every variant has a run, so a cut-short ablation still
         # compares all of them.
         for seed in seeds:
-            for name in names:
-                if (name, seed) in done:
-                    continue
-                r = run_once(name, all_variants[name], seed, Path(tmp), args.overrides)
+            todo = [n for n in names if (n, seed) not in done]
+            if not todo:
+                continue
+            model, warmup_s = warm_up(seed, Path(tmp), args.overrides)
+            warmups[str(seed)] = warmup_s
+            for name in todo:
+                r = run_once(name, all_variants[name], seed, model, Path(tmp), args.overrides)
                 runs.append(r)
                 write()
                 print(
