@@ -40,6 +40,7 @@ PNG beside the JSON) are added.
 
 Usage: nice -n 15 python bench/ablation.py [--seeds 42,1,2] [--variants a,b] [--out PATH]
            [KEY=VALUE overrides for every run ...]
+       python bench/ablation.py --report [--out PATH]   # the README table of a results file
 """
 
 from __future__ import annotations
@@ -305,6 +306,23 @@ def plot(runs: list[dict], names: list[str], out_png: Path) -> None:
     plt.close(fig)
 
 
+def report(doc: dict[str, Any]) -> str:
+    """The README table of a results document: one row per variant, over its seeds."""
+    lines = [
+        "| variant | final acc mean (min-max) | stderr of one eval | entropy_last | "
+        "truncated_frac_last | mean length | samples generated |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name, v in doc["summary"]["variants"].items():
+        lines.append(
+            f"| {name} | {v['final_acc_mean']:.3f} ({v['final_acc_min']:.3f}-"
+            f"{v['final_acc_max']:.3f}) | {v['final_acc_stderr_mean']:.3f} | "
+            f"{v['entropy_last']:.3f} | {v['truncated_frac_last']:.3f} | "
+            f"{v['mean_response_length_last']:.1f} | {v['samples_generated']:.0f} |"
+        )
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     all_variants = variants()
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -312,7 +330,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(all_variants))
     parser.add_argument("--out", default=str(REPO / "bench/results/ablation_cpu.json"))
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE for every run")
+    parser.add_argument(
+        "--report", action="store_true", help="print the table of --out and redraw its plot"
+    )
     args = parser.parse_args(argv)
+    if args.report:
+        doc = json.loads(Path(args.out).read_text())
+        order = list(doc["variant_overrides"])
+        plot(doc["runs"], order, Path(args.out).with_suffix(".png"))
+        print(report(doc))
+        print(json.dumps(doc["summary"]["effects"], indent=1))
+        return 0
     seeds = [int(s) for s in args.seeds.split(",")]
     names = args.variants.split(",")
     out = Path(args.out)
