@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(REPO / "bench/results/learning_cpu.json"))
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE for every run")
     args = parser.parse_args(argv)
+    # A relative --recipe means the caller's directory: runs start in REPO, the JSON says it
+    # relative to REPO.
+    args.recipe = str(Path(args.recipe).resolve())
     THRESHOLD = args.threshold
     seeds = [int(s) for s in args.seeds.split(",")]
     results = []
