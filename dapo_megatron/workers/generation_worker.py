@@ -31,9 +31,11 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import ray
 import torch
 
 from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.device import shm_files
 from dapo_megatron.device.memory_release import release_cached_memory
 from dapo_megatron.generation.base import GenerationBackend
 from dapo_megatron.refit.group import GroupAddress
@@ -98,6 +100,7 @@ class GenerationWorker:
         """Start the engine on the policy's HF checkpoint; returns a description."""
         config = self.config
         engine, policy = config.generation.engine, config.policy
+        shm_before = shm_files.listing()
         if config.generation.backend == "vllm":
             from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
 
@@ -118,6 +121,10 @@ class GenerationWorker:
             "engine": self.engine_index,
             "backend": config.generation.backend,
             "pid": os.getpid(),
+            # What a kill of this engine would leave in /dev/shm: the controller removes
+            # them after a death, on this node (device/shm_files.py).
+            "shm_files": shm_files.engine_files(shm_before),
+            "node_id": ray.get_runtime_context().get_node_id() if ray.is_initialized() else None,
         }
 
     def _megatron_engine(self) -> GenerationBackend:
