@@ -195,6 +195,7 @@ def _train_locked(plan: RunPlan, command: str) -> int:
     from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
     from dapo_megatron.controller import preemption
     from dapo_megatron.controller.loop import train
+    from dapo_megatron.controller.node_loss import NodeLost
     from dapo_megatron.controller.remote import RestartsExhausted, WorkerFailure
     from dapo_megatron.storage.checkpoint_dirs import CheckpointError
 
@@ -220,7 +221,7 @@ def _train_locked(plan: RunPlan, command: str) -> int:
             file=sys.stderr,
         )
         return INTERRUPTED_EXIT
-    except RestartsExhausted as e:
+    except (RestartsExhausted, NodeLost) as e:
         print(f"error: {e}; {_resume_hint(plan, command)}", file=sys.stderr)
         return RUNTIME_ERROR_EXIT
     except (DynamicSamplingExhausted, WorkerFailure, CheckpointError) as e:

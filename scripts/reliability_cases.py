@@ -5,7 +5,7 @@ print, per case, the exit status, the seconds it took and the error line the use
 
 Then (unless --no-jobs) the faults of a running job, from scripts/reliability_jobs.py:
 SIGTERM mid-run, a rank killed in a collective, a rank stopped (SIGSTOP), a full disk
-during a save, a vLLM engine killed (/dev/shm after) (about a minute each).
+during a save, a vLLM engine killed (/dev/shm after) and a node lost (about a minute each).
 
 Each case builds its broken input for real in a temporary directory (a truncated
 safetensors file, invalid UTF-8, a 50 MB line, ...). The faults that need a running job

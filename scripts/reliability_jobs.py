@@ -56,6 +56,7 @@ def start(
     wait: bool = True,
     python: str = sys.executable,
     recipe: Path = TINY,
+    ray_address: str | None = None,
 ) -> subprocess.Popen[str]:
     """The tiny job in its own session, returned once it has logged a step (``wait``)."""
     cmd = [
@@ -72,7 +73,7 @@ def start(
     proc = subprocess.Popen(
         cmd,
         cwd=REPO,
-        env=env(),
+        env=env() if ray_address is None else dict(env(), RAY_ADDRESS=ray_address),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
@@ -238,12 +239,48 @@ def engine_killed_shm(tmp: Path, model: Path) -> JobOutcome:
     return JobOutcome(proc.returncode, seconds, "".join(lines) + rest + note + "\n")
 
 
+def node_lost(tmp: Path, model: Path) -> JobOutcome:
+    """A node of a 2-node layout lost (its raylet and workers SIGKILLed) on a fake Ray
+    cluster (a head without CPUs, two nodes of one CPU: one policy rank each); the node
+    left cannot hold the layout (tests/functional/test_node_loss.py also restarts on a
+    cluster that still fits it)."""
+    sys.path.insert(0, str(REPO / "tests" / "functional"))
+    from ray.cluster_utils import Cluster
+    from test_node_loss import policy_node  # type: ignore[import-not-found]
+
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    system = {"health_check_period_ms": 500, "health_check_failure_threshold": 3}
+    head = {"num_cpus": 0, "include_dashboard": False, "_system_config": system}
+    fake = Cluster(initialize_head=True, head_node_args=head)
+    try:
+        for _ in range(2):
+            fake.add_node(num_cpus=1, object_store_memory=80 * 1024 * 1024)
+        fake.wait_for_nodes()
+        proc = start(
+            tmp / "node-lost", model, "cluster.num_nodes=2", "cluster.gpus_per_node=1",
+            "run.max_restarts=1", "sft_warmup.num_steps=0", ray_address=fake.address,
+        )  # fmt: skip
+        saved = tmp / "node-lost" / "checkpoints" / "step_000001" / "complete.json"
+        while proc.poll() is None and not saved.exists():
+            time.sleep(0.2)
+        fake.remove_node(policy_node(fake), allow_graceful=False)
+        fault_at = time.monotonic()
+        try:
+            return finish(proc, fault_at, timeout=300)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        fake.shutdown()
+
+
 JOB_CASES: list[tuple[str, Callable[[Path, Path], JobOutcome]]] = [
     ("SIGTERM mid-run (Slurm preemption / time limit)", preemption),
     ("policy rank killed in a collective, death reported late", rank_killed_in_collective),
     ("policy rank stopped (SIGSTOP) in a collective", rank_stopped),
     ("disk full during a checkpoint save (seconds: the whole run)", full_disk_save),
     ("vLLM engine SIGKILLed mid-run, then Ctrl-C (/dev/shm after)", engine_killed_shm),
+    ("node lost, the nodes left do not fit the layout", node_lost),
 ]
 
 

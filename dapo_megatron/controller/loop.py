@@ -23,7 +23,7 @@ from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.controller import preemption, steps
+from dapo_megatron.controller import node_loss, preemption, steps
 from dapo_megatron.controller.cluster import start_ray
 from dapo_megatron.controller.context import RunContext, Workers, build_context
 from dapo_megatron.controller.generation_group import Engines, build_engines
@@ -412,6 +412,7 @@ def train(plan: RunPlan) -> dict[str, float]:
                 config.logger, run_dir=run_dir, run_name=config.run.name, resume=resume
             )
             failed = True  # until _run_steps returns: W&B / MLflow must see a crash as one
+            nodes = node_loss.alive_nodes()  # a node lost from here stops or restarts the run
             try:
                 workers = start_workers(plan)
                 try:
@@ -423,11 +424,13 @@ def train(plan: RunPlan) -> dict[str, float]:
             except WorkerDied as failure:
                 if preemption.requested():  # a worker lost while stopping: no restart
                     raise Preempted(0, None) from failure
+                # Check that the nodes left hold the layout before asking Ray to place it.
+                lost = node_loss.check_restart(plan, nodes, failure)
                 restarts += 1
                 if restarts > config.run.max_restarts:
                     raise RestartsExhausted(failure, config.run.max_restarts) from failure
                 print(
-                    f"[restart {restarts}/{config.run.max_restarts}] {failure}; restarting "
+                    f"[restart {restarts}/{config.run.max_restarts}] {failure}{lost}; restarting "
                     f"from the last checkpoint",
                     flush=True,
                 )
