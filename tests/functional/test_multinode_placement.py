@@ -104,6 +104,9 @@ def _overrides(recipe: Path, split: bool) -> list[str]:
         )
     world = total - generation
     pp = max(p for p in range(1, m.pipeline_model_parallel_size + 1) if world % (tp * cp * p) == 0)
+    # EP follows DP x CP down (a 2-rank MoE recipe has one policy rank left when split).
+    dp_cp = world // (tp * cp * pp) * cp
+    ep = max(e for e in range(1, m.expert_model_parallel_size + 1) if dp_cp % e == 0)
     return [
         "cluster.device=cuda",
         f"cluster.num_nodes={nodes}",
@@ -111,6 +114,7 @@ def _overrides(recipe: Path, split: bool) -> list[str]:
         f"cluster.generation_num_devices={generation}",
         f"policy.megatron.pipeline_model_parallel_size={pp}",
         "policy.megatron.data_parallel_size=null",
+        f"policy.megatron.expert_model_parallel_size={ep}",
         # Colocated on GPU the refit goes through CUDA IPC (a recipe may pin broadcast).
         *([] if split else ["generation.refit_transport=auto"]),
     ]
