@@ -15,24 +15,20 @@ which would hide a q/k norm vLLM skipped). One in-process engine started from A:
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import torch
 import transformers
+from hf_parity import MAX_MODEL_LEN, check_against_hf, start_engine
 from safetensors.torch import load_file
 
 from dapo_megatron.config.model_arch import arch_from_hf_config
 from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
 from dapo_megatron.generation.base import GenerationBackend
-from dapo_megatron.shared.sampling import SamplingParams
 
 VOCAB = 64
-MAX_MODEL_LEN = 64
-LOGPROB_ATOL = 1e-4
-GREEDY_TOKENS = 8
 TEXTS = ["12+7=", "3*4=", "100-58=9", "5"]
 
 
@@ -78,53 +74,9 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def engine(model_dirs: dict[str, str]) -> Iterator[GenerationBackend]:
-    from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
-
-    backend = VllmGenerationBackend(
-        model_dirs["a"],
-        tensor_parallel_size=1,
-        gpu_memory_utilization=0.5,
-        max_num_seqs=32,
-        enforce_eager=True,
-        max_model_len=MAX_MODEL_LEN,
-        seed=0,
-        dtype="float32",
-    )
+    backend = start_engine(model_dirs["a"])
     yield backend
     backend.shutdown()
-
-
-@functools.cache
-def _hf_model(hf_dir: str) -> transformers.PreTrainedModel:
-    model = transformers.AutoModelForCausalLM.from_pretrained(
-        hf_dir, attn_implementation="eager", dtype=torch.float32
-    )
-    return model.eval()
-
-
-@torch.no_grad()
-def _check_against_hf(engine: GenerationBackend, hf_dir: str, prompts: list[list[int]]) -> float:
-    """Greedy responses equal HF's; returns max |engine logprob - HF log_softmax|."""
-    model = _hf_model(hf_dir)
-    greedy = SamplingParams(temperature=1.0, top_k=1, max_tokens=GREEDY_TOKENS)
-    worst = 0.0
-    for prompt, (sample,) in zip(prompts, engine.generate(prompts, greedy), strict=True):
-        ids = torch.tensor([prompt])
-        expected = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            do_sample=False,
-            max_new_tokens=GREEDY_TOKENS,
-            eos_token_id=None,
-            pad_token_id=0,
-        )[0, len(prompt) :].tolist()
-        assert sample.response_token_ids == expected
-        logits = model(torch.tensor([prompt + expected])).logits[0].float()
-        ref = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
-        ref = ref.gather(-1, torch.tensor(expected)[:, None]).squeeze(-1)
-        worst = max(worst, (torch.tensor(sample.logprobs) - ref).abs().max().item())
-    assert worst <= LOGPROB_ATOL
-    return worst
 
 
 def _exporter_stream(hf_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
@@ -147,11 +99,11 @@ def _exporter_stream(hf_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
 def test_qwen3_engine_matches_hf_and_refits(engine, model_dirs) -> None:
     tokenizer = build_char_tokenizer()
     prompts = [tokenizer.encode(text) for text in TEXTS]
-    start = _check_against_hf(engine, model_dirs["a"], prompts)
+    start = check_against_hf(engine, model_dirs["a"], prompts)
     try:
         engine.update_weights(_exporter_stream(model_dirs["b"]))
-        to_b = _check_against_hf(engine, model_dirs["b"], prompts)
+        to_b = check_against_hf(engine, model_dirs["b"], prompts)
     finally:
         engine.update_weights(_exporter_stream(model_dirs["a"]))
-    back = _check_against_hf(engine, model_dirs["a"], prompts)
+    back = check_against_hf(engine, model_dirs["a"], prompts)
     print(f"qwen3 max |logprob - HF|: start {start:.1e}, refit to B {to_b:.1e}, back {back:.1e}")
