@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from dapo_megatron.algorithms.loss_spec import spec_problems
+from dapo_megatron.algorithms.prompt_skipping import skip_rule_problems
 from dapo_megatron.algorithms.shaping_limits import overlong_problems, scaling_problems
 from dapo_megatron.config.arithmetic_task import num_distinct_problems
 from dapo_megatron.config.errors import ConfigError
@@ -108,6 +109,12 @@ def _check_rollout(c: _Checker) -> list[str]:
     if r.max_staleness < 1:
         return []
     c.require(
+        not r.abort_tail,
+        "rollout.abort_tail",
+        "aborting a round's tail applies to the synchronous loop (rollout.max_staleness=0); "
+        "overlapped requests are sized to the budget and finished (set one of them)",
+    )
+    c.require(
         not config.cluster.colocated,
         "rollout.max_staleness",
         "overlapping generation with training needs engines on devices of their own: set "
@@ -128,6 +135,21 @@ def _check_rollout(c: _Checker) -> list[str]:
             f"rollout.max_staleness={r.max_staleness}: carried groups obey the staleness bound"
         )
     return warnings
+
+
+def _check_skip_predicted(c: _Checker) -> None:
+    """The skip rule's limits are written once (SkipRule, algorithms/prompt_skipping.py);
+    each one the config breaks is reported under its key."""
+    ds = c.config.dapo.dynamic_sampling
+    c.require(
+        ds.enabled,
+        "dapo.dynamic_sampling.skip_predicted.enabled",
+        "skipping predicts the groups dynamic sampling would drop: set "
+        "dapo.dynamic_sampling.enabled=true",
+    )
+    fields = {k: v for k, v in vars(ds.skip_predicted).items() if k != "enabled"}
+    for name, problem in skip_rule_problems(**fields):
+        c.require(False, f"dapo.dynamic_sampling.skip_predicted.{name}", problem)
 
 
 def _check_remainder(c: _Checker) -> None:
@@ -332,6 +354,8 @@ def _check_dapo(c: _Checker) -> None:
             "dapo.num_generations_per_prompt",
             "dynamic sampling needs >= 2 samples per prompt (one sample never varies)",
         )
+    if ds.skip_predicted.enabled:
+        _check_skip_predicted(c)
     # The shaping's limits are written once (algorithms/shaping_limits.py), reported here
     # under their keys.
     ob = d.overlong_buffer

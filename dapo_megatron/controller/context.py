@@ -12,11 +12,12 @@ attempt, and a worker's death replaces them all (controller/loop.py).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSampler
+from dapo_megatron.algorithms.prompt_skipping import PromptSkipper, SkipRule
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
@@ -106,6 +107,8 @@ class RunContext:
     sampler: PromptSampler
     dynamic: DynamicSampler[RolloutGroup]
     verifier: VerifierPool
+    skipper: PromptSkipper = field(default_factory=lambda: PromptSkipper(None, seed=0))
+    """Pre-rollout skipping (``dapo.dynamic_sampling.skip_predicted``); off: draws all."""
 
     @property
     def config(self) -> DapoMegatronConfig:
@@ -123,9 +126,23 @@ class RunContext:
         return [eos_token_id(self.tokenizer)]
 
     def reset_state(self) -> None:
-        """Fresh prompt and dynamic samplers (a checkpoint, if any, restores them next)."""
+        """Fresh prompt and dynamic samplers and skip history (a checkpoint, if any,
+        restores them next)."""
         self.sampler = make_sampler(self.config, len(self.train.input_ids))
         self.dynamic = make_dynamic_sampler(self.plan)
+        self.skipper = make_skipper(self.config)
+
+    def draw_prompts(self, count: int) -> list[int]:
+        """The next ``count`` training prompts to generate: drawn in the sampler's order,
+        less those the skip rule skips (they count as visited). Each prompt is generated
+        with probability >= ``min_generate_prob``, so this ends after about ``count /
+        min_generate_prob`` draws at worst."""
+        out: list[int] = []
+        while len(out) < count:
+            for index in self.sampler.next_indices(count - len(out)):
+                if self.skipper.decide(index) != "skip":
+                    out.append(index)
+        return out
 
     def close(self) -> None:
         """Stop the verifier (the workers are stopped by the attempt that started them)."""
@@ -215,6 +232,7 @@ def build_context(plan: RunPlan) -> RunContext:
         val=val,
         sampler=make_sampler(config, len(train.input_ids)),
         dynamic=make_dynamic_sampler(plan),
+        skipper=make_skipper(config),
         verifier=VerifierPool(
             config.reward.verifier,
             num_workers=config.reward.num_workers,
@@ -225,6 +243,16 @@ def build_context(plan: RunPlan) -> RunContext:
 
 def make_sampler(config: DapoMegatronConfig, num_prompts: int) -> PromptSampler:
     return PromptSampler(num_prompts, seed=config.run.seed, shuffle=config.data.shuffle)
+
+
+def make_skipper(config: DapoMegatronConfig) -> PromptSkipper:
+    """The skip rule of ``dapo.dynamic_sampling.skip_predicted`` (off: generate all); its
+    random draws are seeded by run.seed."""
+    sp = config.dapo.dynamic_sampling.skip_predicted
+    if not sp.enabled:
+        return PromptSkipper(None, seed=config.run.seed)
+    rule = SkipRule(**{k: v for k, v in vars(sp).items() if k != "enabled"})
+    return PromptSkipper(rule, seed=config.run.seed)
 
 
 def make_dynamic_sampler(plan: RunPlan) -> DynamicSampler[RolloutGroup]:

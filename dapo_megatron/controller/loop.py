@@ -70,6 +70,9 @@ def _resume(ctx: RunContext, policy: PolicyGroup) -> dict[str, Any]:
     except ValueError as e:
         raise ConfigError(f"resuming from {path}: {e}") from None
     ctx.dynamic.load_state_dict(state["dynamic"])
+    if ctx.skipper.enabled and "skip" in state:
+        # A run that turns skipping on at a resume starts with an empty history.
+        ctx.skipper.load_state_dict(state["skip"], num_prompts=len(ctx.train.input_ids))
     return state
 
 
@@ -79,6 +82,7 @@ def _save(ctx: RunContext, policy: PolicyGroup, step: int, rollouts: Rollouts) -
         "sampler": ctx.sampler.state_dict(),
         "dynamic": ctx.dynamic.state_dict(),  # carry cache, counters, keep-rate average
         "rollout": rollouts.state(),  # overlapped: prompts drawn but not trained
+        "skip": ctx.skipper.state_dict(),  # per-prompt outcome history of the skip rule
         # What the sampler's indices point into: a resume on changed data is refused.
         DATA_STATE_KEY: data_fingerprint(ctx.config.data),
     }

@@ -213,7 +213,7 @@ class RolloutStream:
         ctx, config = self.ctx, self.ctx.config
         indices = [self._retry.popleft() for _ in range(min(size, len(self._retry)))]
         if len(indices) < size:
-            indices += ctx.sampler.next_indices(size - len(indices))
+            indices += ctx.draw_prompts(size - len(indices))
         sampling = SamplingParams.from_generation_config(
             config.generation,
             n=config.dapo.num_generations_per_prompt,
@@ -340,6 +340,9 @@ class RolloutStream:
         try:
             while not dynamic.is_complete():
                 item = self._pop()
+                with self._cond:  # outcomes in completion order, stale ones included
+                    for index, group in zip(item.prompt_indices, item.groups, strict=True):
+                        self.ctx.skipper.record(index, group.scores, item.version)
                 if dynamic.is_stale(item.version):
                     stale += len(item.groups)
                     self._release(item.prompt_indices if self.regenerate else ())
@@ -363,6 +366,8 @@ class RolloutStream:
             self._next_step, self._waiting = step + 1, False
             self._cond.notify_all()
         totals["rollout/stale_groups_dropped"] = float(stale)
+        with self._cond:  # the generation thread draws (decides) under the lock
+            totals.update(self.ctx.skipper.end_step())
         return groups, stats, totals
 
     def _pause(self) -> float:

@@ -9,6 +9,7 @@ rebuilt after a worker dies; the RunContext is not).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -83,34 +84,82 @@ def generate_groups(
     return groups, {**metrics, **timing}
 
 
+def tail_cut(needed: int, keep_rate: float | None, count: int) -> int:
+    """``rollout.abort_tail``: the finished groups after which a round of ``count`` prompts
+    stops, for ``needed`` kept groups at the running keep rate: the expected number,
+    ``needed / keep``. The round's own headroom (``batch_multiplier``, 1.2 / keep under
+    auto) is what is cut: the slowest prompts. A round that comes up short is followed by
+    another, as without the cut. Before any keep rate is known the round is not cut."""
+    if keep_rate is None or keep_rate <= 0.0:
+        return count
+    return max(1, min(count, math.ceil(needed / keep_rate - 1e-9)))
+
+
 def collect_rollouts(
     ctx: RunContext, engines: Engines, step: int
 ) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]:
-    """Dynamic sampling: generation rounds until num_prompts_per_step groups vary."""
+    """Dynamic sampling: generation rounds until num_prompts_per_step groups vary.
+
+    Prompts are drawn through the skip rule (``RunContext.draw_prompts``); with
+    ``rollout.abort_tail`` a round stops once it has the finished groups it expects to
+    need and its unfinished prompts are aborted: they are neither scored nor trained."""
     config = ctx.config
-    ctx.dynamic.start_step(version=step)
+    dynamic = ctx.dynamic
+    dynamic.start_step(version=step)
     # A step filled entirely from carried groups runs no round: report zeros, not nothing.
     totals = {"timing/generate_s": 0.0, "timing/reward_s": 0.0, "num_generated_tokens": 0.0}
+    if config.rollout.abort_tail:
+        totals["rollout/num_aborted_groups"] = 0.0
     round_index = 0
-    while not ctx.dynamic.is_complete():
-        count = ctx.dynamic.prompts_for_next_round()
+    while not dynamic.is_complete():
+        count = dynamic.prompts_for_next_round()
         sampling = SamplingParams.from_generation_config(
             config.generation,
             n=config.dapo.num_generations_per_prompt,
             eos_token_ids=ctx.eos_ids,
             seed=round_seed(config.run.seed, step, round_index),
         )
-        groups, metrics = generate_groups(
-            ctx, engines, ctx.sampler.next_indices(count), sampling, version=step
-        )
+        if config.rollout.abort_tail and dynamic.enabled:
+            needed = dynamic.num_prompts_per_step - dynamic.num_kept_groups
+            cut = tail_cut(needed, dynamic.keep_rate_ema, count)
+            if cut < count:
+                sampling = dataclasses.replace(sampling, finish_after_groups=cut)
+        indices = ctx.draw_prompts(count)
+        groups, finished, metrics = _generate_finished(ctx, engines, indices, sampling, step)
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + value
-        scores = torch.tensor([g.scores for g in groups])
-        rewards = torch.tensor([g.rewards for g in groups])
-        ctx.dynamic.add_round(groups, scores, rewards)  # raises after max_gen_batches rounds
+        for index, group in zip(finished, groups, strict=True):
+            ctx.skipper.record(index, group.scores, step)
+        for index in set(indices) - set(finished):
+            ctx.skipper.forget_pending(index)
+        scores = torch.tensor([g.scores for g in groups]).reshape(len(groups), sampling.n)
+        rewards = torch.tensor([g.rewards for g in groups]).reshape(len(groups), sampling.n)
+        dynamic.add_round(groups, scores, rewards)  # raises after max_gen_batches rounds
         round_index += 1
-    groups, stats = ctx.dynamic.finish_step()
-    return groups, stats, totals
+    groups, stats = dynamic.finish_step()
+    return groups, stats, {**totals, **ctx.skipper.end_step()}
+
+
+def _generate_finished(
+    ctx: RunContext,
+    engines: Engines,
+    prompt_indices: Sequence[int],
+    sampling: SamplingParams,
+    version: int,
+) -> tuple[list[RolloutGroup], list[int], dict[str, float]]:
+    """Generate, then score the prompts whose samples all finished (a cut round aborts
+    the others: their partial samples are counted in the tokens generated, not scored)."""
+    start = time.perf_counter()
+    samples = engines.generate([ctx.train.input_ids[i] for i in prompt_indices], sampling)
+    generated = time.perf_counter()
+    done = [j for j, group in enumerate(samples) if all(s.finish_reason != "abort" for s in group)]
+    finished = [prompt_indices[j] for j in done]
+    groups, metrics = score_groups(ctx, ctx.train, finished, [samples[j] for j in done], version)
+    metrics["timing/generate_s"] = generated - start
+    metrics["num_generated_tokens"] = float(sum(s.response_length for g in samples for s in g))
+    if len(done) < len(samples):
+        metrics["rollout/num_aborted_groups"] = float(len(samples) - len(done))
+    return groups, finished, metrics
 
 
 def needs_old_logprob_pass(num_samples: int, global_batch_size: int, mode: str) -> bool:

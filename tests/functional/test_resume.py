@@ -34,26 +34,55 @@ KEYS = (
 )
 
 
-def _command(run_dir):
-    return train_command(run_dir, run_dir.parent / "model", *COMMON)
+# Pre-rollout skipping over a training set small enough that every step revisits its
+# prompts: from step 2 on prompts are skipped, so the resumed steps depend on the history
+# the checkpoint kept (and on the decision counter).
+SKIPPING = [
+    "data.arithmetic.num_train=48",
+    "dapo.dynamic_sampling.skip_predicted.enabled=true",
+    "dapo.dynamic_sampling.skip_predicted.initial_strength=0.8",
+]
+SKIP_KEYS = (
+    "dynamic_sampling/num_skipped",
+    "dynamic_sampling/num_audited",
+    "dynamic_sampling/skip_strength",
+    "dynamic_sampling/num_prompts_generated",
+)
 
 
-def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
+def _command(run_dir, *extra):
+    return train_command(run_dir, run_dir.parent / "model", *COMMON, *extra)
+
+
+@pytest.mark.parametrize("variant", ["plain", "skipping"])
+def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, variant):
+    extra = SKIPPING if variant == "skipping" else []
+    keys = KEYS + (SKIP_KEYS if extra else ())
     straight = tmp_path / "straight"
     out = subprocess.run(
-        _command(straight), env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=600
+        _command(straight, *extra),
+        env=job_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
 
     killed = tmp_path / "killed"
     marker = killed / "checkpoints" / "step_000002" / "complete.json"
-    proc = start_and_wait_for(_command(killed), marker, capture=False)
+    proc = start_and_wait_for(_command(killed, *extra), marker, capture=False)
     assert marker.exists(), "the run never wrote its step-2 checkpoint"
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Ray workers, mid-run
     proc.wait()
     assert not (killed / "checkpoints" / "step_000004").exists(), "killed too late"
     out = subprocess.run(
-        _command(killed), env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=600
+        _command(killed, *extra),
+        env=job_env(),
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "[resume]" in out.stdout
@@ -61,8 +90,10 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path):
     want, got = metrics_by_step(straight), metrics_by_step(killed)
     assert sorted(got) == sorted(want) == [1, 2, 3, 4]  # no duplicated or lost step
     for step in (3, 4):
-        for key in KEYS:
+        for key in keys:
             assert got[step][key] == want[step][key], (step, key, got[step][key], want[step][key])
+    if extra:
+        assert sum(want[s]["dynamic_sampling/num_skipped"] for s in (3, 4)) > 0, "nothing skipped"
 
 
 def test_worker_death_restarts_from_the_last_checkpoint(tmp_path):

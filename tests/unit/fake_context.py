@@ -9,7 +9,12 @@ from types import SimpleNamespace
 from typing import Any
 
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller.context import RunContext, make_dynamic_sampler, make_sampler
+from dapo_megatron.controller.context import (
+    RunContext,
+    make_dynamic_sampler,
+    make_sampler,
+    make_skipper,
+)
 from dapo_megatron.data.datasets import EncodedPrompts, PromptRecord
 
 
@@ -41,4 +46,5 @@ def fake_context(
         sampler=make_sampler(plan.config, num_prompts),
         dynamic=make_dynamic_sampler(plan),
         verifier=verifier,
+        skipper=make_skipper(plan.config),
     )
