@@ -106,6 +106,13 @@ def _check_rollout(c: _Checker) -> list[str]:
     c.at_least("rollout.max_staleness", 0)
     if r.prompts_per_request is not None:
         c.at_least("rollout.prompts_per_request", 1)
+    if r.abort_tail:
+        c.require(
+            config.generation.backend == "megatron",
+            "rollout.abort_tail",
+            "cutting a round's tail is built for the Megatron engine only so far; with "
+            "generation.backend=vllm set rollout.abort_tail=false",
+        )
     if r.max_staleness < 1:
         return []
     c.require(

@@ -123,7 +123,8 @@ def collect_rollouts(
             needed = dynamic.num_prompts_per_step - dynamic.num_kept_groups
             cut = tail_cut(needed, dynamic.keep_rate_ema, count)
             if cut < count:
-                sampling = dataclasses.replace(sampling, finish_after_groups=cut)
+                # A fraction: each engine (DP replica) cuts its own share of the prompts.
+                sampling = dataclasses.replace(sampling, finish_after_fraction=cut / count)
         indices = ctx.draw_prompts(count)
         groups, finished, metrics = _generate_finished(ctx, engines, indices, sampling, step)
         for key, value in metrics.items():

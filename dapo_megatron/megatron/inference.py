@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,11 +74,12 @@ from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
 from dapo_megatron.megatron.model import build_model, unwrap_model
 from dapo_megatron.megatron.routing_replay import RoutingLog, RoutingRecorder
+from dapo_megatron.megatron.tail_cut import TailCut
 from dapo_megatron.refit.buckets import RefitPlan
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.refit.receiver import EngineReceiver
 from dapo_megatron.refit.stats import TransferStats
-from dapo_megatron.shared.sampling import Sample, SamplingParams
+from dapo_megatron.shared.sampling import FinishReason, Sample, SamplingParams
 
 # Module attributes through which Megatron layers decide to split/gather the sequence.
 _SEQUENCE_PARALLEL_ATTRS = (
@@ -210,6 +211,8 @@ class _Decoded:
     """[B] int64 response lengths."""
     stopped: torch.Tensor
     """[B] bool: ended on a stop token (else: reached its budget)."""
+    aborted: torch.Tensor
+    """[B] bool: still running when the call stopped (``finish_after_fraction``)."""
     routing: RoutingLog | None = None
     """The experts of every fed token (routing replay only)."""
 
@@ -359,16 +362,23 @@ class MegatronGenerationBackend:
         else:
             generator.manual_seed(sampling.seed)
         samples: list[Sample | None] = [None] * len(rows)
+        tail = TailCut(len(prompts_token_ids), sampling.n, sampling.finish_target)
         recording = self._recorder.recording() if self._recorder else contextlib.nullcontext()
         with self._inference(model), recording:
             for batch in self._plan_batches([len(r) for r in rows]):
+                if tail.reached():  # the call has its finished groups: never started
+                    for row in batch:
+                        samples[row] = Sample([], [], "abort")
+                    continue
                 decoded = self._decode(
                     model,
                     [rows[i] for i in batch],
                     [budgets[i] for i in batch],
                     sampling,
                     generator,
+                    tail.check(batch) if tail.target is not None else None,
                 )
+                tail.finish(batch, decoded.lengths > 0)
                 for b, row in enumerate(batch):
                     sample = samples[row] = _to_sample(decoded, b, sampling.logprobs)
                     if decoded.routing is not None:
@@ -530,8 +540,12 @@ class MegatronGenerationBackend:
         budgets: list[int],
         sampling: SamplingParams,
         generator: torch.Generator,
+        enough: Callable[[torch.Tensor], bool] | None = None,
     ) -> _Decoded:
-        """Prefill one batch of rows and decode it to completion."""
+        """Prefill one batch of rows and decode it to completion, or until ``enough``
+        (given the rows finished so far, [B] bool) says the call has what it needs: the
+        rows still running are then aborted with the tokens they have. ``enough`` sees
+        only sampled tokens, which every TP rank shares, so the ranks stop together."""
         device = generator.device
         batch = len(prompts)
         lengths = torch.tensor([len(p) for p in prompts], device=device)
@@ -558,6 +572,7 @@ class MegatronGenerationBackend:
             logprobs=torch.zeros(batch, steps, dtype=torch.float32, device=device),
             lengths=torch.zeros(batch, dtype=torch.long, device=device),
             stopped=torch.zeros(batch, dtype=torch.bool, device=device),
+            aborted=torch.zeros(batch, dtype=torch.bool, device=device),
             routing=routing,
         )
         budget_B = torch.tensor(budgets, device=device)
@@ -575,6 +590,11 @@ class MegatronGenerationBackend:
             alive &= ~finished
             num_alive = int(alive.sum())
             if num_alive == 0:
+                break
+            if enough is not None and bool(finished.any()) and enough(out.lengths > 0):
+                cut = rows[alive]
+                out.lengths[cut] = step + 1
+                out.aborted[cut] = True
                 break
             if len(rows) - num_alive >= max(1, int(len(rows) * _COMPACT_FRACTION)):
                 keep = alive.nonzero().squeeze(1)
@@ -624,8 +644,9 @@ def _compact_cache(context: StaticInferenceContext, keep: torch.Tensor) -> None:
 
 def _to_sample(decoded: _Decoded, row: int, with_logprobs: bool) -> Sample:
     length = int(decoded.lengths[row])
+    reason: FinishReason = "stop" if bool(decoded.stopped[row]) else "length"
     return Sample(
         response_token_ids=decoded.tokens[row, :length].tolist(),
         logprobs=decoded.logprobs[row, :length].tolist() if with_logprobs else [],
-        finish_reason="stop" if bool(decoded.stopped[row]) else "length",
+        finish_reason="abort" if bool(decoded.aborted[row]) else reason,
     )

@@ -6,6 +6,7 @@ Torch-free and importing nothing of the package: the ground floor (``shared/__in
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -29,13 +30,17 @@ class GenerationSettings(Protocol):
     def stop_token_ids(self) -> list[int] | None: ...
 
 
-FinishReason = Literal["stop", "length"]
+FinishReason = Literal["stop", "length", "abort"]
 
 FINISH_REASON_STOP: FinishReason = "stop"
 """Finish reason of a sample that ended on a stop token (EOS or a stop string)."""
 
 FINISH_REASON_LENGTH: FinishReason = "length"
 """Finish reason of a sample that was cut off by the response-length cap."""
+
+FINISH_REASON_ABORT: FinishReason = "abort"
+"""Finish reason of a sample still running when its call stopped early
+(``SamplingParams.finish_after_fraction``): its tokens so far, never trained as they are."""
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,11 @@ class SamplingParams:
     """Samples per prompt (the DAPO group size); each is drawn independently."""
     logprobs: bool = True
     """Return the logprob of each sampled token (``Sample.logprobs``); False leaves it empty."""
+    finish_after_fraction: float | None = None
+    """Cut the tail of the call: stop once ceil(fraction x prompts of the call) prompts have
+    all their n samples finished; the other prompts' samples come back with finish reason
+    "abort" (the tokens and logprobs generated so far; empty if never started). Each engine
+    applies it to its own share of the prompts. None: every sample runs to its end."""
 
     def __post_init__(self) -> None:
         if not self.temperature > 0:
@@ -74,8 +84,19 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        cut = self.finish_after_fraction
+        if cut is not None and not 0.0 < cut <= 1.0:
+            raise ValueError(f"finish_after_fraction must be in (0, 1] or None, got {cut}")
         if any(int(t) < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+
+    def finish_target(self, num_prompts: int) -> int | None:
+        """Prompts of a call over ``num_prompts`` that must finish before it stops
+        (``finish_after_fraction``); None: all, without cutting."""
+        if self.finish_after_fraction is None:
+            return None
+        # Round away float noise first: 0.8 * 10 is 8.000000000000002.
+        return max(1, math.ceil(round(self.finish_after_fraction * num_prompts, 9)))
 
     @classmethod
     def from_generation_config(
@@ -111,7 +132,8 @@ class Sample:
     the engine's weights, over the full (unpadded) vocabulary and before top-k/top-p
     truncation; empty when ``SamplingParams.logprobs`` is False."""
     finish_reason: FinishReason
-    """"stop": ended on a stop token; "length": reached max_tokens (or the context limit)."""
+    """"stop": ended on a stop token; "length": reached max_tokens (or the context limit);
+    "abort": the call stopped before this sample finished (``finish_after_fraction``)."""
     routed_experts: torch.Tensor | None = None
     """Routing replay only (``policy.moe.routing_replay``, Megatron engine): the top-k
     experts each MoE layer routed every token the engine fed to the model, i.e. the prompt

@@ -271,6 +271,14 @@ def _checkpoint_engines(dims: ParallelDims, models: dict) -> dict:
         res["seed1"] = _as_lists(engine.generate(PROMPTS, SamplingParams(seed=1, **sampling)))
         res["seed1_again"] = _as_lists(engine.generate(PROMPTS, SamplingParams(seed=1, **sampling)))
         res["seed2"] = _as_lists(engine.generate(PROMPTS, SamplingParams(seed=2, **sampling)))
+        # Cutting the tail: the same seeded call, stopped once 1 of the 4 prompts finished
+        # (one batch), and on the grouped engine (batches of <= 3 rows: 4 batches).
+        cut = SamplingParams(seed=1, finish_after_fraction=0.25, **sampling)
+        res["cut"] = _as_lists(engine.generate(PROMPTS, cut))
+        res["grouped_full"] = _as_lists(
+            grouped.generate(PROMPTS, SamplingParams(seed=1, **sampling))
+        )
+        res["grouped_cut"] = _as_lists(grouped.generate(PROMPTS, cut))
         res["no_logprobs"] = _as_lists(
             engine.generate(PROMPTS, SamplingParams(seed=1, logprobs=False, **sampling))
         )
@@ -398,6 +406,43 @@ def test_stop_tokens_and_max_tokens(results, models):
                 assert len(tokens) == 12 and not set(tokens) & set(STOP_IDS)
             assert _max_logprob_diff(hf_dir, prompt, sample, SAMPLE_T) <= LOGPROB_ATOL
     assert {"stop", "length"} <= set(reasons), reasons
+
+
+def _check_cut(full: list[list[tuple]], cut: list[list[tuple]], target: int) -> int:
+    """A cut call against the same uncut call: ``target`` prompts or more finished exactly
+    as uncut; every other prompt has an aborted sample; every aborted sample is a strict
+    prefix of its uncut sample (the call stopped before it ended, on the same random
+    stream). Returns the tokens the cut saved."""
+    finished = 0
+    saved = 0
+    for full_group, cut_group in zip(full, cut, strict=True):
+        assert len(cut_group) == len(full_group)
+        if all(reason != "abort" for _, _, reason in cut_group):
+            assert cut_group == full_group
+            finished += 1
+            continue
+        for (tokens, logprobs, reason), (full_tokens, full_lp, _) in zip(
+            cut_group, full_group, strict=True
+        ):
+            if reason == "abort":
+                assert len(tokens) < len(full_tokens) and tokens == full_tokens[: len(tokens)]
+                assert logprobs == full_lp[: len(tokens)]
+                saved += len(full_tokens) - len(tokens)
+            else:
+                assert (tokens, logprobs) == (full_tokens, full_lp)
+    assert finished >= target, (finished, target)
+    assert finished < len(full), "nothing was cut"
+    return saved
+
+
+def test_a_cut_call_stops_once_enough_prompts_finished(results):
+    res = results["qwen2"]
+    saved = _check_cut(res["seed1"], res["cut"], target=1)
+    saved_grouped = _check_cut(res["grouped_full"], res["grouped_cut"], target=1)
+    print(f"tokens not generated: one batch {saved}, batches of 3 rows {saved_grouped}")
+    assert saved > 0 and saved_grouped > 0
+    # Batches of 3 rows: batches after the target was reached never start (empty aborts).
+    assert any(s == ([], [], "abort") for g in res["grouped_cut"] for s in g)
 
 
 def _allowed(logits_V: torch.Tensor) -> tuple[set[int], torch.Tensor]:

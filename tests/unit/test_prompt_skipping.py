@@ -221,14 +221,14 @@ def test_abort_tail_is_refused_with_overlapped_rollouts():
 
 
 class CuttingEngines:
-    """Prompt i answers with token 7 + i % 3; with finish_after_groups = m the groups after
+    """Prompt i answers with token 7 + i % 3; with a finish target m the groups after
     the m-th come back aborted (partial, one token), as an engine cutting its tail does."""
 
     def __init__(self):
         self.calls: list[tuple[list[int], int | None]] = []
 
     def generate(self, prompts, sampling):
-        cut = sampling.finish_after_groups
+        cut = sampling.finish_target(len(prompts))
         self.calls.append(([p[0] for p in prompts], cut))
         out = []
         for j, p in enumerate(prompts):
@@ -289,7 +289,7 @@ def test_skipped_prompts_are_not_generated_and_audits_are_scored():
         "dapo.dynamic_sampling.skip_predicted.enabled=true",
         "dapo.dynamic_sampling.skip_predicted.initial_strength=1.0",
         "dapo.dynamic_sampling.skip_predicted.adapt_rate=0",
-        "dapo.dynamic_sampling.skip_predicted.audit_fraction=0.5",
+        "dapo.dynamic_sampling.skip_predicted.audit_fraction=0.2",
         "dapo.dynamic_sampling.batch_multiplier=3.0",
         "dapo.dynamic_sampling.surplus=discard",
     )
@@ -299,16 +299,18 @@ def test_skipped_prompts_are_not_generated_and_audits_are_scored():
         _, stats, metrics = steps.collect_rollouts(ctx, engines, step=step)
         totals["skipped"] += metrics["dynamic_sampling/num_skipped"]
         totals["audited"] += metrics["dynamic_sampling/num_audited"]
-        if step >= 2:
+        if step >= 1:
             for prompts, _cut in engines.calls[before:]:
                 totals["generated_saturated"] += sum(p < 6 for p in prompts)
         if "dynamic_sampling/predicted_zero_var_precision" in metrics:
             # Only saturated prompts are ever predicted: every audit is confirmed.
             assert metrics["dynamic_sampling/predicted_zero_var_precision"] == 1.0
     assert totals["skipped"] > 0 and totals["audited"] > 0
-    # Saturated prompts still appear (floor and audits), far less than half the draws.
+    # From step 1 on every saturated prompt has a streak: it is generated with probability
+    # 0.1 (floor) + 0.9 x 0.2 (audits) = 0.28 per draw, by hand (4 binomial SDs).
     drawn_saturated = totals["generated_saturated"] + totals["skipped"]
-    assert 0 < totals["generated_saturated"] < 0.5 * drawn_saturated
+    share = totals["generated_saturated"] / drawn_saturated
+    assert abs(share - 0.28) < 4 * math.sqrt(0.28 * 0.72 / drawn_saturated), share
     # The skip history went into the checkpoint state and comes back.
     state = ctx.skipper.state_dict()
     assert state["history"]["0"][-1][0] == "correct"
