@@ -451,6 +451,14 @@ def run_once(variant: str, seed: int, model: Path, tmp: Path, extra: list[str]) 
     }
 
 
+def _commit() -> str | None:
+    """The code's commit: git's HEAD, or $BENCH_COMMIT for a copy without .git (git archive)."""
+    proc = subprocess.run(
+        ["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True, check=False
+    )
+    return proc.stdout.strip() if proc.returncode == 0 else os.environ.get("BENCH_COMMIT")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", default="42,1,2")
@@ -478,11 +486,13 @@ def main(argv: list[str] | None = None) -> int:
     warmups: dict[str, float] = previous.get("warmup_wall_s", {})
     done = {(r["variant"], r["seed"]) for r in runs}
     order = [n for n in VARIANTS if n in names or any(r["variant"] == n for r in runs)]
+    commit = previous.get("commit") or _commit()
     started = time.perf_counter()
     total_s = float(previous.get("total_wall_s", 0.0))
 
     def write() -> None:
         doc = {
+            "commit": commit,
             "recipe": str(RECIPE.relative_to(REPO)),
             "task_overrides": TASK,
             "overrides": args.overrides,
