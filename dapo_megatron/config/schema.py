@@ -415,6 +415,12 @@ class RolloutConfig:
     are aborted on the engines instead of waiting for the slowest samples. Aborted groups
     are not trained (their prompts count as drawn), so prompts with long answers are
     trained a little less often: see README, rollout efficiency."""
+    partial_rollouts: bool
+    """With abort_tail: keep the aborted samples and continue them in the next round (the
+    prompt followed by their tokens so far), as slime does, instead of dropping them. A
+    sample continued after a refit holds tokens of two policy versions, each with the
+    logprob of the weights that generated it (dapo.loss.rollout_correction=tis corrects
+    them, as overlapped samples); the group's version is its oldest token's."""
 
 
 @dataclass

@@ -106,15 +106,27 @@ def _check_rollout(c: _Checker) -> list[str]:
     c.at_least("rollout.max_staleness", 0)
     if r.prompts_per_request is not None:
         c.at_least("rollout.prompts_per_request", 1)
-    if r.abort_tail:
+    warnings: list[str] = []
+    if r.partial_rollouts:
         c.require(
-            config.generation.backend == "megatron",
-            "rollout.abort_tail",
-            "cutting a round's tail is built for the Megatron engine only so far; with "
-            "generation.backend=vllm set rollout.abort_tail=false",
+            r.abort_tail,
+            "rollout.partial_rollouts",
+            "continues the samples a cut round aborted: set rollout.abort_tail=true",
         )
+        c.require(
+            not config.policy.moe.routing_replay,
+            "rollout.partial_rollouts",
+            "a continued sample has no single engine routing to replay: set "
+            "policy.moe.routing_replay=false or rollout.partial_rollouts=false",
+        )
+        if config.dapo.loss.rollout_correction == "none":
+            warnings.append(
+                "rollout.partial_rollouts=true with dapo.loss.rollout_correction=none: "
+                "samples continued after a refit hold tokens of the previous policy, "
+                "trained without an importance weight; rollout_correction=tis corrects them"
+            )
     if r.max_staleness < 1:
-        return []
+        return warnings
     c.require(
         not r.abort_tail,
         "rollout.abort_tail",
@@ -128,7 +140,6 @@ def _check_rollout(c: _Checker) -> list[str]:
         "cluster.colocated=false and cluster.generation_num_devices (colocated engines share "
         "the policy's devices), or rollout.max_staleness=0",
     )
-    warnings = []
     if config.dapo.loss.rollout_correction == "none":
         warnings.append(
             f"rollout.max_staleness={r.max_staleness} with dapo.loss.rollout_correction=none: "

@@ -22,6 +22,7 @@ from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.generation_group import Engines
+from dapo_megatron.controller.partial_rollouts import PartialRollouts
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.rollout_groups import RolloutGroup
 from dapo_megatron.data.datasets import EncodedPrompts, build_datasets, encode_prompts
@@ -109,6 +110,8 @@ class RunContext:
     verifier: VerifierPool
     skipper: PromptSkipper = field(default_factory=lambda: PromptSkipper(None, seed=0))
     """Pre-rollout skipping (``dapo.dynamic_sampling.skip_predicted``); off: draws all."""
+    partials: PartialRollouts = field(default_factory=PartialRollouts)
+    """The groups a cut round aborted, continued next round (``rollout.partial_rollouts``)."""
 
     @property
     def config(self) -> DapoMegatronConfig:
@@ -131,6 +134,7 @@ class RunContext:
         self.sampler = make_sampler(self.config, len(self.train.input_ids))
         self.dynamic = make_dynamic_sampler(self.plan)
         self.skipper = make_skipper(self.config)
+        self.partials = PartialRollouts()
 
     def draw_prompts(self, count: int) -> list[int]:
         """The next ``count`` training prompts to generate: drawn in the sampler's order,

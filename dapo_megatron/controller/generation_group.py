@@ -159,7 +159,7 @@ class GenerationGroup:
         return [
             w.generate_timed.remote(
                 [list(p) for p in prompts[a:b]],
-                dataclasses.replace(sampling, seed=engine_seed(sampling.seed, e)),
+                dataclasses.replace(sampling.for_prompts(a, b), seed=engine_seed(sampling.seed, e)),
             )
             for e, (w, (a, b)) in enumerate(zip(self.workers, bounds, strict=True))
             if b > a

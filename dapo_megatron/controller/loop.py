@@ -73,6 +73,8 @@ def _resume(ctx: RunContext, policy: PolicyGroup) -> dict[str, Any]:
     if ctx.skipper.enabled and "skip" in state:
         # A run that turns skipping on at a resume starts with an empty history.
         ctx.skipper.load_state_dict(state["skip"], num_prompts=len(ctx.train.input_ids))
+    if "partial" in state:
+        ctx.partials.load_state_dict(state["partial"])
     return state
 
 
@@ -83,6 +85,7 @@ def _save(ctx: RunContext, policy: PolicyGroup, step: int, rollouts: Rollouts) -
         "dynamic": ctx.dynamic.state_dict(),  # carry cache, counters, keep-rate average
         "rollout": rollouts.state(),  # overlapped: prompts drawn but not trained
         "skip": ctx.skipper.state_dict(),  # per-prompt outcome history of the skip rule
+        "partial": ctx.partials.state_dict(),  # aborted samples to continue next round
         # What the sampler's indices point into: a resume on changed data is refused.
         DATA_STATE_KEY: data_fingerprint(ctx.config.data),
     }

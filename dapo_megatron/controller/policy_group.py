@@ -145,10 +145,17 @@ class PolicyGroup:
         self, prompts: Sequence[Sequence[int]], sampling: SamplingParams
     ) -> list[list[Sample]]:
         """Rollouts for every prompt (n samples each), prompts spread over DP replicas."""
-        shards = [list(prompts[a:b]) for a, b in shard_bounds(len(prompts), self.dp)]
-        return [
-            group for part in self._call_sharded("generate", shards, sampling) for group in part
-        ]
+        bounds = shard_bounds(len(prompts), self.dp)
+        if sampling.max_tokens_per_prompt is not None:
+            # Per-prompt caps travel with their prompts: one shard = (prompts, sampling).
+            shards_with: list[Any] = [
+                (list(prompts[a:b]), sampling.for_prompts(a, b)) for a, b in bounds
+            ]
+            parts = self._call_sharded("generate_with", shards_with)
+        else:
+            shards = [list(prompts[a:b]) for a, b in bounds]
+            parts = self._call_sharded("generate", shards, sampling)
+        return [group for part in parts for group in part]
 
     def logprobs(
         self, batch: PolicyBatch, *, compute_entropy: bool = False

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
+from dapo_megatron.algorithms.dynamic_sampling import DynamicSampler, DynamicSamplingStats
 from dapo_megatron.algorithms.rollout_correction import mismatch_metrics
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.context import RunContext, decode_text, round_seed
@@ -112,13 +112,19 @@ def collect_rollouts(
         totals["rollout/num_aborted_groups"] = 0.0
     round_index = 0
     while not dynamic.is_complete():
-        count = dynamic.prompts_for_next_round()
         sampling = SamplingParams.from_generation_config(
             config.generation,
             n=config.dapo.num_generations_per_prompt,
             eos_token_ids=ctx.eos_ids,
             seed=round_seed(config.run.seed, step, round_index),
         )
+        round_index += 1
+        if ctx.partials.pending:  # the samples the last cut round aborted come first
+            metrics = _continue_partials(ctx, engines, sampling, step)
+            for key, value in metrics.items():
+                totals[key] = totals.get(key, 0.0) + value
+            continue
+        count = dynamic.prompts_for_next_round()
         if config.rollout.abort_tail and dynamic.enabled:
             needed = dynamic.num_prompts_per_step - dynamic.num_kept_groups
             cut = tail_cut(needed, dynamic.keep_rate_ema, count)
@@ -126,19 +132,59 @@ def collect_rollouts(
                 # A fraction: each engine (DP replica) cuts its own share of the prompts.
                 sampling = dataclasses.replace(sampling, finish_after_fraction=cut / count)
         indices = ctx.draw_prompts(count)
-        groups, finished, metrics = _generate_finished(ctx, engines, indices, sampling, step)
+        groups, finished, aborted, metrics = _generate_finished(
+            ctx, engines, indices, sampling, step
+        )
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + value
         for index, group in zip(finished, groups, strict=True):
             ctx.skipper.record(index, group.scores, step)
-        for index in set(indices) - set(finished):
-            ctx.skipper.forget_pending(index)
-        scores = torch.tensor([g.scores for g in groups]).reshape(len(groups), sampling.n)
-        rewards = torch.tensor([g.rewards for g in groups]).reshape(len(groups), sampling.n)
-        dynamic.add_round(groups, scores, rewards)  # raises after max_gen_batches rounds
-        round_index += 1
+        for index, samples in aborted:
+            if config.rollout.partial_rollouts:
+                ctx.partials.keep(index, samples, step)
+            else:
+                ctx.skipper.forget_pending(index)
+        _add_round(dynamic, groups, sampling.n)  # raises after max_gen_batches rounds
     groups, stats = dynamic.finish_step()
     return groups, stats, {**totals, **ctx.skipper.end_step()}
+
+
+def _add_round(
+    dynamic: DynamicSampler[RolloutGroup],
+    groups: Sequence[RolloutGroup],
+    n: int,
+    version: int | None = None,
+) -> None:
+    scores = torch.tensor([g.scores for g in groups]).reshape(len(groups), n)
+    rewards = torch.tensor([g.rewards for g in groups]).reshape(len(groups), n)
+    dynamic.add_round(groups, scores, rewards, version=version)
+
+
+def _continue_partials(
+    ctx: RunContext, engines: Engines, sampling: SamplingParams, step: int
+) -> dict[str, float]:
+    """``rollout.partial_rollouts``: finish the groups the last cut round aborted (a round
+    of their own), score them and give them to dynamic sampling at their oldest token's
+    version; groups too old to train are dropped (counted)."""
+    dynamic = ctx.dynamic
+    dropped = ctx.partials.drop_stale(step, dynamic.max_carry_age)
+    done, metrics = ctx.partials.continue_all(engines, ctx.train.input_ids, sampling, step)
+    metrics["rollout/num_partial_groups_dropped"] = float(dropped)
+    groups, scored = score_groups(
+        ctx, ctx.train, [p.prompt_index for p in done], [p.samples for p in done], step
+    )
+    metrics["timing/reward_s"] = scored["timing/reward_s"]
+    by_version: dict[int, list[RolloutGroup]] = {}
+    for partial, group in zip(done, groups, strict=True):
+        group.version = partial.version  # its oldest token's
+        ctx.skipper.record(partial.prompt_index, group.scores, partial.version)
+        by_version.setdefault(partial.version, []).append(group)
+    for version in sorted(by_version):
+        if dynamic.is_complete():  # an older version filled the step: the rest is lost
+            metrics["rollout/num_partial_groups_dropped"] += len(by_version[version])
+        else:
+            _add_round(dynamic, by_version[version], sampling.n, version)
+    return metrics
 
 
 def _generate_finished(
@@ -147,20 +193,22 @@ def _generate_finished(
     prompt_indices: Sequence[int],
     sampling: SamplingParams,
     version: int,
-) -> tuple[list[RolloutGroup], list[int], dict[str, float]]:
-    """Generate, then score the prompts whose samples all finished (a cut round aborts
-    the others: their partial samples are counted in the tokens generated, not scored)."""
+) -> tuple[list[RolloutGroup], list[int], list[tuple[int, list[Sample]]], dict[str, float]]:
+    """Generate, then score the prompts whose samples all finished. A cut round aborts the
+    others: returned apart, with their samples (their tokens count as generated)."""
     start = time.perf_counter()
     samples = engines.generate([ctx.train.input_ids[i] for i in prompt_indices], sampling)
     generated = time.perf_counter()
     done = [j for j, group in enumerate(samples) if all(s.finish_reason != "abort" for s in group)]
     finished = [prompt_indices[j] for j in done]
+    kept = set(done)
+    aborted = [(prompt_indices[j], samples[j]) for j in range(len(samples)) if j not in kept]
     groups, metrics = score_groups(ctx, ctx.train, finished, [samples[j] for j in done], version)
     metrics["timing/generate_s"] = generated - start
     metrics["num_generated_tokens"] = float(sum(s.response_length for g in samples for s in g))
     if len(done) < len(samples):
         metrics["rollout/num_aborted_groups"] = float(len(samples) - len(done))
-    return groups, finished, metrics
+    return groups, finished, aborted, metrics
 
 
 def needs_old_logprob_pass(num_samples: int, global_batch_size: int, mode: str) -> bool:

@@ -475,9 +475,12 @@ class VllmGenerationBackend:
             )
         if not prompts_token_ids:
             return []
+        caps = sampling.response_caps(len(prompts_token_ids))  # continuations: their own
         params = [
             self._request_params(
-                sampling, _request_seed(sampling.seed, i) if self._per_request_seeds else None
+                sampling,
+                _request_seed(sampling.seed, i) if self._per_request_seeds else None,
+                caps[i],
             )
             for i in range(len(prompts_token_ids))
         ]
@@ -497,14 +500,14 @@ class VllmGenerationBackend:
             groups.append([_to_sample(c, sampling) for c in completions])
         return groups
 
-    def _request_params(self, sampling: SamplingParams, seed: int | None) -> Any:
-        """vLLM SamplingParams of one prompt."""
+    def _request_params(self, sampling: SamplingParams, seed: int | None, max_tokens: int) -> Any:
+        """vLLM SamplingParams of one prompt (``max_tokens``: its response cap)."""
         return self._vllm.SamplingParams(
             n=sampling.n,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=0 if sampling.top_k == -1 else sampling.top_k,  # vLLM: 0 = off
-            max_tokens=sampling.max_tokens,
+            max_tokens=max_tokens,
             stop_token_ids=[int(t) for t in sampling.stop_token_ids],
             ignore_eos=True,
             seed=seed,

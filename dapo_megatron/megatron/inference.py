@@ -354,7 +354,10 @@ class MegatronGenerationBackend:
         model = self._check_open()
         self._validate_prompts(prompts_token_ids)
         rows = [p for p in prompts_token_ids for _ in range(sampling.n)]
-        budgets = [min(sampling.max_tokens, self._max_model_len - len(p)) for p in rows]
+        caps = sampling.response_caps(len(prompts_token_ids))
+        budgets = [
+            min(caps[r // sampling.n], self._max_model_len - len(p)) for r, p in enumerate(rows)
+        ]
         device = next(model.parameters()).device
         generator = torch.Generator(device=device)
         if sampling.seed is None:

@@ -7,7 +7,7 @@ Torch-free and importing nothing of the package: the ground floor (``shared/__in
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:  # annotations only: this module stays importable without torch
@@ -67,6 +67,10 @@ class SamplingParams:
     """Samples per prompt (the DAPO group size); each is drawn independently."""
     logprobs: bool = True
     """Return the logprob of each sampled token (``Sample.logprobs``); False leaves it empty."""
+    max_tokens_per_prompt: tuple[int, ...] | None = None
+    """Continuations (``rollout.partial_rollouts``): the response cap of each prompt of the
+    call, in place of ``max_tokens`` (a continued sample's prompt ends with the tokens it
+    already has, and its cap is what the response has left). Each >= 1."""
     finish_after_fraction: float | None = None
     """Cut the tail of the call: stop once ceil(fraction x prompts of the call) prompts have
     all their n samples finished; the other prompts' samples come back with finish reason
@@ -84,11 +88,36 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if self.n < 1:
             raise ValueError(f"n must be >= 1, got {self.n}")
+        if self.max_tokens_per_prompt is not None and any(
+            int(c) < 1 for c in self.max_tokens_per_prompt
+        ):
+            raise ValueError(
+                f"max_tokens_per_prompt must be >= 1, got {self.max_tokens_per_prompt}"
+            )
         cut = self.finish_after_fraction
         if cut is not None and not 0.0 < cut <= 1.0:
             raise ValueError(f"finish_after_fraction must be in (0, 1] or None, got {cut}")
         if any(int(t) < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be >= 0, got {self.stop_token_ids}")
+
+    def response_caps(self, num_prompts: int) -> list[int]:
+        """The response cap of each of ``num_prompts`` prompts: ``max_tokens_per_prompt``
+        when given (it must hold one cap per prompt), else ``max_tokens`` for all."""
+        if self.max_tokens_per_prompt is None:
+            return [self.max_tokens] * num_prompts
+        if len(self.max_tokens_per_prompt) != num_prompts:
+            raise ValueError(
+                f"max_tokens_per_prompt holds {len(self.max_tokens_per_prompt)} caps for "
+                f"{num_prompts} prompts"
+            )
+        return list(self.max_tokens_per_prompt)
+
+    def for_prompts(self, start: int, end: int) -> SamplingParams:
+        """These parameters for the prompts ``start:end`` of a call (an engine's or a DP
+        replica's share): per-prompt caps are sliced with the prompts."""
+        if self.max_tokens_per_prompt is None:
+            return self
+        return replace(self, max_tokens_per_prompt=self.max_tokens_per_prompt[start:end])
 
     def finish_target(self, num_prompts: int) -> int | None:
         """Prompts of a call over ``num_prompts`` that must finish before it stops
@@ -139,6 +168,10 @@ class Sample:
     experts each MoE layer routed every token the engine fed to the model, i.e. the prompt
     and every response token but the last: ``[prompt + response - 1, layers, k]`` uint8
     (int16 beyond 256 experts), on the host. None otherwise."""
+    token_versions: list[int] | None = None
+    """Partial rollouts only: the policy version that generated each response token, for a
+    sample continued across a refit (controller/partial_rollouts.py). None otherwise (the
+    group's version generated every token)."""
 
     @property
     def response_length(self) -> int:

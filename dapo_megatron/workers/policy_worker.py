@@ -106,6 +106,13 @@ class PolicyWorker:
         """Rollouts of this DP replica's prompts (TP ranks return identical samples)."""
         return self._engine().generate([list(p) for p in prompts_token_ids], sampling)
 
+    def generate_with(
+        self, shard: tuple[Sequence[Sequence[int]], SamplingParams]
+    ) -> list[list[Sample]]:
+        """``generate`` of a shard that carries its own parameters (per-prompt caps)."""
+        prompts_token_ids, sampling = shard
+        return self.generate(prompts_token_ids, sampling)
+
     def logprobs(
         self, batch: PolicyBatch, compute_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:

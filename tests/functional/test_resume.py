@@ -42,6 +42,10 @@ SKIPPING = [
     "dapo.dynamic_sampling.skip_predicted.enabled=true",
     "dapo.dynamic_sampling.skip_predicted.initial_strength=0.8",
 ]
+# The tail cut with partial rollouts: from step 2 on rounds are cut and their aborted
+# samples continued by the next round, so a checkpoint holds pending partial groups.
+CUTTING = ["rollout.abort_tail=true", "rollout.partial_rollouts=true"]
+CUT_KEYS = ("rollout/num_aborted_groups", "num_generated_tokens")
 SKIP_KEYS = (
     "dynamic_sampling/num_skipped",
     "dynamic_sampling/num_audited",
@@ -54,10 +58,13 @@ def _command(run_dir, *extra):
     return train_command(run_dir, run_dir.parent / "model", *COMMON, *extra)
 
 
-@pytest.mark.parametrize("variant", ["plain", "skipping"])
+VARIANTS = {"plain": ([], ()), "skipping": (SKIPPING, SKIP_KEYS), "cutting": (CUTTING, CUT_KEYS)}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
 def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, variant):
-    extra = SKIPPING if variant == "skipping" else []
-    keys = KEYS + (SKIP_KEYS if extra else ())
+    extra, more_keys = VARIANTS[variant]
+    keys = KEYS + more_keys
     straight = tmp_path / "straight"
     out = subprocess.run(
         _command(straight, *extra),
@@ -92,8 +99,12 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, variant):
     for step in (3, 4):
         for key in keys:
             assert got[step][key] == want[step][key], (step, key, got[step][key], want[step][key])
-    if extra:
+    if variant == "skipping":
         assert sum(want[s]["dynamic_sampling/num_skipped"] for s in (3, 4)) > 0, "nothing skipped"
+    if variant == "cutting":
+        assert sum(want[s]["rollout/num_aborted_groups"] for s in (2, 3)) > 0, "nothing cut"
+        continued = [want[s].get("rollout/num_partial_groups_continued", 0) for s in (3, 4)]
+        assert sum(continued) > 0, "nothing continued after the resume point"
 
 
 def test_worker_death_restarts_from_the_last_checkpoint(tmp_path):

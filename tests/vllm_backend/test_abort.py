@@ -194,6 +194,41 @@ def test_a_cut_that_cuts_nothing_is_the_plain_call(engine) -> None:
     )
 
 
+def test_continuing_the_aborted_samples_gives_the_uncut_responses(engine) -> None:
+    """Partial rollouts on vLLM: greedy (top_k=1), so an uncut call is the reference. The
+    aborted samples, continued as prompt + tokens so far with the cap they have left
+    (``max_tokens_per_prompt``), end exactly as the uncut call's samples, with the same
+    logprobs (fp32 rounding), and never run past the response cap."""
+    prompts = _prompts(6)
+    cap = 48
+    sampling = SamplingParams(
+        temperature=1.0, top_k=1, max_tokens=cap, n=1, seed=3, stop_token_ids=STOP_IDS
+    )
+    full = engine.generate(prompts, sampling)
+    cut = engine.generate(prompts, dataclasses.replace(sampling, finish_after_fraction=0.3))
+    aborted = [i for i, (s,) in enumerate(cut) if s.finish_reason == "abort"]
+    assert aborted, "nothing was cut"
+    heads = [cut[i][0] for i in aborted]
+    continued = engine.generate(
+        [[*prompts[i], *h.response_token_ids] for i, h in zip(aborted, heads, strict=True)],
+        dataclasses.replace(
+            sampling, max_tokens_per_prompt=tuple(cap - h.response_length for h in heads)
+        ),
+    )
+    _check_engine_empty(engine)
+    for i, head, (tail,) in zip(aborted, heads, continued, strict=True):
+        (want,) = full[i]
+        tokens = head.response_token_ids + tail.response_token_ids
+        assert tokens == want.response_token_ids and tail.finish_reason == want.finish_reason
+        assert len(tokens) <= cap
+        torch.testing.assert_close(
+            torch.tensor(head.logprobs + tail.logprobs),
+            torch.tensor(want.logprobs),
+            atol=1e-4,
+            rtol=0,
+        )
+
+
 def test_cut_call_on_an_engine_in_another_process(model_dir, monkeypatch) -> None:
     """vLLM's multiprocessing (the GPU default): the core runs ahead of the outputs we read
     and receives the abort asynchronously. What this process can reach: the cut call's
