@@ -255,10 +255,11 @@ def _paired(
     runs: list[dict[str, Any]], variant: str, ratio: Any, baseline: str = BASELINE
 ) -> list[tuple[int, float]]:
     """(seed, ratio(run, baseline run)) for every seed that has both runs."""
-    base = {r["seed"]: r for r in runs if r["variant"] == baseline}
+    ok = [r for r in runs if "failed" not in r]
+    base = {r["seed"]: r for r in ok if r["variant"] == baseline}
     return [
         (r["seed"], ratio(r, base[r["seed"]]))
-        for r in sorted(runs, key=lambda r: r["seed"])
+        for r in sorted(ok, key=lambda r: r["seed"])
         if r["variant"] == variant and r["seed"] in base
     ]
 
@@ -269,14 +270,16 @@ def _acc_z(run: dict[str, Any], base: dict[str, Any]) -> float:
 
 
 def summarise(runs: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    """Per variant: mean/sd/min/max over seeds of the run keys, and the goal ratios."""
+    """Per variant: mean/sd/min/max over seeds of the run keys, and the goal ratios; failed
+    runs are left out (``failed``: seed -> the run's error line)."""
     keys = [k for k in RUN_KEYS if k not in ("variant", "seed")]
     out: dict[str, Any] = {}
     for name in names:
-        rs = [r for r in runs if r["variant"] == name]
+        failed = {r["seed"]: r["failed"] for r in runs if r["variant"] == name and "failed" in r}
+        rs = [r for r in runs if r["variant"] == name and "failed" not in r]
         if not rs:
             continue
-        v: dict[str, Any] = {"seeds": sorted(r["seed"] for r in rs)}
+        v: dict[str, Any] = {"seeds": sorted(r["seed"] for r in rs), "failed": failed}
         for key in keys:
             v[key] = _stats([r[key] for r in rs])
         for key in EXTRA_KEYS:  # where every run has it
@@ -315,6 +318,8 @@ def ratio_lines(summary: dict[str, Any]) -> list[str]:
     """The issue's goals as one line each: the ratio per seed, its mean, the goal, met or not."""
     lines = []
     for name, v in summary.items():
+        for seed, error in sorted(v.get("failed", {}).items()):
+            lines.append(f"{name}: seed {seed} FAILED (left out above): {error}")
         if name == BASELINE:
             continue
         if "skip" in name and v["gen_vs_ideal"]:
@@ -360,12 +365,16 @@ def report(doc: dict[str, Any]) -> str:
     def pm(s: dict[str, float], fmt: str) -> str:
         return f"{format(s['mean'], fmt)} ± {format(s['sd'], fmt)}"
 
+    def seeds(v: dict[str, Any]) -> str:
+        failed = len(v.get("failed", {}))
+        return f"{len(v['seeds'])}" + (f" (+{failed} failed)" if failed else "")
+
     def total(v: dict[str, Any], key: str) -> str:
         return f"{v[key]['mean']:.0f}" if key in v else "-"
 
     for name, v in doc["summary"].items():
         lines.append(
-            f"| {name} | {len(v['seeds'])} | {pm(v['generated_per_trained'], '.2f')} | "
+            f"| {name} | {seeds(v)} | {pm(v['generated_per_trained'], '.2f')} | "
             f"{pm(v['ideal_generated_per_trained'], '.2f')} | "
             f"{pm(v['generated_tokens_per_trained_token'], '.2f')} | "
             f"{pm(v['step_s'], '.2f')} | {pm(v['final_acc'], '.3f')} | "
@@ -375,8 +384,23 @@ def report(doc: dict[str, Any]) -> str:
     return "\n".join([*lines, "", *ratio_lines(doc["summary"])])
 
 
+class RunFailed(RuntimeError):
+    """A dapo-train exited non-zero; ``wall_s`` and the output's error line are kept."""
+
+    def __init__(self, message: str, wall_s: float, error: str) -> None:
+        super().__init__(message)
+        self.wall_s, self.error = wall_s, error
+
+
+def _error_line(output: str) -> str:
+    """The run's own error line (``error: ...``), else the output's last line."""
+    lines = [line for line in output.splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
+    return (errors or lines or [""])[-1]
+
+
 def _train(run_dir: Path, seed: int, model: Path, overrides: list[str], what: str) -> float:
-    """One dapo-train of the recipe; returns its wall seconds (exits on failure)."""
+    """One dapo-train of the recipe; returns its wall seconds (RunFailed on failure)."""
     cmd = [
         sys.executable,
         "-c",
@@ -393,9 +417,14 @@ def _train(run_dir: Path, seed: int, model: Path, overrides: list[str], what: st
     env = dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
     if proc.returncode != 0:
-        raise SystemExit(f"{what} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return time.perf_counter() - started
+        raise RunFailed(
+            f"{what} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}",
+            wall,
+            _error_line(proc.stdout + "\n" + proc.stderr),
+        )
+    return wall
 
 
 def warm_up(seed: int, tmp: Path, extra: list[str]) -> tuple[Path, float]:
@@ -426,25 +455,38 @@ def warm_up(seed: int, tmp: Path, extra: list[str]) -> tuple[Path, float]:
 
 
 def run_once(variant: str, seed: int, model: Path, tmp: Path, extra: list[str]) -> dict:
+    """One variant run. A run that fails is recorded with ``failed`` (its error line) and
+    the keys of the steps it logged; the summary leaves it out and counts it."""
     run_dir = tmp / f"{variant}-{seed}"
     load_before = os.getloadavg()[0]
-    wall = _train(
-        run_dir,
-        seed,
-        model,
-        [
-            "policy.init_model_if_missing=false",
-            "sft_warmup.num_steps=0",
-            "checkpointing.enabled=false",
-            *TASK,
-            *VARIANTS[variant],
-            *extra,
-        ],
-        f"run {variant} (seed {seed})",
+    failed: dict[str, Any] = {}
+    try:
+        wall = _train(
+            run_dir,
+            seed,
+            model,
+            [
+                "policy.init_model_if_missing=false",
+                "sft_warmup.num_steps=0",
+                "checkpointing.enabled=false",
+                *TASK,
+                *VARIANTS[variant],
+                *extra,
+            ],
+            f"run {variant} (seed {seed})",
+        )
+    except RunFailed as e:
+        print(e, file=sys.stderr, flush=True)
+        wall, failed = e.wall_s, {"failed": e.error}
+    config_file, metrics_file = run_dir / "config.yaml", run_dir / "metrics.jsonl"
+    config = yaml.safe_load(config_file.read_text()) if config_file.exists() else {}
+    recipe = yaml.safe_load(RECIPE.read_text())  # where a failed run wrote no config
+    dapo = config.get("dapo", recipe["dapo"])
+    rows = (
+        [json.loads(line) for line in metrics_file.read_text().splitlines()]
+        if metrics_file.exists()
+        else []
     )
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    dapo = config["dapo"]
     return {
         "variant": variant,
         "seed": seed,
@@ -452,6 +494,7 @@ def run_once(variant: str, seed: int, model: Path, tmp: Path, extra: list[str]) 
         "wall_s": wall,
         "load_before": load_before,
         "load_after": os.getloadavg()[0],
+        **failed,
     }
 
 
@@ -531,7 +574,10 @@ def main(argv: list[str] | None = None) -> int:
             todo = [n for n in names if (n, seed) not in done]
             if not todo:
                 continue
-            model, warmup_s = warm_up(seed, Path(tmp), args.overrides)
+            try:
+                model, warmup_s = warm_up(seed, Path(tmp), args.overrides)
+            except RunFailed as e:
+                raise SystemExit(str(e)) from None
             warmups[str(seed)] = warmup_s
             for name in todo:
                 r = run_once(name, seed, model, Path(tmp), args.overrides)

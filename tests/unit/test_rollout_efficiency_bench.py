@@ -166,3 +166,20 @@ def test_ratio_lines_and_goals() -> None:
     table = bench.report({"summary": summary})
     assert table.splitlines()[2].startswith("| dapo | 2 | 2.00 ± 0.00 |")
     assert table.endswith(lines[-1])
+
+
+def test_failed_runs_are_left_out_and_named() -> None:
+    runs = [
+        _run("dapo", 1, 2.0, 2.0, 1.0, 0.20),
+        _run("skip", 1, 1.5, 3.0, 1.0, 0.20),
+        {**_run("skip", 2, 9.0, 9.0, 9.0, 0.0), "failed": "error: exhausted"},
+    ]
+    summary = bench.summarise(runs, list(bench.VARIANTS))
+    assert summary["skip"]["seeds"] == [1] and summary["skip"]["failed"] == {2: "error: exhausted"}
+    assert summary["skip"]["generated_per_trained"]["mean"] == pytest.approx(1.5)
+    lines = bench.ratio_lines(summary)
+    assert lines[0] == "skip: seed 2 FAILED (left out above): error: exhausted"
+    assert "| skip | 1 (+1 failed) | 1.50 ± 0.00 |" in bench.report({"summary": summary})
+    assert bench._error_line("x\nerror: Dynamic sampling exhausted\nTraceback") == (
+        "error: Dynamic sampling exhausted"
+    )
