@@ -71,3 +71,13 @@ def auto_batch_multiplier(
     if keep_rate == 0.0:
         return float(max_multiplier)
     return float(min(max(headroom / keep_rate, 1.0), max_multiplier))
+
+
+def prompts_for_kept(groups: float, keep: float, headroom_sd: float = 2.0) -> float:
+    """Prompts to draw for ``groups`` kept groups at keep rate ``keep`` (in (0, 1]): the
+    expected number plus ``headroom_sd`` standard deviations of the binomial keep count, so
+    that the groups are rarely short (at 2 SD, ~2% of the time)."""
+    if not 0.0 < keep <= 1.0:
+        raise ValueError(f"keep must be in (0, 1], got {keep}")
+    expected = groups / keep
+    return expected + headroom_sd * math.sqrt(expected * keep * (1.0 - keep)) / keep

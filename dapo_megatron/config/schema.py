@@ -411,10 +411,16 @@ class RolloutConfig:
     step's groups as they come, while larger requests batch better. null = no cap."""
     abort_tail: bool
     """Synchronous loop: a generation round stops once it has the finished groups it
-    expects to need (at the running keep rate); the prompts whose samples are still running
-    are aborted on the engines instead of waiting for the slowest samples. Aborted groups
+    needs (at the running keep rate, with headroom; abort_tail_oversample); the prompts
+    whose samples are still running are aborted on the engines instead of waiting for the
+    slowest samples. Aborted groups
     are not trained (their prompts count as drawn), so prompts with long answers are
     trained a little less often: see README, rollout efficiency."""
+    abort_tail_oversample: float
+    """With abort_tail: a round draws this many times the finished groups it waits for
+    (those that give the groups it needs at the running keep rate, with 2 standard
+    deviations of headroom); the slowest prompts beyond them are the tail that is cut.
+    >= 1; 1 cuts nothing."""
     partial_rollouts: bool
     """With abort_tail: keep the aborted samples and continue them in the next round (the
     prompt followed by their tokens so far), as slime does, instead of dropping them. A

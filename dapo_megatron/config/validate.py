@@ -106,6 +106,7 @@ def _check_rollout(c: _Checker) -> list[str]:
     c.at_least("rollout.max_staleness", 0)
     if r.prompts_per_request is not None:
         c.at_least("rollout.prompts_per_request", 1)
+    c.at_least("rollout.abort_tail_oversample", 1)
     warnings: list[str] = []
     if r.partial_rollouts:
         c.require(

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 import torch
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
+from dapo_megatron.algorithms.group_filter import prompts_for_kept
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.context import RunContext, round_seed
 from dapo_megatron.controller.policy_group import PolicyGroup
@@ -70,8 +71,7 @@ def _prompts_for(groups: float, keep: float) -> float:
     rarely short. Unlike a synchronous round's headroom (``batch_multiplier: auto``) this
     stays small: a surplus more than K versions old is lost, while a short step only waits
     for one more (small) request."""
-    expected = groups / keep
-    return expected + _HEADROOM_SD * math.sqrt(expected * keep * (1.0 - keep)) / keep
+    return prompts_for_kept(groups, keep, _HEADROOM_SD)
 
 
 class StreamEngines(TransferEngines, Protocol):

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSampler, DynamicSamplingStats
+from dapo_megatron.algorithms.group_filter import prompts_for_kept
 from dapo_megatron.algorithms.rollout_correction import mismatch_metrics
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.context import RunContext, decode_text, round_seed
@@ -84,15 +85,21 @@ def generate_groups(
     return groups, {**metrics, **timing}
 
 
-def tail_cut(needed: int, keep_rate: float | None, count: int) -> int:
-    """``rollout.abort_tail``: the finished groups after which a round of ``count`` prompts
-    stops, for ``needed`` kept groups at the running keep rate: the expected number,
-    ``needed / keep``. The round's own headroom (``batch_multiplier``, 1.2 / keep under
-    auto) is what is cut: the slowest prompts. A round that comes up short is followed by
-    another, as without the cut. Before any keep rate is known the round is not cut."""
+def tail_cut(
+    needed: int, keep_rate: float | None, count: int, oversample: float
+) -> tuple[int, int]:
+    """``rollout.abort_tail``: (prompts to draw, finished groups to wait for) of a round
+    that needs ``needed`` kept groups and would draw ``count`` prompts uncut.
+
+    The round waits for the groups that give ``needed`` kept ones at the running keep rate
+    with 2 standard deviations of headroom (``prompts_for_kept``: a cut round rarely comes
+    up short, which would cost a whole extra round), and draws ``oversample`` times as
+    many prompts: the slowest of them are the tail that is cut. Before a keep rate is
+    known the round is not cut."""
     if keep_rate is None or keep_rate <= 0.0:
-        return count
-    return max(1, min(count, math.ceil(needed / keep_rate - 1e-9)))
+        return count, count
+    wait = max(1, math.ceil(prompts_for_kept(needed, keep_rate) - 1e-9))
+    return max(wait, math.ceil(round(wait * oversample, 9))), wait
 
 
 def collect_rollouts(
@@ -127,10 +134,12 @@ def collect_rollouts(
         count = dynamic.prompts_for_next_round()
         if config.rollout.abort_tail and dynamic.enabled:
             needed = dynamic.num_prompts_per_step - dynamic.num_kept_groups
-            cut = tail_cut(needed, dynamic.keep_rate_ema, count)
-            if cut < count:
+            count, wait = tail_cut(
+                needed, dynamic.keep_rate_ema, count, config.rollout.abort_tail_oversample
+            )
+            if wait < count:
                 # A fraction: each engine (DP replica) cuts its own share of the prompts.
-                sampling = dataclasses.replace(sampling, finish_after_fraction=cut / count)
+                sampling = dataclasses.replace(sampling, finish_after_fraction=wait / count)
         indices = ctx.draw_prompts(count)
         groups, finished, aborted, metrics = _generate_finished(
             ctx, engines, indices, sampling, step

@@ -83,7 +83,6 @@ def _ctx(*overrides):
             "data.shuffle=false",
             "rollout.abort_tail=true",
             "rollout.partial_rollouts=true",
-            "dapo.dynamic_sampling.batch_multiplier=2.5",
             "dapo.dynamic_sampling.surplus=discard",
             *overrides,
         ],
@@ -98,26 +97,27 @@ def test_aborted_samples_are_continued_after_the_refit_with_per_token_versions()
     ctx.dynamic._keep_rate_ema = 1.0  # as after a first step where every group varied
     engines.version = 1
     groups, stats, metrics = steps.collect_rollouts(ctx, engines, step=1)
-    # ceil(2.5 * 4) = 10 prompts, cut after 4 / 1.0 = 4 finished: 6 kept for later.
-    assert engines.calls[0]["prompts"] == [[i] for i in range(10)]
-    assert metrics["rollout/num_aborted_groups"] == 6
+    # Every group is kept: wait for 4 finished of ceil(1.5 x 4) = 6 prompts; 2 kept for later.
+    assert engines.calls[0]["prompts"] == [[i] for i in range(6)]
+    assert metrics["rollout/num_aborted_groups"] == 2
     assert [g.prompt_ids[0] for g in groups] == [0, 1, 2, 3]
-    assert [p.prompt_index for p in ctx.partials.pending] == [4, 5, 6, 7, 8, 9]
+    assert [p.prompt_index for p in ctx.partials.pending] == [4, 5]
     state = ctx.partials.state_dict()  # what the checkpoint keeps
 
     engines.version = 2  # the refit after step 1
     groups, stats, metrics = steps.collect_rollouts(ctx, engines, step=2)
     continuation = engines.calls[1]
-    assert continuation["n"] == 1 and len(continuation["prompts"]) == 6 * N
+    assert continuation["n"] == 1 and len(continuation["prompts"]) == 2 * N
     # Each request is the prompt and the sample's first token; its cap is what is left.
     assert continuation["prompts"][0] == [4, 1400]
     assert continuation["caps"][0] == plan.config.generation.max_response_length - 1
-    assert metrics["rollout/num_partial_groups_continued"] == 6
-    assert metrics["rollout/num_partial_tokens_reused"] == 6 * N
-    assert len(engines.calls) == 2  # the continued groups filled the step: no new draw
+    assert metrics["rollout/num_partial_groups_continued"] == 2
+    assert metrics["rollout/num_partial_tokens_reused"] == 2 * N
+    # The 2 groups still needed: a new round of ceil(1.5 x 2) = 3 prompts, cut after 2.
+    assert engines.calls[2]["prompts"] == [[6], [7], [8]]
     assert [g.prompt_ids[0] for g in groups] == [4, 5, 6, 7]
-    for group in groups:
-        assert group.version == 1  # its oldest token's
+    assert [g.version for g in groups] == [1, 1, 2, 2]  # a continued group: its oldest token
+    for group in groups[:2]:
         for j, sample in enumerate(group.samples):
             full = _response(group.prompt_ids[0], j)
             assert sample.response_token_ids == full and sample.finish_reason == "stop"
@@ -128,13 +128,12 @@ def test_aborted_samples_are_continued_after_the_refit_with_per_token_versions()
     batch = build_policy_batch(groups, plan.config, pad_id=0)
     row = batch.rollout_logprobs[0][batch.loss_mask[0] > 0]
     assert row.tolist() == pytest.approx(groups[0].samples[0].logprobs)
-    # Two of the six continued groups were surplus (discard); none is pending now.
-    assert ctx.partials.pending == []
+    assert [p.prompt_index for p in ctx.partials.pending] == [8]  # cut in step 2's round
 
     # The checkpoint's pending groups come back as they were.
     restored = PartialRollouts()
     restored.load_state_dict(state)
-    assert [p.prompt_index for p in restored.pending] == [4, 5, 6, 7, 8, 9]
+    assert [p.prompt_index for p in restored.pending] == [4, 5]
     assert restored.pending[0].samples[0].token_versions == [1]
 
 
@@ -143,11 +142,9 @@ def test_groups_too_old_for_the_staleness_bound_are_dropped():
     engines = VersionedEngines()
     ctx.dynamic._keep_rate_ema = 1.0
     steps.collect_rollouts(ctx, engines, step=1)
-    assert len(ctx.partials.pending) == 6
-    ctx.dynamic.start_step(version=2)  # a step served without a round (as from carry)
-    ctx.dynamic._in_step = False
+    assert len(ctx.partials.pending) == 2
     _, _, metrics = steps.collect_rollouts(ctx, engines, step=3)
-    assert metrics["rollout/num_partial_groups_dropped"] == 6  # version 1 at step 3 > 1 behind
+    assert metrics["rollout/num_partial_groups_dropped"] == 2  # version 1 at step 3: 2 behind
     assert all(len(c["prompts"][0]) == 1 for c in engines.calls[1:])  # no continuation
 
 

@@ -254,31 +254,31 @@ def _ctx(pattern, *overrides):
     return fake_context(plan, 12, FakeVerifier(pattern)), CuttingEngines()
 
 
-def test_tail_cut_is_the_expected_number_of_finished_groups():
-    assert steps.tail_cut(needed=4, keep_rate=None, count=10) == 10  # no rate yet: no cut
-    assert steps.tail_cut(needed=4, keep_rate=0.5, count=10) == 8
-    assert steps.tail_cut(needed=3, keep_rate=0.4, count=10) == 8  # ceil(7.5)
-    assert steps.tail_cut(needed=4, keep_rate=0.25, count=10) == 10  # never above count
+def test_tail_cut_waits_for_the_kept_groups_with_headroom_and_oversamples():
+    assert steps.tail_cut(4, None, 10, 1.5) == (10, 10)  # no keep rate yet: no cut
+    # keep 0.5: 8 expected + 2 SD of the binomial keep count (2 x sqrt(8 x 0.25) / 0.5 =
+    # 5.66): wait for 14 finished groups of ceil(1.5 x 14) = 21 drawn; by hand.
+    assert steps.tail_cut(4, 0.5, 10, 1.5) == (21, 14)
+    assert steps.tail_cut(4, 1.0, 10, 1.5) == (6, 4)  # every group kept: no headroom needed
+    assert steps.tail_cut(4, 1.0, 10, 1.0) == (4, 4)  # oversample 1: nothing to cut
 
 
 def test_aborted_groups_are_neither_scored_nor_trained_and_are_counted():
-    # Prompts 0, 2, 4, ... give mixed groups; odd prompts all correct.
     ctx, engines = _ctx(
-        lambda prompt, j: float(prompt % 2 == 1 or j % 2 == 0),
+        lambda prompt, j: float(j % 2 == 0),  # every group varies
         "rollout.abort_tail=true",
-        "dapo.dynamic_sampling.batch_multiplier=2.5",
         "dapo.dynamic_sampling.surplus=discard",
     )
-    ctx.dynamic._keep_rate_ema = 0.5  # as after a first step at keep rate 0.5
+    ctx.dynamic._keep_rate_ema = 1.0  # as after a first step where every group was kept
     groups, stats, metrics = steps.collect_rollouts(ctx, engines, step=1)
-    # One round of ceil(2.5 * 4) = 10 prompts, cut after 4 / 0.5 = 8 finished groups.
-    assert engines.calls == [(list(range(10)), 8)]
+    # One round of ceil(1.5 x 4) = 6 prompts, cut once 4 finished.
+    assert engines.calls == [(list(range(6)), 4)]
     assert metrics["rollout/num_aborted_groups"] == 2
-    assert stats.num_prompts_generated == 8  # the aborted two are not fed to the filter
-    assert [g.prompt_ids[0] for g in groups] == [0, 2, 4, 6]
+    assert stats.num_prompts_generated == 4  # the aborted two are not fed to the filter
+    assert [g.prompt_ids[0] for g in groups] == [0, 1, 2, 3]
     assert all(s.finish_reason == "stop" for g in groups for s in g.samples)
     # Every sample's tokens count as generated, the aborted ones' partial tokens too.
-    assert metrics["num_generated_tokens"] == 8 * N * 2 + 2 * N * 1
+    assert metrics["num_generated_tokens"] == 4 * N * 2 + 2 * N * 1
 
 
 def test_skipped_prompts_are_not_generated_and_audits_are_scored():
