@@ -62,7 +62,13 @@ def test_ctrl_c_stops_the_workers_and_exits_130_with_one_line(tmp_path):
     ]
     assert workers, "no policy worker found under the driver"
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole group
-    output, _ = proc.communicate(timeout=120)
+    try:
+        output, _ = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        # Never leave a run behind for the later tests (their workers would be found).
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        raise AssertionError(f"no exit 120 s after Ctrl-C:\n{output[-3000:]}") from None
     assert proc.returncode == 130, output[-3000:]
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     line = next(x for x in output.splitlines() if x.startswith("interrupted:"))
@@ -85,7 +91,7 @@ def test_exhausted_restarts_name_the_last_checkpoint_and_the_command(tmp_path):
     run_dir = tmp_path / "run"
     marker = run_dir / "checkpoints" / "step_000002" / "complete.json"
     proc = start_and_wait_for(_command(run_dir, "run.max_restarts=0"), marker, capture=True)
-    pids = actor_pids("PolicyWorker")
+    pids = actor_pids("PolicyWorker", proc.pid)
     assert marker.exists() and pids, "no checkpoint or no worker to kill"
     os.kill(pids[-1], signal.SIGKILL)
     output, _ = proc.communicate(timeout=300)

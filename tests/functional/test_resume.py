@@ -112,7 +112,7 @@ def test_worker_death_restarts_from_the_last_checkpoint(tmp_path):
     cmd = [*_command(run_dir), "dapo.max_num_steps=6"]
     marker = run_dir / "checkpoints" / "step_000002" / "complete.json"
     proc = start_and_wait_for(cmd, marker, capture=True)
-    pids = actor_pids("PolicyWorker")
+    pids = actor_pids("PolicyWorker", proc.pid)
     assert marker.exists() and pids, "no checkpoint or no worker to kill"
     os.kill(pids[-1], signal.SIGKILL)
     output, _ = proc.communicate(timeout=600)

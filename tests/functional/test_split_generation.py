@@ -52,7 +52,7 @@ def test_split_engines_refit_and_survive_an_engine_death(tmp_path):
     )
     marker = run_dir / "checkpoints" / "step_000002" / "complete.json"
     proc = start_and_wait_for(cmd, marker, capture=True)
-    pids = actor_pids("GenerationWorker")
+    pids = actor_pids("GenerationWorker", proc.pid)
     assert marker.exists() and len(pids) == 1, "no checkpoint, or not exactly one engine"
     # The engine mapped the policy's buffer at the first refit; from then on the file has
     # no name, so the SIGKILL below (or of any process) cannot leave it behind.

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
 
@@ -53,10 +55,18 @@ def start_and_wait_for(cmd: list[str], path: Path, *, capture: bool) -> subproce
     return proc
 
 
-def actor_pids(actor_class: str) -> list[int]:
-    """Pids of the live Ray actor processes of a class (their title is ray::<class>...)."""
-    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [int(line.split()[0]) for line in out.splitlines() if f"ray::{actor_class}" in line]
+def actor_pids(actor_class: str, driver: int) -> list[int]:
+    """Pids of the live Ray actor processes of a class (their title is ray::<class>...)
+    started by the run whose driver is ``driver``: a run another test left behind must
+    never be the one a test kills."""
+    pids = []
+    for p in psutil.Process(driver).children(recursive=True):
+        try:
+            if f"ray::{actor_class}" in " ".join(p.cmdline()):
+                pids.append(p.pid)
+        except psutil.Error:  # exited meanwhile
+            continue
+    return pids
 
 
 def metrics_by_step(run_dir: Path) -> dict[int, dict]:
