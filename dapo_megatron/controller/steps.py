@@ -71,18 +71,11 @@ def generate_groups(
     version: int = 0,
 ) -> tuple[list[RolloutGroup], dict[str, float]]:
     """Generate n samples for each prompt (of ``prompts``, default the training set), score
-    and shape them."""
-    prompts = prompts or ctx.train
-    ids = [prompts.input_ids[i] for i in prompt_indices]
-    start = time.perf_counter()
-    samples = engines.generate(ids, sampling)
-    generated = time.perf_counter()
-    groups, metrics = score_groups(ctx, prompts, prompt_indices, samples, version)
-    timing = {
-        "timing/generate_s": generated - start,
-        "num_generated_tokens": float(sum(s.response_length for g in samples for s in g)),
-    }
-    return groups, {**metrics, **timing}
+    and shape them (an uncut call: every prompt finishes)."""
+    groups, _, _, metrics = _generate_finished(
+        ctx, engines, prompt_indices, sampling, version, prompts or ctx.train
+    )
+    return groups, metrics
 
 
 def tail_cut(
@@ -142,7 +135,7 @@ def collect_rollouts(
                 sampling = dataclasses.replace(sampling, finish_after_fraction=wait / count)
         indices = ctx.draw_prompts(count)
         groups, finished, aborted, metrics = _generate_finished(
-            ctx, engines, indices, sampling, step
+            ctx, engines, indices, sampling, step, ctx.train
         )
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + value
@@ -202,17 +195,18 @@ def _generate_finished(
     prompt_indices: Sequence[int],
     sampling: SamplingParams,
     version: int,
+    prompts: EncodedPrompts,
 ) -> tuple[list[RolloutGroup], list[int], list[tuple[int, list[Sample]]], dict[str, float]]:
     """Generate, then score the prompts whose samples all finished. A cut round aborts the
     others: returned apart, with their samples (their tokens count as generated)."""
     start = time.perf_counter()
-    samples = engines.generate([ctx.train.input_ids[i] for i in prompt_indices], sampling)
+    samples = engines.generate([prompts.input_ids[i] for i in prompt_indices], sampling)
     generated = time.perf_counter()
     done = [j for j, group in enumerate(samples) if all(s.finish_reason != "abort" for s in group)]
     finished = [prompt_indices[j] for j in done]
     kept = set(done)
     aborted = [(prompt_indices[j], samples[j]) for j in range(len(samples)) if j not in kept]
-    groups, metrics = score_groups(ctx, ctx.train, finished, [samples[j] for j in done], version)
+    groups, metrics = score_groups(ctx, prompts, finished, [samples[j] for j in done], version)
     metrics["timing/generate_s"] = generated - start
     metrics["num_generated_tokens"] = float(sum(s.response_length for g in samples for s in g))
     if len(done) < len(samples):
