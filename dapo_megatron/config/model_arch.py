@@ -267,6 +267,8 @@ PRESETS: dict[str, ModelArch] = {
         moe=MoeArch(4, 2, 32, norm_topk_prob=True, router_aux_loss_coef=0.001),
     ),
     "qwen3-0.6b": _qwen3(28, 1024, 3072, 16, 8, tied=True),
+    "qwen3-1.7b": _qwen3(28, 2048, 6144, 16, 8, tied=True),
+    "qwen3-4b": _qwen3(36, 2560, 9728, 32, 8, tied=True),
     "qwen3-8b": _qwen3(36, 4096, 12288, 32, 8),
     "qwen3-14b": _qwen3(40, 5120, 17408, 40, 8),
     "qwen3-32b": _qwen3(64, 5120, 25600, 64, 8),
