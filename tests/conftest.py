@@ -1,7 +1,13 @@
 """Shared pytest set-up: GPU-only tests are skipped (and counted) without CUDA; shared-memory
-files left in /dev/shm by processes the tests killed are removed at the end (shm_hygiene)."""
+files left in /dev/shm by processes the tests killed are removed at the end (shm_hygiene);
+every test runs in a working directory of its own and fails if it changes the checkout's
+runs/ (the main job's, which CI runs before the tests)."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import shm_hygiene
@@ -28,3 +34,55 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     removed = shm_hygiene.remove_leftovers(_shm_before)
     if removed:
         print(f"\n[shm] removed {len(removed)} shared-memory file(s) left by killed processes")
+
+
+# --- The checkout's run directories are the user's, never a test's -----------------------
+# Recipes name relative run directories (runs/dapo-tiny-cpu/...), resolved against the
+# working directory. A test run from the checkout would otherwise read what the main job
+# left there (its model's config.json wins over the preset a test sets) or write beside it.
+# Every test therefore runs in a working directory of its own, and a test that changes the
+# checkout's runs/ anyway (a subprocess started with cwd=REPO and a relative path) fails.
+REPO = Path(__file__).resolve().parents[1]
+CHECKOUT_RUNS = REPO / "runs"
+
+
+def runs_snapshot(root: Path = CHECKOUT_RUNS) -> dict[str, tuple[int, int]]:
+    """(size, mtime in ns) of every file and directory under ``root``, by relative path."""
+    if not root.exists():
+        return {}
+    seen: dict[str, tuple[int, int]] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            path = Path(dirpath) / name
+            try:
+                st = path.lstat()
+            except FileNotFoundError:  # removed while walking: counted by the comparison
+                continue
+            seen[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
+    return seen
+
+
+def runs_changes(
+    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
+) -> list[str]:
+    """The paths created, removed or changed between two snapshots (sorted)."""
+    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+
+
+@pytest.fixture(autouse=True)
+def _outside_the_checkout_runs(
+    tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[None]:
+    monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
+    before = runs_snapshot()
+    yield
+    changed = runs_changes(before, runs_snapshot())
+    if changed:
+        shown = ", ".join(changed[:5]) + (
+            f" and {len(changed) - 5} more" if len(changed) > 5 else ""
+        )
+        pytest.fail(
+            f"this test changed the checkout's run directory {CHECKOUT_RUNS}: {shown}; tests "
+            "must write under tmp_path (pass run.output_dir and policy.model_name_or_path)",
+            pytrace=False,
+        )
