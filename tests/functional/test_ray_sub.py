@@ -69,7 +69,8 @@ def job(tmp_path: Path):
     ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
     sids_file = tmp_path / "sids"
 
-    def environment(command: str | None, **extra: str) -> dict[str, str]:
+    def environment(command: str | None, **extra: str | None) -> dict[str, str]:
+        """The job's environment; an extra set to None is removed from it."""
         env = dict(
             os.environ,
             PATH=f"{FAKE_SLURM}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -95,10 +96,16 @@ def job(tmp_path: Path):
         env.pop("COMMAND", None)
         if command is not None:
             env["COMMAND"] = command
-        env.update(extra)
+        for key, value in extra.items():
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
         return env
 
-    def run(command: str | None, timeout: float = 90, **extra: str) -> subprocess.CompletedProcess:
+    def run(
+        command: str | None, timeout: float = 90, **extra: str | None
+    ) -> subprocess.CompletedProcess:
         return subprocess.run(
             ["bash", str(REPO / "slurm" / "ray.sub")],
             cwd=tmp_path,
@@ -197,6 +204,48 @@ def test_without_command_the_cluster_stays_up_until_the_job_is_cancelled(job, tm
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def _gpu_env(job, gpus_per_node: int, **extra: str | None) -> dict[str, str | None]:
+    """GPUS_PER_NODE declared to Ray, with the fake nvidia-smi (FAKE_GPUS*) first on PATH."""
+    path = f"{FAKE_SLURM / 'gpu'}{os.pathsep}{job.environment(None)['PATH']}"
+    return {"GPUS_PER_NODE": str(gpus_per_node), "PATH": path, **extra}
+
+
+def test_step_that_sees_fewer_gpus_than_declared_refuses_to_start(job):
+    """sbatch without --gpus-per-node: the steps get no CUDA_VISIBLE_DEVICES, and a node whose
+    cgroup hides its GPUs (nvidia-smi finds none) must fail the job at once, in one line
+    naming the node, what was declared and what the step sees, instead of Ray advertising
+    GPUs that CUDA cannot open."""
+    start = time.monotonic()
+    result = job(
+        CHECK_TWO_NODES,
+        **_gpu_env(job, 2, CUDA_VISIBLE_DEVICES=None, FAKE_GPUS_node0="2", FAKE_GPUS_node1="0"),
+    )
+    assert result.returncode != 0, _explain(result)
+    errors = [line for line in result.stderr.splitlines() if "ERROR:" in line]
+    assert len(errors) == 1, _explain(result)
+    assert "GPU check: node node1: GPUS_PER_NODE=2 requested" in errors[0], _explain(result)
+    assert "the job step sees 0 GPU(s)" in errors[0], _explain(result)
+    assert "sbatch --gpus-per-node=2" in errors[0], _explain(result)
+    assert "node0" not in errors[0], _explain(result)
+    assert "ALIVE_NODES" not in result.stdout, _explain(result)
+    assert time.monotonic() - start < 45, "not fail-fast (JOIN_TIMEOUT_S is 60)"
+
+
+def test_gpu_count_follows_cuda_visible_devices_when_set(job):
+    """Ray counts CUDA_VISIBLE_DEVICES when it is set (whatever nvidia-smi lists), and so
+    does the check: one visible id against two declared is refused."""
+    result = job(CHECK_TWO_NODES, **_gpu_env(job, 2, CUDA_VISIBLE_DEVICES="0", FAKE_GPUS="8"))
+    assert result.returncode != 0, _explain(result)
+    assert "the job step sees 1 GPU(s) (CUDA_VISIBLE_DEVICES='0'" in result.stderr, _explain(result)
+
+
+def test_steps_that_see_the_declared_gpus_form_the_cluster(job):
+    result = job(CHECK_TWO_NODES, **_gpu_env(job, 2, CUDA_VISIBLE_DEVICES=None, FAKE_GPUS="2"))
+    assert result.returncode == 0, _explain(result)
+    assert "ALIVE_NODES 2" in result.stdout, _explain(result)
+    assert "have_GPU=4 want_GPU=4" in result.stderr, _explain(result)
 
 
 # Prints, as JSON, the socket interfaces the driver (COMMAND, on the head) and a Ray worker
