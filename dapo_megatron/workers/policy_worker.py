@@ -20,6 +20,7 @@ import torch
 
 from dapo_megatron.config.run_plan import RefitTransport, RunPlan
 from dapo_megatron.device.memory_release import release_cached_memory
+from dapo_megatron.device.phase_memory import PhasePeaks
 from dapo_megatron.refit.buckets import RefitPlan, plan_buckets
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.refit.object_store import put_export
@@ -55,6 +56,8 @@ class PolicyWorker:
         self.engine = None
         # This rank's end of the collective refit (dapo_megatron/refit/).
         self.refit_sender = PolicySender(rank, plan.device)
+        # Per-phase CUDA peaks, reported with each train step (bench/gpu_run.py reads them).
+        self.peaks = PhasePeaks(enabled=plan.device == "cuda")
 
     def address(self) -> tuple[str, int]:
         """(ip, free port) of this worker's node, for the rendezvous of rank 0."""
@@ -104,7 +107,8 @@ class PolicyWorker:
         self, prompts_token_ids: Sequence[Sequence[int]], sampling: SamplingParams
     ) -> list[list[Sample]]:
         """Rollouts of this DP replica's prompts (TP ranks return identical samples)."""
-        return self._engine().generate([list(p) for p in prompts_token_ids], sampling)
+        with self.peaks.track("generation"):
+            return self._engine().generate([list(p) for p in prompts_token_ids], sampling)
 
     def generate_with(
         self, shard: tuple[Sequence[Sequence[int]], SamplingParams]
@@ -116,7 +120,8 @@ class PolicyWorker:
     def logprobs(
         self, batch: PolicyBatch, compute_entropy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        return self._require_policy().logprobs(batch, compute_entropy=compute_entropy)
+        with self.peaks.track("logprob"):
+            return self._require_policy().logprobs(batch, compute_entropy=compute_entropy)
 
     def ref_logprobs(self, batch: PolicyBatch) -> torch.Tensor:
         """Logprobs [B, S] under the frozen KL reference (MegatronPolicy.ref_logprobs)."""
@@ -124,10 +129,11 @@ class PolicyWorker:
 
     def train_step(self, batch: PolicyBatch) -> dict[str, float]:
         started = time.perf_counter()
-        metrics = self._require_policy().train_step(batch)
+        with self.peaks.track("train"):
+            metrics = self._require_policy().train_step(batch)
         # The rank's own time: the controller's wait also holds queueing and transfers.
         metrics["timing/train_s"] = time.perf_counter() - started
-        return metrics
+        return {**metrics, **self.peaks.metrics()}
 
     def sft_step(self, batch: PolicyBatch, lr: float | None = None) -> dict[str, float]:
         return self._require_policy().sft_step(batch, lr=lr)
