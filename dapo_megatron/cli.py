@@ -19,6 +19,8 @@ import yaml
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import LoadedConfig, load_config
 from dapo_megatron.config.run_plan import RunPlan, runtime_problems
+from dapo_megatron.planning.capacity import DEFAULT_CARD, card_names, parse_gpu_mem
+from dapo_megatron.planning.capacity import DEFAULT_GPU_MEM_GIB as DEFAULT_CAPACITY_GIB
 from dapo_megatron.planning.summary import format_plan
 
 # The main job when no --config is given: the tiny CPU recipe shipped with the package.
@@ -275,23 +277,31 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     return _run_guarded(main)
 
 
-DEFAULT_GPU_MEM_GIB = 80.0
-"""Device memory dapo-plan checks against unless --gpu-mem says otherwise (H100/A100 80GB)."""
+DEFAULT_GPU_MEM_GIB = DEFAULT_CAPACITY_GIB
+"""Device memory dapo-plan checks against unless --gpu-mem says otherwise: what an 80 GB
+H100 reports to the allocator (79.2 GiB, planning/capacity.py), not its marketed 80."""
 
 
 def plan_main(argv: Sequence[str] | None = None) -> int:
     """dapo-plan: validate a recipe, print its layout and per-GPU memory plan.
 
-    Exit status 1 when the memory plan does not fit a GPU (CPU recipes: never, the numbers
-    are informative), 2 on an invalid recipe.
+    Exit status 1 when the memory plan does not fit a GPU with its safety margin (CPU
+    recipes: never, the numbers are informative), 2 on an invalid recipe.
     """
     parser = _parser("dapo-plan", "Check that a recipe's layout and memory fit its cluster.")
     parser.add_argument(
         "--gpu-mem",
+        default=DEFAULT_CARD,
+        metavar="GIB|CARD",
+        help="memory of one GPU as torch.cuda.mem_get_info() reports it, in GiB, or a card "
+        f"name ({card_names()}; default: {DEFAULT_CARD}, {DEFAULT_GPU_MEM_GIB:g} GiB)",
+    )
+    parser.add_argument(
+        "--margin",
         type=float,
-        default=DEFAULT_GPU_MEM_GIB,
+        default=None,
         metavar="GIB",
-        help=f"memory of one GPU in GiB (default: {DEFAULT_GPU_MEM_GIB:g})",
+        help="memory every phase must leave free (default: max(5%% of the GPU, 2 GiB))",
     )
     args = parser.parse_args(argv)
 
@@ -299,20 +309,22 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
         from dapo_megatron.planning.memory import memory_inputs, plan_memory
         from dapo_megatron.planning.summary import format_memory
 
-        if args.gpu_mem <= 0:
-            raise ConfigError(f"--gpu-mem = {args.gpu_mem}: must be > 0 GiB")
+        gpu_mem, label = parse_gpu_mem(args.gpu_mem)
+        if args.margin is not None and not 0 <= args.margin < gpu_mem:
+            raise ConfigError(f"--margin = {args.margin}: must be >= 0 and below --gpu-mem")
         loaded = load_config(_recipe(args.config), args.overrides)
         print(format_plan(loaded))
         run = loaded.require_plan()
         if run.arch is None:
             print(f"memory: not planned, architecture unknown ({run.arch_source})")
             return 0
-        report = plan_memory(memory_inputs(run, args.gpu_mem))
+        report = plan_memory(memory_inputs(run, gpu_mem, args.margin))
         print(format_memory(report))
         if report.fits or not report.inputs.on_gpu:
             return 0
         print(
-            f"error: the recipe does not fit in {args.gpu_mem:g} GiB: {report.reason}",
+            f"error: the recipe does not fit in {label} (safety margin "
+            f"{report.inputs.margin:.1f} GiB): {report.reason}",
             file=sys.stderr,
         )
         return 1

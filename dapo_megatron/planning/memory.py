@@ -59,10 +59,32 @@ class Phase:
     """GiB available."""
     per_stage: tuple[float, ...]
     """The phase's peak on each pipeline stage (GiB); peak is their maximum."""
+    margin: float = 0.0
+    """Safety margin (GiB) the peak must leave free below ``limit`` (capacity.py)."""
+
+    @property
+    def headroom(self) -> float:
+        """GiB the peak leaves free on the GPU."""
+        return self.limit - self.peak
 
     @property
     def fits(self) -> bool:
-        return self.peak <= self.limit
+        """The peak leaves at least the safety margin free."""
+        return self.peak <= self.limit - self.margin
+
+    @property
+    def over(self) -> bool:
+        """The peak exceeds the GPU itself (not only the margin)."""
+        return self.peak > self.limit
+
+    @property
+    def verdict(self) -> str:
+        """ "fits with X GiB margin", "within the M GiB margin (X GiB left)" or "DOES NOT FIT"."""
+        if self.fits:
+            return f"fits with {self.headroom:.1f} GiB margin"
+        if not self.over:
+            return f"within the {self.margin:.1f} GiB margin ({self.headroom:.1f} GiB left)"
+        return f"DOES NOT FIT in {self.limit:g} GiB"
 
 
 @dataclass(frozen=True)
@@ -80,9 +102,18 @@ class MemoryReport:
     alternatives: dict[str, float]
     """Training-phase peak under each alternative knob setting (GiB)."""
     fits: bool
-    """Every phase fits and the KV cache holds a full-length sequence."""
+    """Every phase leaves the safety margin free and the KV cache holds a full-length
+    sequence."""
     reason: str
     """Why it does not fit, naming the term and the knobs; empty when it fits."""
+    within_margin: bool = False
+    """It does not fit only because a phase eats into the safety margin (every peak is
+    below the GPU's capacity itself)."""
+
+    @property
+    def tightest(self) -> Phase:
+        """The phase leaving the least memory free."""
+        return min(self.phases, key=lambda ph: ph.headroom)
 
 
 # ---------------------------------------------------------------------------------------
@@ -101,24 +132,60 @@ def _state_terms(s: StageMemory) -> list[tuple[str, float]]:
     ]
 
 
+def colocated_engine(inputs: MemoryInputs) -> bool:
+    """A vLLM engine shares the policy's GPUs (its process is there in every phase)."""
+    return inputs.colocated and inputs.engine is not None
+
+
 def sleeping_engine_gib(inputs: MemoryInputs) -> float:
-    """What a sleeping vLLM engine keeps on a policy GPU (colocated runs only)."""
-    return inputs.overheads.sleeping_engine_gib if inputs.colocated and inputs.engine else 0.0
+    """What a sleeping vLLM engine keeps on a policy GPU besides its CUDA context
+    (colocated runs only)."""
+    return inputs.overheads.sleeping_engine_gib if colocated_engine(inputs) else 0.0
+
+
+def cuda_context_gib(inputs: MemoryInputs) -> float:
+    """One process's CUDA context; none on a CPU run (no CUDA, gloo instead of NCCL)."""
+    return inputs.overheads.cuda_context_gib if inputs.on_gpu else 0.0
+
+
+def policy_nccl_gib(inputs: MemoryInputs) -> float:
+    """NCCL buffers of the policy process: none without peers (a one-GPU world) or on CPU."""
+    return inputs.overheads.nccl_gib if inputs.on_gpu and inputs.dims.world_size > 1 else 0.0
+
+
+def policy_process_gib(inputs: MemoryInputs) -> float:
+    """Outside the allocator in the policy process: its CUDA context and NCCL buffers."""
+    return cuda_context_gib(inputs) + policy_nccl_gib(inputs)
+
+
+def _policy_process(inputs: MemoryInputs) -> Terms:
+    return [
+        ("policy CUDA context", cuda_context_gib(inputs)),
+        ("policy NCCL", policy_nccl_gib(inputs)),
+    ]
+
+
+def _engine_context(inputs: MemoryInputs) -> Terms:
+    """The engine worker process's CUDA context on its GPU: one worker per GPU (an
+    engine's TP ranks sit on distinct GPUs). Created before vLLM's start-up snapshot, so
+    outside its gpu_memory_utilization budget."""
+    return [("engine CUDA context", cuda_context_gib(inputs))]
 
 
 def unreleased_generation(report: MemoryReport) -> tuple[float, float] | None:
     """Colocated vLLM: (GiB the policy process would keep reserved while the engine is
     awake, the generation peak then) if the policy did NOT return its cached blocks: its
-    peak of the train and logprob phases (less the "sleeping engine" term, which is the
+    peak of the train and logprob phases (less the sleeping engine's terms, which are the
     engine's) stays in PyTorch's cache. None without a colocated vLLM engine. The modelled
     generation phase counts the resident states only (memory_release.py)."""
     inp = report.inputs
-    if not (inp.colocated and inp.engine is not None):
+    if not colocated_engine(inp) or inp.engine is None:
         return None
     train, logprob = report.phases[0], report.phases[1]
     peaks = zip(train.per_stage, logprob.per_stage, strict=True)
-    kept = max(max(pair) - sleeping_engine_gib(inp) for pair in peaks)
-    return kept, kept + inp.engine.gpu_memory_utilization * inp.gpu_mem_gib
+    engine_process = cuda_context_gib(inp)
+    kept = max(max(pair) - sleeping_engine_gib(inp) - engine_process for pair in peaks)
+    return kept, kept + engine_process + inp.engine.gpu_memory_utilization * inp.gpu_mem_gib
 
 
 Terms = list[tuple[str, float]]
@@ -128,13 +195,22 @@ def _worst(
     name: str,
     stages: tuple[StageMemory, ...],
     terms_of: Callable[[StageMemory], Terms],
-    limit: float,
+    inputs: MemoryInputs,
 ) -> Phase:
     """The phase on its worst stage, remembering every stage's peak (zero terms dropped)."""
     per_stage = [tuple((k, v) for k, v in terms_of(s) if v > 0) for s in stages]
     totals = tuple(sum(v for _, v in terms) for terms in per_stage)
     k = max(range(len(stages)), key=lambda i: totals[i])
-    return Phase(name, stages[k].stage, per_stage[k], totals[k], limit, totals)
+    return Phase(
+        name, stages[k].stage, per_stage[k], totals[k], inputs.gpu_mem_gib, totals, inputs.margin
+    )
+
+
+def _engine_gpu_phase(name: str, inputs: MemoryInputs, terms: Terms) -> Phase:
+    """A phase of a split engine's own GPU (no policy rank on it)."""
+    total = sum(v for _, v in terms)
+    kept = tuple((k, v) for k, v in terms if v > 0)
+    return Phase(name, 0, kept, total, inputs.gpu_mem_gib, (total,), inputs.margin)
 
 
 def _refit_phases(inputs: MemoryInputs, stages: tuple[StageMemory, ...]) -> list[Phase]:
@@ -146,72 +222,93 @@ def _refit_phases(inputs: MemoryInputs, stages: tuple[StageMemory, ...]) -> list
     e = engine_memory(inputs)
     if inputs.engine is not None and e is not None:
         receive = refit_receive_bytes(refit, inputs.arch, PRECISION_BYTES[inputs.precision]) / GIB
+        engine = _engine_context(inputs)
         if refit.engine_asleep:
             # Level-2 sleep freed weights and KV cache; the refit maps the weights back
             # (vllm_backend._llm_for_refit), the KV cache returns with the next generate.
-            engine = [("sleeping engine", ov.sleeping_engine_gib), ("engine weights", e.weights)]
+            engine += [("sleeping engine", ov.sleeping_engine_gib), ("engine weights", e.weights)]
         else:
-            engine = [("engine budget", inputs.engine.gpu_memory_utilization * mem)]
+            engine += [("engine budget", inputs.engine.gpu_memory_utilization * mem)]
         engine.append(("refit receive", receive))
 
     def policy(s: StageMemory) -> Terms:
         return (
             _state_terms(s)
-            + [("policy process", ov.policy_process_gib)]
+            + _policy_process(inputs)
             + [("refit staging", s.refit_staging), ("refit export", s.refit_export)]
         )
 
     if inputs.colocated:
-        return [_worst("refit", stages, lambda s: policy(s) + engine, mem)]
-    phases = [_worst("refit", stages, policy, mem)]
+        return [_worst("refit", stages, lambda s: policy(s) + engine, inputs)]
+    phases = [_worst("refit", stages, policy, inputs)]
     if engine:  # a Megatron engine's GPU is not modelled
-        total = sum(v for _, v in engine)
-        terms = tuple((k, v) for k, v in engine if v > 0)
-        phases.append(Phase("engine refit", 0, terms, total, mem, (total,)))
+        phases.append(_engine_gpu_phase("engine refit", inputs, engine))
     return phases
 
 
+def _start_terms(s: StageMemory) -> Terms:
+    """What the policy holds when a colocated engine starts (controller/loop.py
+    start_workers: the policy is built, then its engines; a resume loads its checkpoint
+    only afterwards): weights, the DDP grad buffer, the optimizer's fp32 main params and a
+    KL reference, all allocated when the model and optimizer are built. Not yet the Adam
+    states (created at the first optimizer step, or loaded by a resume) nor the ipc refit
+    buffer (created by the first refit)."""
+    return [
+        ("weights", s.weights),
+        ("master weights", s.master),
+        ("grads", s.grads),
+        ("KL reference", s.reference),
+    ]
+
+
+def _generation_phases(inputs: MemoryInputs, stages: tuple[StageMemory, ...]) -> list[Phase]:
+    """ "engine start" (colocated: vLLM's start-up check) and "generation"."""
+    if inputs.engine is None:
+        return []
+    # vLLM asks for gpu_memory_utilization x the total the device reports, and refuses to
+    # start when less than that is free: everything else on the GPU at that moment, its
+    # own CUDA context included (created before the snapshot), must leave room for it.
+    util = inputs.engine.gpu_memory_utilization * inputs.gpu_mem_gib
+    budget: Terms = [("engine budget", util)]
+    engine = _engine_context(inputs) + budget
+    if not inputs.colocated:
+        # Alone on its GPU: the start-up check and the generation phase are the same sum.
+        return [_engine_gpu_phase("generation", inputs, engine)]
+    start = _worst(
+        "engine start", stages, lambda s: _start_terms(s) + _policy_process(inputs) + engine, inputs
+    )
+    # The engine sized its KV cache at start; it maps the same cache back on every wake-up.
+    # By then the policy holds its Adam states (created at the first optimizer step, after
+    # the engine's start-up check) and the ipc refit buffer: the generation phase counts
+    # every resident state.
+    generation = _worst(
+        "generation", stages, lambda s: _state_terms(s) + _policy_process(inputs) + engine, inputs
+    )
+    return [start, generation]
+
+
 def _phases(inputs: MemoryInputs, stages: tuple[StageMemory, ...]) -> tuple[Phase, ...]:
-    ov, mem = inputs.overheads, inputs.gpu_mem_gib
-    sleeping = sleeping_engine_gib(inputs)
-
-    def worst(name: str, terms_of: Callable[[StageMemory], Terms]) -> Phase:
-        return _worst(name, stages, terms_of, mem)
-
-    common = [("policy process", ov.policy_process_gib), ("sleeping engine", sleeping)]
-    train = worst(
+    ov = inputs.overheads
+    # Colocated, the sleeping engine's process stays on the GPU while the policy trains.
+    asleep: Terms = (
+        _engine_context(inputs) + [("sleeping engine", ov.sleeping_engine_gib)]
+        if colocated_engine(inputs)
+        else []
+    )
+    common = _policy_process(inputs) + asleep + [("train workspace", ov.train_workspace_gib)]
+    train = _worst(
         "train",
-        lambda s: (
-            _state_terms(s)
-            + [("activations", s.activations), ("logits", s.logits)]
-            + common
-            + [("train workspace", ov.train_workspace_gib)]
-        ),
+        stages,
+        lambda s: _state_terms(s) + [("activations", s.activations), ("logits", s.logits)] + common,
+        inputs,
     )
-    logprob = worst(
+    logprob = _worst(
         "logprob",
-        lambda s: (
-            _state_terms(s)
-            + [("logprob pass", s.logprob_pass)]
-            + common
-            + [("train workspace", ov.train_workspace_gib)]
-        ),
+        stages,
+        lambda s: _state_terms(s) + [("logprob pass", s.logprob_pass)] + common,
+        inputs,
     )
-    phases = [train, logprob]
-    if inputs.engine is not None:
-        util = inputs.engine.gpu_memory_utilization * mem
-        if inputs.colocated:
-            phases.append(
-                worst(
-                    "generation",
-                    lambda s: (
-                        _state_terms(s)
-                        + [("policy process", ov.policy_process_gib), ("engine budget", util)]
-                    ),
-                )
-            )
-        else:
-            phases.append(Phase("generation", 0, (("engine budget", util),), util, mem, (util,)))
+    phases = [train, logprob, *_generation_phases(inputs, stages)]
     return tuple(phases + _refit_phases(inputs, stages))
 
 
@@ -248,7 +345,13 @@ _EXPERT_TERMS = ("weights", "master weights", "grads", "optimizer", "activations
 
 def _reason(inputs: MemoryInputs, phase: Phase) -> str:
     """The failure message of a phase: its peak, the largest term and the knobs."""
-    fixed = {"policy process", "sleeping engine", "train workspace"}
+    fixed = {
+        "policy CUDA context",
+        "policy NCCL",
+        "engine CUDA context",
+        "sleeping engine",
+        "train workspace",
+    }
     term, size = max(((k, v) for k, v in phase.terms if k not in fixed), key=lambda kv: kv[1])
     knobs = _KNOBS.get(term, _LAYOUT)
     if term in ("optimizer", "master weights") and not inputs.distributed_optimizer:
@@ -259,10 +362,21 @@ def _reason(inputs: MemoryInputs, phase: Phase) -> str:
     # Every term, not only the largest: a small one (a KL reference, a refit buffer)
     # that tips a phase over must be visible in the message.
     terms = " + ".join(f"{k} {v:.1f}" for k, v in phase.terms)
+    if phase.over:
+        needs = f"needs {phase.peak:.1f} GiB > {phase.limit:g} GiB per GPU"
+    else:
+        needs = (
+            f"needs {phase.peak:.1f} GiB, within the {phase.margin:.1f} GiB safety margin of "
+            f"{phase.limit:g} GiB per GPU (only {phase.headroom:.1f} GiB left)"
+        )
+    if phase.name == "engine start":
+        needs += (
+            "; vLLM refuses to start unless gpu_memory_utilization x the GPU's total is free "
+            "next to the policy's weights, grads and fp32 main params"
+        )
     return (
-        f"{phase.name} phase needs {phase.peak:.1f} GiB > {phase.limit:.1f} GiB per GPU "
-        f"(pipeline stage {phase.stage}: {terms}); largest term: {term} {size:.1f} GiB; "
-        f"change {knobs}"
+        f"{phase.name} phase {needs} (pipeline stage {phase.stage}: {terms}); largest term: "
+        f"{term} {size:.1f} GiB; change {knobs}"
     )
 
 
@@ -300,7 +414,8 @@ def plan_memory(inputs: MemoryInputs) -> MemoryReport:
     reasons = [_reason(inputs, failing[0])] if failing else []
     if len(failing) > 1:
         reasons.append(
-            "also over: " + ", ".join(f"{ph.name} {ph.peak:.1f} GiB" for ph in failing[1:])
+            "also over the margin: "
+            + ", ".join(f"{ph.name} {ph.peak:.1f} GiB" for ph in failing[1:])
         )
     if engine is not None and engine.full_sequences < 1:
         reasons.append(_kv_reason(inputs, engine))
@@ -312,6 +427,9 @@ def plan_memory(inputs: MemoryInputs) -> MemoryReport:
         alternatives=_alternatives(inputs),
         fits=not reasons,
         reason="; ".join(reasons),
+        within_margin=bool(failing)
+        and not any(ph.over for ph in failing)
+        and (engine is None or engine.full_sequences >= 1),
     )
 
 
@@ -344,8 +462,12 @@ def _refit_inputs(run: RunPlan) -> RefitInputs | None:
     )
 
 
-def memory_inputs(run: RunPlan, gpu_mem_gib: float) -> MemoryInputs:
-    """The memory model's inputs from a run plan with a known architecture."""
+def memory_inputs(
+    run: RunPlan, gpu_mem_gib: float, margin_gib: float | None = None
+) -> MemoryInputs:
+    """The memory model's inputs from a run plan with a known architecture, planned for a
+    GPU whose allocator reports `gpu_mem_gib` (capacity.py), keeping `margin_gib` free
+    (None: capacity.default_margin_gib)."""
     cfg, dims = run.config, run.dims
     p, engine = cfg.policy, cfg.generation.engine
     vllm = cfg.generation.backend == "vllm"
@@ -361,6 +483,7 @@ def memory_inputs(run: RunPlan, gpu_mem_gib: float) -> MemoryInputs:
         seq_len=p.max_total_sequence_length,
         micro_batches=_train_micro_batches(cfg, dims.dp),
         gpu_mem_gib=gpu_mem_gib,
+        margin_gib=margin_gib,
         on_gpu=cfg.cluster.device != "cpu",
         colocated=cfg.cluster.colocated,
         packed_tokens=p.max_tokens_per_microbatch,

@@ -80,6 +80,7 @@ from dataclasses import dataclass
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.planning.capacity import default_margin_gib
 from dapo_megatron.planning.refit_memory import RefitInputs, refit_stage
 
 GIB = 2**30
@@ -93,24 +94,70 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 
 @dataclass(frozen=True)
 class Overheads:
-    """Memory no tensor formula covers, in GiB per GPU (documented estimates)."""
+    """Memory no tensor formula covers, in GiB per GPU: documented estimates.
 
-    policy_process_gib: float = 1.5
-    """CUDA context with Megatron/TE kernels (~0.6) and NCCL communicators of the TP, PP, CP
-    and DP groups: held by the policy process in every phase."""
+    Most of it sits outside PyTorch's caching allocator (``torch.cuda.memory_reserved``
+    never shows it, nvidia-smi does), so each is its own term of a phase rather than a
+    share of the tensors: a CUDA context per process on the GPU, NCCL's buffers, and the
+    engine's runtime. What lives where, and in which phase:
+
+    ==================  =====================================  ==========================
+    term                held by                                phases
+    ==================  =====================================  ==========================
+    policy CUDA context the policy process                     every phase
+    policy NCCL         the policy process, world > 1          every phase
+    engine CUDA context each engine worker process on the GPU  colocated: every phase;
+                        (vLLM takes its start-up snapshot       split: on the engine GPU
+                        after creating it: outside its budget)
+    engine runtime      inside gpu_memory_utilization x GPU    with the engine's budget
+    sleeping engine     a colocated engine while asleep        train, logprob, refit
+    train workspace     the policy process while it trains     train, logprob
+    ==================  =====================================  ==========================
+    """
+
+    cuda_context_gib: float = 0.5
+    """CUDA context of one process on a GPU: driver state and the device code of the
+    modules it loaded, outside the allocator. Estimate: ~0.5 GiB for torch 2.x on Hopper
+    with lazy module loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 11.7 /
+    torch 1.13: nvidia-smi shows ~0.5 GiB for a process that made one CUDA tensor; eager
+    loading of torch's kernels took ~1-2 GiB), a little more once cuBLAS, Transformer Engine
+    or vLLM's kernels have been loaded. Counted once for the policy process and once for
+    each engine worker process on the GPU (colocated: one; the Ray actor that builds the
+    ``vllm.LLM`` front end never initialises CUDA)."""
+    nccl_gib: float = 1.0
+    """NCCL communicator buffers of a policy process with peers (world > 1): per
+    communicator, channels x NCCL_BUFFSIZE (4 MiB) per peer connection, for each of the TP,
+    PP, CP, DP (and EP) groups and the refit's weight group, plus NVLink SHARP buffers on
+    NVSwitch nodes; outside the allocator. Estimate (~0.2-0.5 GiB per communicator in use
+    on H100 nodes); 0 on a single-GPU run, whose groups have no peer to connect to. An
+    engine's own NCCL (engine TP > 1) is created after vLLM's start-up snapshot and counted
+    in its budget (``engine_runtime_gib``)."""
     train_workspace_gib: float = 2.5
     """Training phase only: caching-allocator fragmentation, cuBLAS/TE workspaces, pipeline
     send/receive and DDP bucket buffers."""
-    engine_runtime_gib: float = 1.5
-    """vLLM process: CUDA context, NCCL and CUDA-graph pools (0.5 less with enforce_eager);
-    taken from its gpu_memory_utilization budget."""
-    sleeping_engine_gib: float = 1.0
-    """Colocated training phase: what a sleeping engine keeps (its CUDA context and graph
-    pools): ``VllmGenerationBackend.sleep`` is vLLM's level 2, weights and KV cache
-    discarded."""
+    engine_runtime_gib: float = 1.0
+    """Inside the engine's gpu_memory_utilization budget: what vLLM's profiling counts on
+    top of weights and activations since its start-up snapshot: cuBLAS workspaces, NCCL
+    for engine TP > 1, sampler buffers and CUDA-graph pools (0.5 less with
+    enforce_eager). Its CUDA context is not in it (``cuda_context_gib``)."""
+    sleeping_engine_gib: float = 0.5
+    """Colocated training phase: what a sleeping engine keeps besides its CUDA context
+    (CUDA-graph pools and buffers outside vLLM's sleep allocator):
+    ``VllmGenerationBackend.sleep`` is vLLM's level 2, weights and KV cache discarded."""
     engine_profile_tokens: int = 16384
     """Tokens of vLLM's profiling forward (max_num_batched_tokens); its activation peak is
     reserved out of the KV cache budget."""
+
+
+NO_OVERHEADS = Overheads(
+    cuda_context_gib=0.0,
+    nccl_gib=0.0,
+    train_workspace_gib=0.0,
+    engine_runtime_gib=0.0,
+    sleeping_engine_gib=0.0,
+    engine_profile_tokens=0,
+)
+"""Tensor terms only (hand-derived byte counts in tests)."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +199,7 @@ class MemoryInputs:
     micro_batches: int
     """Training micro-batches per DP rank per mini-batch (bounds the 1F1B in-flight count)."""
     gpu_mem_gib: float
-    """Memory of one device."""
+    """Memory of one device as the allocator reports it (planning/capacity.py), in GiB."""
     on_gpu: bool
     """GPU run: flash attention and the Triton logprob kernel; else unfused attention and
     the chunked kernel (CPU numbers are informative only)."""
@@ -172,6 +219,16 @@ class MemoryInputs:
     refit: RefitInputs | None = None
     """Bucketed weight refit into separate engines; None when no bucket moves (colocated
     Megatron generation, or the object_store transport)."""
+    margin_gib: float | None = None
+    """Safety margin a phase keeps below gpu_mem_gib; None: capacity.default_margin_gib
+    (max(5 % of the card, 2 GiB)) on a GPU, 0 on a CPU run (informative numbers)."""
+
+    @property
+    def margin(self) -> float:
+        """The safety margin in GiB (``margin_gib`` or the default rule)."""
+        if self.margin_gib is not None:
+            return self.margin_gib
+        return default_margin_gib(self.gpu_mem_gib) if self.on_gpu else 0.0
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,15 @@ from dapo_megatron.config.loader import LoadedConfig
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.planning.memory import MemoryReport, sleeping_engine_gib, unreleased_generation
+from dapo_megatron.planning.memory import (
+    MemoryReport,
+    colocated_engine,
+    cuda_context_gib,
+    policy_nccl_gib,
+    policy_process_gib,
+    sleeping_engine_gib,
+    unreleased_generation,
+)
 
 
 @dataclass(frozen=True)
@@ -167,6 +175,7 @@ def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str
         return (value,) * len(report.stages)
 
     ov = inp.overheads
+    context = cuda_context_gib(inp)
     in_flight = "/".join(str(s.in_flight) for s in report.stages)
     # Resident in every phase, shown only when the run has them.
     extra: list[tuple[str, tuple[float, ...], str]] = []
@@ -202,14 +211,20 @@ def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str
             f"{'fused' if inp.fused_logits else 'naive'}; train peak with "
             f"{logits_alt}: {alt[logits_alt]:.1f}",
         ),
-        ("policy process", flat(ov.policy_process_gib), "CUDA context + NCCL"),
-        ("train workspace", flat(ov.train_workspace_gib), "allocator, workspaces, buffers"),
-        ("sleeping engine", flat(sleeping_engine_gib(inp)), "colocated vLLM asleep (level 2)"),
+        ("policy CUDA context", flat(context), "outside the allocator (estimate)"),
         (
-            "= train peak",
-            train.per_stage,
-            f"{'fits' if train.fits else 'DOES NOT FIT'} in {train.limit:.0f} GiB",
+            "policy NCCL",
+            flat(policy_nccl_gib(inp)),
+            "communicator buffers (estimate)" if policy_nccl_gib(inp) else "no NCCL peers",
         ),
+        ("train workspace", flat(ov.train_workspace_gib), "allocator, workspaces, buffers"),
+        (
+            "engine CUDA context",
+            flat(context if colocated_engine(inp) else 0.0),
+            "colocated vLLM worker process" if colocated_engine(inp) else "no colocated engine",
+        ),
+        ("sleeping engine", flat(sleeping_engine_gib(inp)), "colocated vLLM asleep (level 2)"),
+        ("= train peak", train.per_stage, train.verdict),
         (
             "logprob pass",
             col("logprob_pass"),
@@ -223,7 +238,7 @@ def _memory_rows(report: MemoryReport) -> list[tuple[str, tuple[float, ...], str
         (
             "= logprob peak",
             logprob.per_stage,
-            f"{'fits' if logprob.fits else 'DOES NOT FIT'} (states + logprob pass + overheads)",
+            f"{logprob.verdict} (states + logprob pass + overheads)",
         ),
     ]
 
@@ -262,7 +277,8 @@ def format_memory(report: MemoryReport) -> str:
     inp = report.inputs
     dims = inp.dims
     header = (
-        f"memory per GPU ({inp.gpu_mem_gib:.0f} GiB, {inp.precision}; policy {layout(dims)}, "
+        f"memory per GPU ({inp.gpu_mem_gib:g} GiB as the allocator reports it, safety margin "
+        f"{inp.margin:.1f} GiB; {inp.precision}; policy {layout(dims)}, "
         + (
             f"packed, {inp.packed_tokens} tokens per micro-batch"
             if inp.packed_tokens is not None
@@ -279,13 +295,13 @@ def format_memory(report: MemoryReport) -> str:
         lines.append(f"  {name.ljust(width)}  {cells}  {note}".rstrip())
     for phase in report.phases[2:]:
         terms = " + ".join(f"{k} {v:.1f}" for k, v in phase.terms)
-        verdict = "fits" if phase.fits else "DOES NOT FIT"
         lines.append(
-            f"  {phase.name} peak {phase.peak:.1f} GiB (stage {phase.stage}: {terms}): {verdict}"
+            f"  {phase.name} peak {phase.peak:.1f} GiB (stage {phase.stage}: {terms}): "
+            f"{phase.verdict}"
         )
     unreleased = unreleased_generation(report)
     if unreleased is not None:
-        resident = max(s.resident for s in report.stages) + inp.overheads.policy_process_gib
+        resident = max(s.resident for s in report.stages) + policy_process_gib(inp)
         kept, peak = unreleased
         lines.append(
             f"  policy while the engine is awake: {resident:.1f} GiB (resident states + "
@@ -305,8 +321,20 @@ def format_memory(report: MemoryReport) -> str:
         )
     else:
         lines.append("  generation: Megatron backend on the policy's weights (not modelled)")
-    if report.fits:
-        lines.append("memory: fits")
-    else:
-        lines.append(f"memory: DOES NOT FIT: {report.reason}")
+    lines.append(verdict_line(report))
     return "\n".join(lines)
+
+
+def verdict_line(report: MemoryReport) -> str:
+    """The plan's last line: "memory: fits with X GiB margin (...)", "memory: within the
+    margin: ..." or "memory: DOES NOT FIT: ..."."""
+    if report.fits:
+        tight = report.tightest
+        return (
+            f"memory: fits with {tight.headroom:.1f} GiB margin (tightest phase: {tight.name}, "
+            f"{tight.peak:.1f} of {tight.limit:g} GiB; safety margin {report.inputs.margin:.1f} "
+            "GiB)"
+        )
+    if report.within_margin:
+        return f"memory: within the margin: {report.reason}"
+    return f"memory: DOES NOT FIT: {report.reason}"

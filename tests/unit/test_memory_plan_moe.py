@@ -18,6 +18,7 @@ from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.planning.memory import plan_memory
 from dapo_megatron.planning.memory_terms import (
     GIB,
+    NO_OVERHEADS,
     EngineInputs,
     MemoryInputs,
     Overheads,
@@ -57,7 +58,7 @@ def _moe_inputs(ep: int, **change) -> MemoryInputs:
         on_gpu=True,
         colocated=True,
         engine=None,
-        overheads=Overheads(0.0, 0.0, 0.0, 0.0, 0),
+        overheads=NO_OVERHEADS,
     )
     return dataclasses.replace(base, **change)
 
