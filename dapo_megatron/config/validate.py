@@ -6,6 +6,8 @@ file that set it and the constraint, so one edit-run cycle fixes a whole recipe.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from dapo_megatron.algorithms.loss_spec import spec_problems
@@ -13,7 +15,9 @@ from dapo_megatron.algorithms.prompt_skipping import skip_rule_problems
 from dapo_megatron.algorithms.shaping_limits import overlong_problems, scaling_problems
 from dapo_megatron.config.arithmetic_task import num_distinct_problems
 from dapo_megatron.config.errors import ConfigError
+from dapo_megatron.config.float_ranges import float_problems
 from dapo_megatron.config.model_arch import ModelArch, resolve_arch
+from dapo_megatron.config.model_source import preset_applies
 from dapo_megatron.config.parallel import (
     ParallelDims,
     generation_devices,
@@ -29,7 +33,12 @@ class _Checker:
     def __init__(self, config: DapoMegatronConfig, sources: dict[str, str]) -> None:
         self.config = config
         self.sources = sources
-        self.errors: list[str] = []
+        # Float keys that are not finite or out of their range (config/float_ranges.py):
+        # reported once by that generic rule, skipped by the per-key checks below (NaN would
+        # fail each of them with a message about the wrong bound).
+        flagged = float_problems(config, sources)
+        self.errors: list[str] = list(flagged.values())
+        self.flagged = set(flagged)
 
     def value(self, key: str) -> Any:
         node: Any = self.config
@@ -38,7 +47,7 @@ class _Checker:
         return node
 
     def require(self, ok: bool, key: str, constraint: str) -> None:
-        if not ok:
+        if not ok and key not in self.flagged:
             source = self.sources.get(key, "configs")
             self.errors.append(f"{key} = {self.value(key)!r} (set in {source}): {constraint}")
 
@@ -53,9 +62,12 @@ class _Checker:
         self.require(0 < v <= 1, key, "must be in (0, 1]")
 
 
-def validate_config(config: DapoMegatronConfig, sources: dict[str, str]) -> RunPlan:
+def validate_config(
+    config: DapoMegatronConfig, sources: dict[str, str], order: Sequence[str] = ()
+) -> RunPlan:
     """Check every constraint of ``config`` (``sources``: dotted key -> the file that set it,
-    for the messages); raise ConfigError listing all violations. Returns the run plan: the
+    for the messages; ``order``: those files as they were applied, base first, then the
+    command line); raise ConfigError listing all violations. Returns the run plan: the
     config with every value derived from it (config/run_plan.py).
 
     Takes the config and its sources rather than the loader's ``LoadedConfig``, so that the
@@ -72,9 +84,10 @@ def validate_config(config: DapoMegatronConfig, sources: dict[str, str]) -> RunP
         dims = parallel_dims(config)
     except ConfigError as e:
         c.errors.append(str(e))
-    arch, arch_source = None, ""
+    arch: ModelArch | None = None
+    arch_source = ""
     try:
-        arch, arch_source = resolve_arch(config.policy.model_name_or_path, config.policy.model_arch)
+        arch, arch_source = _resolve_policy_arch(config, sources, order)
     except ConfigError as e:
         c.errors.append(str(e))
     if dims is not None:
@@ -96,6 +109,23 @@ def validate_config(config: DapoMegatronConfig, sources: dict[str, str]) -> RunP
         arch_source=arch_source,
         warnings=tuple(warnings),
         device=resolve_device(config.cluster),
+    )
+
+
+def _resolve_policy_arch(
+    config: DapoMegatronConfig, sources: dict[str, str], order: Sequence[str]
+) -> tuple[ModelArch, str]:
+    """The policy's architecture (model_arch.resolve_arch). A policy.model_arch set in an
+    earlier layer than policy.model_name_or_path was the parent recipe's choice for the
+    parent's model and does not apply, unless the run creates the model from it."""
+    p = config.policy
+    created = p.init_model_if_missing and not (Path(p.model_name_or_path) / "config.json").is_file()
+    applies = preset_applies(sources, order, created_from_preset=created)
+    return resolve_arch(
+        p.model_name_or_path,
+        p.model_arch,
+        preset_applies=applies,
+        preset_source=sources.get("policy.model_arch", ""),
     )
 
 

@@ -1,0 +1,148 @@
+"""The range of every float key of the schema: one generic rule, checked before any other.
+
+YAML reads `.inf` and `.nan` as floats, and the per-key checks of validate.py compare with
+`>` and `<=`: infinity passes `> 0`, and NaN fails every comparison with a message about the
+wrong bound. Both then crash a run mid-way (`int(inf)` when a round is sized, a timeout of
+`inf` handed to a collective), after the steps since the last checkpoint are lost. So every
+float key has a declared range here, and `float_problems` refuses a value that is not finite
+or lies outside it, naming the key, before workers start. A float key without an entry is an
+error of this table (tests/unit/test_float_ranges.py walks the schema), so a new key cannot
+skip the rule.
+
+The ranges are what a value can mean, not what is sensible: the per-key checks in
+validate.py add the cross-key constraints (min_lr <= lr, mis_low < mis_high, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class FloatRange:
+    """An interval of the real line; open at an end whose ``*_open`` is true."""
+
+    low: float
+    """Lower bound (-inf: none)."""
+    high: float
+    """Upper bound (inf: none; the value itself must still be finite)."""
+    low_open: bool = False
+    """The lower bound itself is excluded."""
+    high_open: bool = False
+    """The upper bound itself is excluded."""
+
+    def contains(self, value: float) -> bool:
+        above = value > self.low if self.low_open else value >= self.low
+        below = value < self.high if self.high_open else value <= self.high
+        return above and below
+
+    def __str__(self) -> str:
+        left = "(" if self.low_open or self.low == -math.inf else "["
+        right = ")" if self.high_open or self.high == math.inf else "]"
+        return f"{left}{_bound(self.low)}, {_bound(self.high)}{right}"
+
+
+def _bound(x: float) -> str:
+    return {math.inf: "inf", -math.inf: "-inf"}.get(x, f"{x:g}")
+
+
+def _positive(high: float = math.inf) -> FloatRange:
+    return FloatRange(0.0, high, low_open=True)
+
+
+_NON_NEGATIVE = FloatRange(0.0, math.inf)
+_FRACTION = FloatRange(0.0, 1.0)
+_ANY = FloatRange(-math.inf, math.inf)
+_MIN_CALL_TIMEOUT_S = 60.0
+"""A worker call shorter than this cannot even start a worker (actor start, imports, model
+build): a smaller run.call_timeout_s restarts the run at its first call, forever."""
+
+FLOAT_RANGES: dict[str, FloatRange] = {
+    "run.preemption_grace_s": FloatRange(1.0, math.inf),
+    "run.collective_timeout_s": FloatRange(5.0, math.inf),
+    "run.call_timeout_s": FloatRange(_MIN_CALL_TIMEOUT_S, math.inf),
+    "policy.moe.aux_loss_coef": _NON_NEGATIVE,
+    "policy.optimizer.lr": _positive(),
+    "policy.optimizer.min_lr": _NON_NEGATIVE,
+    "policy.optimizer.weight_decay": _NON_NEGATIVE,
+    "policy.optimizer.adam_beta1": FloatRange(0.0, 1.0, high_open=True),
+    "policy.optimizer.adam_beta2": FloatRange(0.0, 1.0, high_open=True),
+    "policy.optimizer.adam_eps": _positive(),
+    "policy.optimizer.clip_grad": _NON_NEGATIVE,
+    "policy.scheduler.lr_warmup_init": _NON_NEGATIVE,
+    "generation.temperature": _positive(),
+    "generation.top_p": _positive(1.0),
+    "generation.refit_bucket_mb": _positive(),
+    "generation.engine.gpu_memory_utilization": _positive(1.0),
+    "dapo.loss.clip_ratio_low": FloatRange(0.0, 1.0, high_open=True),
+    "dapo.loss.clip_ratio_high": _NON_NEGATIVE,
+    "dapo.loss.clip_ratio_c": FloatRange(1.0, math.inf, low_open=True),
+    "dapo.loss.kl_coef": _NON_NEGATIVE,
+    "dapo.loss.entropy_coef": _ANY,
+    "dapo.loss.tis_cap": _positive(),
+    "dapo.loss.mis_low": FloatRange(0.0, 1.0, high_open=True),
+    "dapo.loss.mis_high": FloatRange(1.0, math.inf, low_open=True),
+    "dapo.advantage.eps": _NON_NEGATIVE,
+    "dapo.dynamic_sampling.batch_multiplier": FloatRange(1.0, math.inf),
+    "dapo.dynamic_sampling.max_batch_multiplier": FloatRange(1.0, math.inf),
+    "dapo.dynamic_sampling.skip_predicted.target_zero_var_share": _FRACTION,
+    "dapo.dynamic_sampling.skip_predicted.min_generate_prob": _FRACTION,
+    "dapo.dynamic_sampling.skip_predicted.audit_fraction": _FRACTION,
+    "dapo.dynamic_sampling.skip_predicted.initial_strength": _FRACTION,
+    "dapo.dynamic_sampling.skip_predicted.adapt_rate": _FRACTION,
+    "dapo.overlong_buffer.penalty_factor": _NON_NEGATIVE,
+    "dapo.reward_scaling.source_min": _ANY,
+    "dapo.reward_scaling.source_max": _ANY,
+    "dapo.reward_scaling.target_min": _ANY,
+    "dapo.reward_scaling.target_max": _ANY,
+    "rollout.abort_tail_oversample": FloatRange(1.0, math.inf),
+    "sft_warmup.lr": _NON_NEGATIVE,
+    "validation.temperature": _positive(),
+    "validation.top_p": _positive(1.0),
+    "reward.timeout_s": _positive(),
+}
+"""Dotted key -> the range of its value (None, where the schema allows it, is not checked)."""
+
+
+def float_keys(config_type: type, prefix: str = "") -> list[str]:
+    """Dotted keys of every field of ``config_type`` (a schema dataclass, recursively) whose
+    type admits a float (``float``, ``float | None``, ``float | Literal[...]``)."""
+    keys: list[str] = []
+    hints = typing.get_type_hints(config_type)
+    for f in dataclasses.fields(config_type):
+        hint = hints[f.name]
+        key = prefix + f.name
+        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+            keys += float_keys(hint, key + ".")
+        elif hint is float or float in typing.get_args(hint):
+            keys.append(key)
+    return keys
+
+
+def _value(config: Any, key: str) -> Any:
+    for part in key.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def float_problems(config: Any, sources: dict[str, str]) -> dict[str, str]:
+    """Key -> message for every float key of ``config`` whose value is not finite or lies
+    outside its FLOAT_RANGES entry (bools and the non-float alternatives of a union, such as
+    ``batch_multiplier: auto``, are left to the per-key checks)."""
+    problems: dict[str, str] = {}
+    for key in float_keys(type(config)):
+        value = _value(config, key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        where = f"(set in {sources.get(key, 'configs')})"
+        if not math.isfinite(value):
+            problems[key] = f"{key} = {value!r} {where}: must be a finite number"
+        elif key not in FLOAT_RANGES:
+            problems[key] = f"{key}: no range declared in config/float_ranges.py FLOAT_RANGES"
+        elif not FLOAT_RANGES[key].contains(value):
+            problems[key] = f"{key} = {value!r} {where}: must be in {FLOAT_RANGES[key]}"
+    return problems
