@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from dapo_megatron.config.model_arch import PRESETS
+from dapo_megatron.config.model_arch import preset_for_model
 
 DIALECTS: dict[str, str] = {
     "nemo-rl": "NeMo RL",
@@ -178,11 +178,9 @@ def hub_model(key: str, dialect: str) -> ForeignKey:
 
 
 def _preset(base: str) -> str | None:
-    name = base.lower()
-    for suffix in ("", "-instruct"):
-        if name.endswith(suffix) and name[: len(name) - len(suffix)] in PRESETS:
-            return name[: len(name) - len(suffix)]
-    return None
+    """The preset a hub model's name names: the matcher dapo-plan and dapo-train use
+    (config/model_source.py), so an imported recipe plans the model its name says."""
+    return preset_for_model(base)
 
 
 def kl_estimator(dialect: str, key: str) -> ForeignKey:

@@ -417,5 +417,7 @@ def load_config(
     config = build(DapoMegatronConfig, tree, sources)
     loaded = LoadedConfig(config=config, sources=sources, files=files)
     if validate:
-        loaded.plan = validate_config(config, sources)
+        # The layers in the order applied: a policy.model_arch from an earlier layer than
+        # policy.model_name_or_path does not describe that model (config/validate.py).
+        loaded.plan = validate_config(config, sources, [*files, CLI_SOURCE])
     return loaded

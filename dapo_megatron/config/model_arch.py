@@ -1,19 +1,27 @@
 """Model architecture facts needed before any weight is loaded.
 
 Validation (heads and query groups divisible by TP, layers by PP) and planning need the
-architecture of the policy. It comes from the checkpoint's Hugging Face config.json when
-the checkpoint is on disk, else from a named preset (policy.model_arch), so that a 70B
-recipe can be validated on a laptop. Presets mirror the published HF configs.
+architecture of the policy. It comes from the model's Hugging Face config.json (local
+directory, HF cache or hub: config/model_source.py), else from a preset (policy.model_arch,
+or the one the model's name names), so that a 70B recipe can be validated on a laptop
+(``resolve_arch``). Presets mirror the published HF configs.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dapo_megatron.config.errors import ConfigError
+from dapo_megatron.config.model_source import (
+    has_release_suffix,
+    locate_config_json,
+    model_basename,
+    preset_for_name,
+)
 
 if TYPE_CHECKING:
     import transformers
@@ -407,21 +415,114 @@ def _moe_from_hf(hf: dict[str, Any], source: str) -> MoeArch:
     )
 
 
-def resolve_arch(model_name_or_path: str, preset: str | None) -> tuple[ModelArch | None, str]:
-    """The policy architecture and where it came from.
+def preset_for_model(model_name_or_path: str) -> str | None:
+    """The preset named by a model's name (hub id, directory or path), or None: the one
+    matcher of dapo-plan, dapo-train and dapo-import-config (config/model_source.py)."""
+    return preset_for_name(model_name_or_path, PRESETS)
 
-    config.json in the checkpoint wins; else the preset; else (None, reason), which lets a
-    dry run say that model-dependent checks were skipped instead of failing.
+
+def weight_shape(arch: ModelArch) -> ModelArch:
+    """``arch`` less what no weight's shape depends on: context length, RoPE base and
+    scaling, norm epsilon, the MoE aux-loss coefficient. A preset and a checkpoint agree when
+    these agree: a -Base model ships another context length than its preset (Qwen3-8B-Base:
+    32768 positions, the preset 40960) and is still that architecture."""
+    moe = None if arch.moe is None else dataclasses.replace(arch.moe, router_aux_loss_coef=0.0)
+    return dataclasses.replace(
+        arch,
+        max_position_embeddings=0,
+        rope_theta=0.0,
+        norm_epsilon=0.0,
+        rope_scaling_factor=None,
+        moe=moe,
+    )
+
+
+def describe_shape(arch: ModelArch) -> str:
+    """One line of the shape fields (weight_shape) for an error message."""
+    text = (
+        f"{arch.family}, {arch.num_layers} layers, hidden {arch.hidden_size}, "
+        f"ffn {arch.ffn_hidden_size}, heads {arch.num_attention_heads}/"
+        f"{arch.num_query_groups} kv (head size {arch.head_dim}), vocab {arch.vocab_size}"
+    )
+    if arch.moe is not None:
+        text += (
+            f", {arch.moe.num_experts} experts (top-{arch.moe.experts_per_token}, "
+            f"FFN {arch.moe.moe_ffn_hidden_size})"
+        )
+    return text + (", tied embeddings" if arch.tie_word_embeddings else "")
+
+
+def resolve_arch(
+    model_name_or_path: str,
+    preset: str | None,
+    *,
+    preset_applies: bool = True,
+    preset_source: str = "",
+    env: Mapping[str, str] | None = None,
+) -> tuple[ModelArch, str]:
+    """The policy architecture and where it came from, or ConfigError naming
+    policy.model_arch.
+
+    1. The model's config.json wins: the local directory, else the Hugging Face cache for a
+       hub id, else (online) config.json alone from the hub (config/model_source.py).
+    2. Else the preset ``preset`` (policy.model_arch), when it applies to this model
+       (``preset_applies``: False for a preset inherited from a parent recipe that named
+       another model; ``preset_source`` names that file in messages).
+    3. Else the preset the model's name names (``Qwen/Qwen3-8B-Base`` -> qwen3-8b).
+    4. Else an error naming policy.model_arch, the model and the presets.
+
+    A preset that applies but disagrees with the config.json's weight shapes, or is another
+    preset than the name's, is an error naming both: never silently one of them.
     """
-    config_json = Path(model_name_or_path) / "config.json"
-    if config_json.is_file():
+    known = ", ".join(sorted(PRESETS))
+    if preset is not None and preset not in PRESETS:
+        raise ConfigError(
+            f"policy.model_arch: unknown preset {preset!r}; choose one of {known} or null"
+        )
+    chosen = preset if preset_applies else None
+    config_json, looked = locate_config_json(model_name_or_path, env)
+    if config_json is not None:
         with open(config_json, encoding="utf-8") as f:
-            return arch_from_hf_config(json.load(f), str(config_json)), str(config_json)
-    if preset is not None:
-        if preset not in PRESETS:
+            arch = arch_from_hf_config(json.load(f), str(config_json))
+        if chosen is not None and weight_shape(arch) != weight_shape(PRESETS[chosen]):
             raise ConfigError(
-                f"policy.model_arch: unknown preset {preset!r}; choose one of "
-                f"{', '.join(sorted(PRESETS))} or null"
+                f"policy.model_arch = {chosen!r} disagrees with {config_json}, the config of "
+                f"policy.model_name_or_path = {model_name_or_path!r}: the preset is "
+                f"{describe_shape(PRESETS[chosen])}; the checkpoint is "
+                f"{describe_shape(arch)}. Set policy.model_arch=null (the checkpoint's "
+                f"config.json is used) or point policy.model_name_or_path at the model meant"
             )
-        return PRESETS[preset], f"preset {preset}"
-    return None, f"no {config_json} and policy.model_arch is null"
+        return arch, looked
+    named = preset_for_model(model_name_or_path)
+    if chosen is not None:
+        if named is not None and PRESETS[named] != PRESETS[chosen]:
+            raise ConfigError(
+                f"policy.model_arch = {chosen!r} disagrees with the name of "
+                f"policy.model_name_or_path = {model_name_or_path!r}, which is preset "
+                f"{named!r}: {chosen} is {describe_shape(PRESETS[chosen])}; {named} is "
+                f"{describe_shape(PRESETS[named])}. Set policy.model_arch={named} (or null) "
+                f"or point policy.model_name_or_path at the model meant"
+            )
+        return PRESETS[chosen], f"preset {chosen}"
+    if named is not None:
+        return PRESETS[named], f"preset {named}, from the name {model_basename(model_name_or_path)}"
+    why = [f"{looked}"]
+    if preset is not None:
+        where = f" in {preset_source}" if preset_source else ""
+        why.append(
+            f"policy.model_arch = {preset!r} was set{where} for the model named there, not "
+            f"for this one"
+        )
+    hint = ""
+    if has_release_suffix(model_name_or_path):
+        hint = (
+            " (a release suffix such as -2507 is not matched: those releases change the "
+            "context length and RoPE base; their config.json has them)"
+        )
+    raise ConfigError(
+        f"policy.model_arch: the architecture of policy.model_name_or_path = "
+        f"{model_name_or_path!r} is unknown: {'; '.join(why)}; and its name "
+        f"{model_basename(model_name_or_path)!r} names no preset{hint}. Put the "
+        f"checkpoint (its config.json) there, or set policy.model_arch (next to "
+        f"policy.model_name_or_path) to one of {known}"
+    )

@@ -142,12 +142,21 @@ class PolicyConfig:
     """The trained model and how Megatron runs it."""
 
     model_name_or_path: str
-    """Local Hugging Face checkpoint directory (config.json + safetensors)."""
+    """Local Hugging Face checkpoint directory (config.json + safetensors) to train. Its
+    config.json is the architecture; for planning, a hub id (``Org/Name``) is also read
+    from the Hugging Face cache (HF_HUB_CACHE / HF_HOME), or its config.json alone from the
+    hub when online; without a config.json the name names the preset (``Qwen3-8B-Base``,
+    ``Qwen/Qwen3-30B-A3B-Instruct``: less -Base/-Instruct/-Chat, a preset name;
+    config/model_source.py)."""
     tokenizer_name_or_path: str | None
     """Tokenizer directory; null uses model_name_or_path."""
     model_arch: str | None
-    """Architecture preset (see config/model_arch.py) used when model_name_or_path has no
-    config.json yet: planning a run before downloading, or a model created by the run."""
+    """Architecture preset (config/model_arch.py PRESETS) of model_name_or_path, used when
+    it has no config.json yet (planning before the download, or the model
+    init_model_if_missing creates); null: the model's config.json, else the preset its name
+    names. A preset that disagrees with the config.json's shapes or with the name's preset
+    is an error. One set in a parent recipe (`defaults:`) that a later layer gave another
+    model_name_or_path does not apply to that model: set both together."""
     init_model_if_missing: bool
     """Create a randomly initialised checkpoint of model_arch at model_name_or_path when it
     does not exist (the tiny CPU recipe); never wanted for real runs."""
