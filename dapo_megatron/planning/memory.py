@@ -3,16 +3,37 @@
 Pure arithmetic (no torch). The terms of one policy rank and of one engine GPU, with their
 formulas (policy states, parameters, activations, logits, the engine's KV cache), are in
 memory_terms.py; this module adds them up into the peak of each phase (train, logprob,
-generation, refit) on the worst pipeline stage, says which knobs to change when a phase does
-not fit, and extracts the model's inputs from a run plan.
+engine start, generation, refit) on the worst pipeline stage, says which knobs to change
+when a phase does not fit, and extracts the model's inputs from a run plan.
+
+Capacity and margin (capacity.py): the GPU is what its allocator reports
+(torch.cuda.mem_get_info's total: ~79.2 GiB for an "80 GB" H100), and a phase fits only
+when its peak leaves the safety margin free: peak <= capacity - margin (default max(5 %
+of the card, 2 GiB)). A peak between the two is "within the margin": it does not fit.
+
+Outside the allocator, each phase counts explicitly (memory_terms.Overheads): the policy
+process's CUDA context and NCCL buffers (none in a one-GPU world), and, colocated, the
+engine worker process's CUDA context in every phase (asleep, plus what a sleeping engine
+keeps). vLLM creates its context before it takes its start-up snapshot, so the context
+sits outside its gpu_memory_utilization budget; the engine's own runtime is inside it.
+
+Engine start (colocated vLLM): vLLM refuses to start unless gpu_memory_utilization x the
+GPU's total is free. At that moment (controller/loop.py start_workers) the policy holds
+its weights, its DDP grad buffer and the optimizer's fp32 main params (and a KL reference),
+not yet Adam's states, which the first optimizer step creates, nor the ipc refit buffer.
+Split, an engine GPU holds only its own context: the start-up check is the generation
+phase's sum.
 
 Generation (vLLM): colocated, the policy's weights, grads and optimizer stay resident while
-the engine is awake (only the engine sleeps), so the generation phase needs resident policy
-+ utilisation x GPU memory <= GPU memory. That holds only because the policy ranks return their cached CUDA blocks before an engine maps
-its weights or KV cache back (memory_release.py, called by controller/generation_group.py):
-PyTorch's caching allocator would otherwise keep the training peak (activations, logits,
-workspaces) reserved in the policy process. ``unreleased_generation`` is the generation
-peak without that release, which dapo-plan prints next to the modelled one.
+the engine is awake (only the engine sleeps), and the engine maps back on every wake-up
+the KV cache it sized at start, when Adam's states did not exist yet: the generation phase
+counts them. It needs resident policy + both processes + utilisation x GPU memory <=
+capacity - margin. That holds only because the policy ranks return their cached CUDA
+blocks before an engine maps its weights or KV cache back (memory_release.py, called by
+controller/generation_group.py): PyTorch's caching allocator would otherwise keep the
+training peak (activations, logits, workspaces) reserved in the policy process.
+``unreleased_generation`` is the generation peak without that release, which dapo-plan
+prints next to the modelled one.
 
 Refit (refit_memory.py for the buffers): the policy ranks hold their resident states and
 the refit's send buffers; the engine receives into its own buffers with its weights mapped

@@ -64,11 +64,19 @@ Logits (last stage; the trainer never materialises them, see kernels/):
              dH and dW in fp32 plus their casts, n h (4 + p) + V/t h (4 + p); the chunked
              CPU path adds two [chunk, V/t] fp32 buffers and an fp32 copy of its weight shard
 
-Generation (vLLM): the engine takes gpu_memory_utilization x GPU memory for its weights at
+Generation (vLLM): the engine takes gpu_memory_utilization x GPU memory (the capacity the
+device reports, capacity.py) for its weights at
 engine TP (vocab padded to 64, KV heads replicated when engine TP > KV heads; a MoE engine
 holds every expert, each 3 h F/engine_tp: vLLM's FusedMoE shards the expert FFN over TP
 and expert parallelism is not enabled), its profile activations and runtime, and the KV
 cache (the rest). KV bytes per token per GPU = 2 x layers x kv_heads/engine_tp x head_dim x p.
+The engine worker's CUDA context is not in that budget (vLLM creates it before measuring
+the free memory at start): planning/memory.py counts it next to the budget.
+
+Outside the allocator (``Overheads``, estimates with their sources in each field's
+docstring): a CUDA context per process on the GPU (~0.5 GiB, torch 2.x with lazy module
+loading on Hopper), NCCL buffers of a policy with peers (~1 GiB), the engine's runtime
+inside its budget, what a sleeping engine keeps, and the training workspaces.
 
 planning/memory.py adds these terms up into the peak of each phase.
 """
