@@ -13,7 +13,13 @@ Ranks go to SLOTS, not bundle indices: slot r is the r-th bundle in (node, GPU i
   a vLLM engine shares the device, else 1), 1 CPU on GPU clusters. Ranks follow Megatron's
   default order (``tp-cp-ep-dp-pp``, TP fastest, EP 1), so a TP group is a run of TP
   consecutive slots, hence on one node; ``check_policy_nodes`` verifies it (and that a CP
-  group spans no more nodes than TP x CP needs) against where Ray actually put them.
+  group spans no more nodes than TP x CP needs) against where Ray actually put them. MoE
+  layouts (EP > 1) have expert groups too (Megatron's expert RankGenerator, expert TP =
+  TP: config/rank_groups.py): the EP group of the token all-to-all and the expert TP x EP
+  group must span no more nodes than the layout itself implies (an error, like TP/CP, when
+  the placement spreads them further); when the layout itself puts an EP group on several
+  nodes (TP x EP not a divisor of gpus_per_node) that is a slowdown the config chose, and
+  a warning naming the keys is returned and printed instead.
 * colocated engine e (TP t): the bundle of slot e*t of the POLICY's reservation with the
   other half of that GPU; it must see the devices of policy ranks e*t .. e*t+t-1 (checked
   to be on its node), which Ray cannot express (an actor gets devices only from its own
@@ -39,6 +45,12 @@ from ray.util.placement_group import PlacementGroup
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.rank_groups import (
+    expert_groups,
+    expert_layout_warning,
+    nodes_spanned,
+    packed_nodes,
+)
 from dapo_megatron.config.run_plan import COLOCATED_SHARE, Device, RunPlan
 from dapo_megatron.config.schema import ClusterConfig
 from dapo_megatron.controller.cluster import (
@@ -108,14 +120,33 @@ def _spread(ranks: Sequence[int], nodes: Sequence[str]) -> str:
     )
 
 
+def _expert_problems(nodes: Sequence[str], dims: ParallelDims, gpus_per_node: int) -> list[str]:
+    """EP and expert TP x EP groups that Ray spread over more nodes than the layout on
+    whole nodes puts them (config/rank_groups.py mirrors Megatron's expert RankGenerator)."""
+    if dims.ep == 1:
+        return []
+    packed = packed_nodes(dims.world_size, gpus_per_node)
+    problems = []
+    for token, label in (("ep", "EP group"), ("tp-ep", "expert TP x EP group")):
+        for g in expert_groups(dims, token):
+            allowed = nodes_spanned(g, packed)
+            if nodes_spanned(g, nodes) > allowed:
+                plural = "s" if allowed > 1 else ""
+                problems.append(f"{label} {_spread(g, nodes)} (at most {allowed} node{plural})")
+    return problems
+
+
 def check_policy_nodes(
     nodes: Sequence[str], dims: ParallelDims, *, gpus_per_node: int, name: str
-) -> None:
+) -> list[str]:
     """Raise PlacementError unless every TP group sits on one node and every CP group on
-    as few nodes as TP x CP allows (one when it fits a node); ``nodes[r]``: rank r's node.
+    as few nodes as TP x CP allows (one when it fits a node), and (MoE) every EP and expert
+    TP x EP group on no more nodes than the layout implies; ``nodes[r]``: rank r's node.
+    Returns the warnings of the layout itself (an EP group that must cross nodes).
 
     TP exchanges activations every layer (NVLink speed needed); CP rings KV blocks every
-    attention layer. DP and PP cross nodes by design and are not checked.
+    attention layer; EP exchanges every token twice per MoE layer (all-to-all). DP and PP
+    cross nodes by design and are not checked.
     """
     if len(nodes) != dims.world_size:
         raise ValueError(f"{len(nodes)} nodes given for a policy of {dims.world_size} ranks")
@@ -129,15 +160,19 @@ def check_policy_nodes(
             for g in cp_groups(dims)
             if len({nodes[r] for r in g}) > cp_nodes
         ]
+    problems += _expert_problems(nodes, dims, gpus_per_node)
     if not problems:
-        return
+        warning = expert_layout_warning(dims, gpus_per_node)
+        return [f"{name}: {warning}"] if warning else []
     more = f"; and {len(problems) - _SHOWN} more" if len(problems) > _SHOWN else ""
     raise PlacementError(
-        f"{name}: policy layout TP{dims.tp} CP{dims.cp} PP{dims.pp} DP{dims.dp} on "
+        f"{name}: policy layout TP{dims.tp} CP{dims.cp} PP{dims.pp} DP{dims.dp}"
+        f"{f' EP{dims.ep}' if dims.ep > 1 else ''} on "
         f"{gpus_per_node} GPUs per node: ranks that must share a node do not: "
         f"{'; '.join(problems[:_SHOWN])}{more}. Fix: each node must hold whole TP groups "
-        f"(whole TP x CP blocks when they fit a node): keep policy.megatron."
-        f"tensor_model_parallel_size (times context_parallel_size) a divisor of "
+        f"(whole TP x CP blocks when they fit a node, whole TP x EP blocks for MoE): keep "
+        f"policy.megatron.tensor_model_parallel_size (times context_parallel_size, and "
+        f"times expert_model_parallel_size) a divisor of "
         f"cluster.gpus_per_node, give the run whole nodes (no other job holding some of a "
         f"node's GPUs), and in split mode make cluster.generation_num_devices leave the "
         f"policy a multiple of TP x CP on every node"
@@ -153,12 +188,13 @@ def policy_placements(
     if len(reservation.order) != world:
         raise ValueError(f"a reservation of {len(reservation.order)} bundles for {world} ranks")
     if reservation.has_gpus:
-        check_policy_nodes(
+        for warning in check_policy_nodes(
             reservation.node_labels(),
             plan.dims,
             gpus_per_node=plan.config.cluster.gpus_per_node,
             name=plan.config.run.name,
-        )
+        ):
+            print(f"[placement] warning: {warning}", flush=True)
     threads = max(1, int(resources.num_cpus))
     if not resources.num_gpus:
         # On CPU the ranks share the machine's cores with the split engines' processes
