@@ -18,7 +18,9 @@ tiny-qwen3), in ONE command (scripts/gpu_run.sh):
 3. the resume check: the same run for one step with a checkpoint, then resumed from it for
    step 2 (without a second checkpoint: a 1.7B one is ~24 GB with its optimizer states);
    ``resume_bit_exact`` is whether step 2 equals the timed run's step 2 exactly on every
-   key of gpu_run_figures.RESUME_KEYS;
+   key of gpu_run_figures.RESUME_KEYS (details: ``step1_mismatches`` compares step 1 of
+   both, where no resume is involved: differences there are the device's
+   non-determinism, not the checkpoint's);
 4. ``dapo-export`` (the CLI) of the step-1 checkpoint; ``export_ok``: transformers loads
    it, its parameter count is the preset's and a forward gives finite logits;
 5. ``transformers`` ``generate`` on the same card, same batch and length (forced with
@@ -28,7 +30,9 @@ Figures (gpu_run_figures.py): median phase times of the timed steps, throughputs
 the card's dense bf16 peak (null on a CPU), per-phase peak memory measured by the policy
 rank (device/phase_memory.py; null on a CPU) and planned by dapo-plan's model
 (planning/memory.py) for the same recipe. Writes ``--out`` (default
-bench/results/gpu_run_<gpu>.json) and prints a summary table.
+bench/results/gpu_run_<gpu>.json, rewritten after each model, so a command stopped at its
+time limit keeps the models done; ``--deadline-s`` starts no model past it) and prints a
+summary table.
 """
 
 from __future__ import annotations
@@ -108,6 +112,12 @@ def parse_args(argv: list[str] | None, cuda: bool) -> argparse.Namespace:
     )
     p.add_argument("--no-hf-generate", action="store_true", help="skip the transformers baseline")
     p.add_argument("--seed", type=int, default=42)
+    p.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="start no further model after this many seconds (the JSON so far stays)",
+    )
     p.add_argument(
         "train_overrides",
         nargs="*",
@@ -308,7 +318,7 @@ def hf_generate_tps(model_dir: Path, args: argparse.Namespace, device: str) -> f
 
     def generate(n: int) -> None:
         with torch.no_grad():
-            model.generate(  # type: ignore[operator]
+            model.generate(
                 ids,
                 attention_mask=mask,
                 do_sample=True,
@@ -394,6 +404,12 @@ def run_model(
     else:
         mismatches = figures.resume_mismatches(straight[2], resumed[2])
     details["resume_mismatches"] = mismatches
+    # Step 1 of both runs starts from the same weights without any resume: a difference
+    # there is the device's non-determinism, not the checkpoint's (it tells the two apart).
+    step1 = by_step(metrics_rows(root / "resumed")).get(1)
+    details["step1_mismatches"] = (
+        figures.resume_mismatches(straight[1], step1) if step1 and 1 in straight else None
+    )
 
     checkpoint = root / "resumed" / "checkpoints" / "step_000001"
     hf_dir = root / "hf"
@@ -499,6 +515,15 @@ def device_context() -> dict[str, Any]:
     }
 
 
+def write_json(out: Path, result: dict[str, Any], started: float) -> None:
+    """Write the results so far (atomically: a kill never leaves half a file)."""
+    result["wall_s"] = round(time.perf_counter() - started, 1)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run every model, write the JSON, print the table."""
     ctx = device_context()
@@ -535,6 +560,12 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     try:
         for preset in [m for m in args.models.split(",") if m]:
+            elapsed = time.perf_counter() - started
+            if args.deadline_s is not None and elapsed > args.deadline_s:
+                log(f"{preset}: skipped, {elapsed:.0f} s > --deadline-s {args.deadline_s:g}")
+                result["details"][preset] = {"skipped": f"deadline after {elapsed:.0f} s"}
+                failed = True
+                continue
             try:
                 entry, details = run_model(preset, args, work, ctx)
             except Exception as e:  # noqa: BLE001 - the next model still runs
@@ -545,12 +576,11 @@ def main(argv: list[str] | None = None) -> int:
             result["models"][preset] = entry
             result["details"][preset] = details
             log(f"{preset}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in entry.items()))
+            write_json(out, result, started)  # a run killed by its time limit keeps these
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
-    result["wall_s"] = round(time.perf_counter() - started, 1)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result, started)
     if result["models"]:
         print(summary_table(result["models"]), flush=True)
     log(f"wrote {out} in {result['wall_s']} s")
