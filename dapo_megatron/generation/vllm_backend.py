@@ -443,6 +443,15 @@ class VllmGenerationBackend:
             and config.parallel_config.distributed_executor_backend == "uni"
         )
 
+    @property
+    def memory_in_process(self) -> bool:
+        """Whether the engine's device memory (weights, KV cache, its allocator's cache)
+        lives in this process: only when the engine core and its one worker run here
+        (VLLM_ENABLE_V1_MULTIPROCESSING=0 with the ``uni`` executor). Otherwise vLLM's
+        EngineCore (and for TP > 1 the ``mp`` workers) are child processes holding all of
+        it, and this process has no CUDA state to release (device/memory_release.py)."""
+        return self._in_process
+
     # -----------------------------------------------------------------------------------
 
     def _engine(self) -> Any:

@@ -67,6 +67,12 @@ def _exit_worker(error: BaseException, what: str) -> None:
     os._exit(1)
 
 
+def engine_memory_in_process(backend: GenerationBackend) -> bool:
+    """Whether the backend's device memory is in this actor's process: a vLLM backend says
+    so itself (``VllmGenerationBackend.memory_in_process``); the Megatron engine always is."""
+    return bool(getattr(backend, "memory_in_process", True))
+
+
 class GenerationWorker:
     """One generation engine (all of its ranks when the backend spawns them itself)."""
 
@@ -228,8 +234,16 @@ class GenerationWorker:
     def sleep(self) -> dict[str, int]:
         """Put the engine to sleep, then return this process's cached CUDA blocks (what the
         engine's requests left in PyTorch's allocator) before the policy trains on the
-        same GPU (device/memory_release.py); returns the reserved bytes before and after."""
-        self._require_backend().sleep()
+        same GPU (device/memory_release.py); returns the reserved bytes before and after.
+
+        Only where the engine's memory lives in this process (``engine_memory_in_process``):
+        a vLLM engine core in child processes (the GPU default) holds it all there, and its
+        own sleep released it; releasing here would only open a CUDA context in this
+        process, on the policy's GPU, while the policy trains."""
+        backend = self._require_backend()
+        backend.sleep()
+        if not engine_memory_in_process(backend):
+            return {"reserved_before": 0, "reserved_after": 0, "released": 0}
         return release_cached_memory("engine: asleep, before the policy trains")
 
     def wake(self) -> None:

@@ -168,6 +168,7 @@ def colocated(monkeypatch: pytest.MonkeyPatch):
     assert plan.config.cluster.colocated and plan.refit_transport == "ipc"
     # torch.cuda as a recording stand-in, each call named with the process that made it.
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)  # both hold CUDA memory
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 1 << 30)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: recorder.record("sync"))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: recorder.record("empty_cache"))
@@ -247,6 +248,7 @@ def test_release_is_a_no_op_without_cuda(monkeypatch: pytest.MonkeyPatch) -> Non
 def test_release_reports_reserved_bytes_before_and_after(monkeypatch: pytest.MonkeyPatch) -> None:
     reserved = [5 << 30]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: reserved[0])
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: reserved.__setitem__(0, 2 << 30))
