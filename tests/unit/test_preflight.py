@@ -195,7 +195,13 @@ def test_the_real_loader_raises_the_file_and_line(tiny_model: Path, tmp_path: Pa
 
 def test_model_dir_without_config_json(tiny_model: Path, tmp_path: Path) -> None:
     model = copy_model(tiny_model, tmp_path / "m", without=("config.json",))
-    cfg = config(f"policy.model_name_or_path={model}", "policy.init_model_if_missing=false")
+    # The recipe's preset is for the recipe's model: named again, it describes this one
+    # (validation reads the architecture before preflight looks at the directory).
+    cfg = config(
+        f"policy.model_name_or_path={model}",
+        "policy.model_arch=tiny-qwen2",
+        "policy.init_model_if_missing=false",
+    )
     assert one_line(preflight(cfg, "cpu")) == (
         f"policy.model_name_or_path: {model} has no config.json (a local Hugging Face "
         "checkpoint directory is expected; the hub is not used)"
