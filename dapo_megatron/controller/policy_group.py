@@ -12,6 +12,7 @@ layout, without waiting for the survivors (they would block in a collective fore
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -30,6 +31,38 @@ from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers.policy_worker import PolicyWorker
 
 __all__ = ["PolicyGroup", "WorkerDied", "WorkerFailure", "shard_bounds"]
+
+
+MAX_CONNECTIONS_VAR = "CUDA_DEVICE_MAX_CONNECTIONS"
+
+
+def policy_env_vars(plan: RunPlan) -> dict[str, str]:
+    """Environment variables every policy actor starts with (Ray ``runtime_env``: set
+    before the process exists, so before anything in it initialises CUDA, which reads them
+    once at context creation).
+
+    ``CUDA_DEVICE_MAX_CONNECTIONS=1`` on CUDA with TP > 1: one hardware work queue per
+    device, so kernels start in the order they are launched. Megatron's tensor-parallel
+    linear layers launch the sequence-parallel reduce-scatter / all-gather (SP) or the
+    input-gradient all-reduce (TP without SP) before the weight-gradient GEMM and rely on
+    that order for the overlap (megatron-core 0.16.1 megatron/core/tensor_parallel/
+    layers.py, ``LinearWithGradAccumulationAndAsyncCommunication`` comments and
+    ``linear_with_grad_accumulation_and_async_allreduce``, which warns when the variable is
+    not "1" with sequence_parallel or allreduce_dgrad, i.e. whenever TP > 1). Not set at
+    TP 1 (no such overlap) nor on CPU. A value the controller's environment sets wins.
+    """
+    if plan.device != "cuda" or plan.dims.tp == 1:
+        return {}
+    return {MAX_CONNECTIONS_VAR: os.environ.get(MAX_CONNECTIONS_VAR, "1")}
+
+
+def with_env_vars(options: dict[str, Any], env_vars: dict[str, str]) -> dict[str, Any]:
+    """Ray actor options with ``env_vars`` added to their runtime_env (none: unchanged)."""
+    if not env_vars:
+        return options
+    runtime_env = dict(options.get("runtime_env") or {})
+    runtime_env["env_vars"] = {**runtime_env.get("env_vars", {}), **env_vars}
+    return {**options, "runtime_env": runtime_env}
 
 
 def shard_bounds(total: int, parts: int) -> list[tuple[int, int]]:
@@ -67,10 +100,11 @@ class PolicyGroup:
             self.placement.remove()
             raise
         actor = ray.remote(PolicyWorker)
+        env_vars = policy_env_vars(plan)
         # Actor handles, typed Any: Ray actor method calls (``w.setup.remote(...)``) are
         # dynamic, with no static type; each call site annotates what the method returns.
         self.workers: list[Any] = [
-            actor.options(**p.options).remote(
+            actor.options(**with_env_vars(p.options, env_vars)).remote(
                 plan, rank=rank, world_size=world, num_threads=p.num_threads
             )
             for rank, p in enumerate(placements)
