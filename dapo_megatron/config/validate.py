@@ -13,6 +13,7 @@ from typing import Any
 from dapo_megatron.algorithms.loss_spec import spec_problems
 from dapo_megatron.algorithms.prompt_skipping import skip_rule_problems
 from dapo_megatron.algorithms.shaping_limits import overlong_problems, scaling_problems
+from dapo_megatron.config.arch_checks import arch_problems
 from dapo_megatron.config.arithmetic_task import num_distinct_problems
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.float_ranges import float_problems
@@ -90,6 +91,10 @@ def validate_config(
         arch, arch_source = _resolve_policy_arch(config, sources, order)
     except ConfigError as e:
         c.errors.append(str(e))
+    if arch is not None and (problems := arch_problems(arch)):
+        # A model that contradicts itself: the layout checks below would divide by its sizes.
+        c.errors += [f"{arch_source}: {p}" for p in problems]
+        arch = None
     if dims is not None:
         _check_batches(c, dims)
         if arch is not None:
@@ -137,6 +142,14 @@ def _check_rollout(c: _Checker) -> list[str]:
     if r.prompts_per_request is not None:
         c.at_least("rollout.prompts_per_request", 1)
     c.at_least("rollout.abort_tail_oversample", 1)
+    # A key another key makes inert is refused, naming both: it would do nothing silently.
+    c.require(
+        not r.abort_tail or config.dapo.dynamic_sampling.enabled,
+        "rollout.abort_tail",
+        "cuts a dynamic-sampling round once it has the groups it needs; with "
+        "dapo.dynamic_sampling.enabled=false a round is one batch and nothing is cut: "
+        "set one of them",
+    )
     warnings: list[str] = []
     if r.partial_rollouts:
         c.require(

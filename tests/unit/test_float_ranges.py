@@ -68,3 +68,9 @@ def test_ranges_print_as_intervals() -> None:
     assert str(FloatRange(-math.inf, math.inf)) == "(-inf, inf)"
     assert FloatRange(0.0, 1.0, low_open=True).contains(1.0)
     assert not FloatRange(0.0, 1.0, low_open=True).contains(0.0)
+
+
+def test_a_key_another_key_makes_inert_is_refused_naming_both() -> None:
+    message = _error("rollout.abort_tail=true", "dapo.dynamic_sampling.enabled=false")
+    assert "rollout.abort_tail = True" in message
+    assert "dapo.dynamic_sampling.enabled=false" in message
