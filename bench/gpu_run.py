@@ -16,11 +16,11 @@ tiny-qwen3), in ONE command (scripts/gpu_run.sh):
    samples EOS: responses run to ``--response-length`` tokens. The old-logprob pass is
    forced (``policy.old_logprob_pass=always``) so the logprob phase is timed;
 3. the resume check: the same run for one step with a checkpoint, then resumed from it for
-   step 2 (without a second checkpoint: a 1.7B one is ~24 GB with its optimizer states);
-   ``resume_bit_exact`` is whether step 2 equals the timed run's step 2 exactly on every
-   key of gpu_run_figures.RESUME_KEYS (details: ``step1_mismatches`` compares step 1 of
-   both, where no resume is involved: differences there are the device's
-   non-determinism, not the checkpoint's);
+   steps 2 and 3 (without a second checkpoint: a 1.7B one is ~24 GB with its optimizer
+   states); ``resume_bit_exact`` is whether those steps equal the timed run's exactly on
+   every key of gpu_run_figures.RESUME_KEYS (step 3 also depends on the restored Adam
+   moments); ``details.step1_mismatches`` compares step 1 of both, where no resume is
+   involved: differences there are the device's non-determinism, not the checkpoint's;
 4. ``dapo-export`` (the CLI) of the step-1 checkpoint; ``export_ok``: transformers loads
    it, its parameter count is the preset's and a forward gives finite logits;
 5. ``transformers`` ``generate`` on the same card, same batch and length (forced with
@@ -384,7 +384,10 @@ def run_model(
     )
     rows = metrics_rows(root / "timed")
 
-    # Resume: one step with its checkpoint, then step 2 from it (no second checkpoint).
+    # Resume: one step with its checkpoint, then steps 2..last from it (no second
+    # checkpoint). Step 3 depends on the restored Adam moments too, step 2 only on the
+    # restored weights, data order and sampling state.
+    last = min(args.steps, 3)
     walls["resume_part1"] = run_cli(
         TRAIN,
         ["--config", str(BASE), *ov("resumed", 1, True)],
@@ -393,16 +396,20 @@ def run_model(
     )
     walls["resume_part2"] = run_cli(
         TRAIN,
-        ["--config", str(BASE), *ov("resumed", 2, False)],
+        ["--config", str(BASE), *ov("resumed", last, False)],
         root / "resume2.log",
         f"{preset} resume 2/2",
     )
     resumed_text = (root / "resume2.log").read_text()
     straight, resumed = by_step(rows), by_step(metrics_rows(root / "resumed"))
-    if 2 not in resumed or "[resume]" not in resumed_text:
+    if any(k not in resumed for k in range(2, last + 1)) or "[resume]" not in resumed_text:
         mismatches = ["the second part did not resume from the step-1 checkpoint"]
     else:
-        mismatches = figures.resume_mismatches(straight[2], resumed[2])
+        mismatches = [
+            f"step {k}: {m}"
+            for k in range(2, last + 1)
+            for m in figures.resume_mismatches(straight[k], resumed[k])
+        ]
     details["resume_mismatches"] = mismatches
     # Step 1 of both runs starts from the same weights without any resume: a difference
     # there is the device's non-determinism, not the checkpoint's (it tells the two apart).

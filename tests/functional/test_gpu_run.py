@@ -1,7 +1,8 @@
 """scripts/gpu_run.sh on a CPU (CI): the one-GPU end-to-end run with the tiny tiny-qwen3.
 
 The same command that gives the GPU figures (bench/gpu_run.py) runs here with the CPU
-defaults: dapo-train for two timed steps, the resume that must match bit-exactly,
+defaults: dapo-train for three steps (two timed), the resume from step 1 that must match
+steps 2 and 3 bit-exactly,
 dapo-export loaded back by transformers, the transformers generate baseline. The JSON has
 exactly the per-model keys of bench/gpu_run_figures.MODEL_KEYS.
 """
@@ -33,7 +34,7 @@ def test_gpu_run_script_on_cpu(tmp_path):
             "--out",
             str(out),
             "--steps",
-            "2",
+            "3",
             "--work-dir",
             str(tmp_path / "work"),
         ],
