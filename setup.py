@@ -46,8 +46,13 @@ setup(
         # >=2.9,<2.12 (its `dev` extra in the wheel's METADATA) and its TE layers call TE
         # internals that change between releases, so the newest release in that range.
         # `pip install --dry-run "transformer-engine[pytorch]==2.11.0" torch==2.13.0
-        # vllm==0.32.0` resolves (transformer_engine_torch 2.11.0 is an sdist, compiled
-        # against the installed torch when installed; torch>=2.1, core transformer_engine_cu13).
+        # vllm==0.32.0` resolves (transformer_engine_torch 2.11.0 is an sdist; core
+        # transformer_engine_cu13). Install the GPU stack with `bash scripts/setup_gpu.sh`,
+        # not with this extra alone: the sdist's [build-system] asks for an unpinned
+        # torch>=2.1, so pip's isolated build compiles it against the newest torch instead of
+        # 2.13.0 and its import then fails with an undefined symbol. The script installs
+        # torch==2.13.0 (CUDA) first, then vllm==0.32.0, then TE with --no-build-isolation;
+        # dapo-train --dry-run names an ABI mismatch in one line (config/run_plan.py).
         "gpu": ["vllm==0.32.0", "transformer-engine[pytorch]==2.11.0"],
     },
     entry_points={

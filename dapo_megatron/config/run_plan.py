@@ -172,14 +172,24 @@ def runtime_problems(plan: RunPlan) -> list[str]:
         )
     if plan.device == "cuda" and not config.policy.allow_local_spec and not te_installed():
         # The worker would raise TransformerEngineUnavailable after Ray started every rank;
-        # a missing package is visible here already (a broken one only when imported there).
+        # a missing package is visible here already.
         problems.append(
             "policy.allow_local_spec = false and cluster.device resolves to cuda, but "
             "transformer_engine is not installed here: the policy would run the unfused "
-            "local layer spec that the memory plan does not count. Install the gpu extra "
-            "(pip install -e '.[gpu]'), or set policy.allow_local_spec=true to run the "
-            "local spec on purpose"
+            "local layer spec that the memory plan does not count. Install the GPU stack "
+            "with bash scripts/setup_gpu.sh (the gpu extra, pip install -e '.[gpu]', with "
+            "Transformer Engine built against the installed torch), or set "
+            "policy.allow_local_spec=true to run the local spec on purpose"
         )
+    elif plan.device == "cuda" and not config.policy.allow_local_spec:
+        # Installed but compiled against another torch: its import fails in every worker;
+        # a child process imports it here (te_abi_error). Other import failures are left
+        # to the worker's TransformerEngineUnavailable, as before.
+        abi = te_abi_error()
+        if abi is not None:
+            problems.append(
+                f"policy.allow_local_spec = false and cluster.device resolves to cuda: {abi}"
+            )
     return problems
 
 
@@ -189,6 +199,76 @@ def te_installed() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("transformer_engine") is not None
+
+
+TE_VERSION = "2.11.0"
+"""The Transformer Engine release setup.py's gpu extra and scripts/setup_gpu.sh pin."""
+
+# Imports TE's torch layer in a child process (the driver must not initialise CUDA) and
+# prints an ImportError's text after a marker line; any other outcome prints nothing.
+_TE_IMPORT_PROBE = """
+try:
+    import transformer_engine.pytorch
+except ImportError as error:
+    print("TE_IMPORT_ERROR", error, flush=True)
+"""
+TE_PROBE_TIMEOUT_S = 180.0
+"""How long the child's import may take (TE loads its libraries and cuDNN: seconds)."""
+
+
+def te_abi_message(error_text: str) -> str | None:
+    """One line for an undefined-symbol ImportError of TE's torch extension, else None.
+
+    ``transformer_engine/pytorch/__init__.py`` loads ``transformer_engine_torch`` (a C++
+    extension linked against libtorch) through ``load_framework_extension``
+    (transformer_engine/common/__init__.py, TE 2.11.0), which raises this ImportError when
+    the extension was compiled against another torch than the one installed: the sdist's
+    isolated build (its pyproject.toml asks for an unpinned ``torch>=2.1``) compiles against
+    the newest torch, not this environment's (setup.py's gpu extra comment)."""
+    marker = "undefined symbol:"
+    if marker not in error_text:
+        return None
+    words = error_text.rsplit(marker, 1)[1].split()
+    symbol = words[0] if words else "?"
+    from importlib import metadata
+
+    try:
+        torch_version = metadata.version("torch")
+    except metadata.PackageNotFoundError:
+        torch_version = "(not installed)"
+    return (
+        f"Transformer Engine's torch extension (transformer_engine_torch) does not load "
+        f"against the installed torch {torch_version}: undefined symbol {symbol} (it was "
+        f"compiled against another torch, as pip's isolated build of its sdist does); fix: "
+        f"bash scripts/setup_gpu.sh, or rebuild it against this torch: pip install "
+        f"--no-build-isolation --no-deps --force-reinstall "
+        f"transformer-engine-torch=={TE_VERSION}"
+    )
+
+
+def te_abi_error() -> str | None:
+    """``te_abi_message`` of importing ``transformer_engine.pytorch`` in a child process
+    (the driver must not initialise CUDA), when TE is installed and fails so; else None
+    (also when the child cannot tell in TE_PROBE_TIMEOUT_S: the worker reports it then)."""
+    import subprocess
+    import sys
+
+    if not te_installed():
+        return None
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", _TE_IMPORT_PROBE],
+            capture_output=True,
+            text=True,
+            timeout=TE_PROBE_TIMEOUT_S,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in child.stdout.splitlines():
+        if line.startswith("TE_IMPORT_ERROR "):
+            return te_abi_message(line.removeprefix("TE_IMPORT_ERROR "))
+    return None
 
 
 def resolve_device(cluster: ClusterConfig) -> Device:

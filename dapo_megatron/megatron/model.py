@@ -48,7 +48,7 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 
 from dapo_megatron.config.model_arch import SUPPORTED_FAMILIES, ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.config.run_plan import FORWARD_MOE, MoeTraining
+from dapo_megatron.config.run_plan import FORWARD_MOE, MoeTraining, te_abi_message
 from dapo_megatron.megatron import rope_thd
 from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 from dapo_megatron.megatron.cpu_compat import apply_cpu_compat
@@ -72,14 +72,17 @@ def transformer_engine_error() -> str | None:
     """None when Transformer Engine and Megatron's TE layers import; else the error's text.
 
     Megatron's ``gpt_layer_specs`` swallows the same import error (its ``HAVE_TE``), so the
-    TE spec would fail later and less clearly; this asks the same imports directly."""
+    TE spec would fail later and less clearly; this asks the same imports directly. An
+    undefined-symbol ImportError (TE's torch extension compiled against another torch) is
+    turned into one line naming the installed torch and the fix (run_plan.te_abi_message)."""
     try:
         import transformer_engine.pytorch  # noqa: F401
         from megatron.core.extensions.transformer_engine_spec_provider import (  # noqa: F401
             TESpecProvider,
         )
     except Exception as error:  # ImportError, OSError (a missing .so), RuntimeError, ...
-        return f"{type(error).__name__}: {error}"
+        abi = te_abi_message(str(error)) if isinstance(error, ImportError) else None
+        return abi if abi is not None else f"{type(error).__name__}: {error}"
     return None
 
 
@@ -106,9 +109,10 @@ def uses_transformer_engine(*, allow_local_spec: bool = False) -> bool:
     raise TransformerEngineUnavailable(
         f"Transformer Engine does not import on this CUDA machine ({error}); without it the "
         "policy would run Megatron's local spec: unfused attention, slower, and more "
-        "activation memory than dapo-plan counts. Install the gpu extra "
-        "(pip install -e '.[gpu]', which pins transformer-engine[pytorch]), or set "
-        "policy.allow_local_spec=true to run the local spec on purpose"
+        "activation memory than dapo-plan counts. Install the GPU stack with bash "
+        "scripts/setup_gpu.sh (the gpu extra, with transformer-engine[pytorch] built against "
+        "the installed torch), or set policy.allow_local_spec=true to run the local spec "
+        "on purpose"
     )
 
 
