@@ -13,6 +13,12 @@
 # (.gpu_carry/pack/site.tar.xz; name `.gpu_carry/pack` in the device call's carry) is
 # unpacked into a temporary directory put on PYTHONPATH, never into the system Python.
 # Interpreter: $PYTHON, else .venv/bin/python when present, else python3.
+#
+# On the lent one-GPU machine (device tool), after `bash scripts/build_gpu_carry.sh` here:
+#   run(carry=[".gpu_carry/pack"], timeout_s=600, command="set -o pipefail; bash
+#       scripts/gpu_run.sh --out $OUT/gpu_run.json --deadline-s 360 2>&1 | tee $OUT/gpu_run.log")
+# The JSON is rewritten after each model, so a run stopped at its limit keeps the models
+# done; --deadline-s starts no further model past it. Copy it to bench/results/ after.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-}
