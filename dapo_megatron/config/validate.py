@@ -26,6 +26,7 @@ from dapo_megatron.config.parallel import (
     parallel_dims,
     sequence_multiple,
 )
+from dapo_megatron.config.rank_groups import expert_layout_warning
 from dapo_megatron.config.run_plan import RunPlan, loss_spec_fields, make_plan, resolve_device
 from dapo_megatron.config.schema import DapoMegatronConfig
 
@@ -96,6 +97,9 @@ def validate_config(
         c.errors += [f"{arch_source}: {p}" for p in problems]
         arch = None
     if dims is not None:
+        # Shown by dapo-plan and the dry run, not only once Ray has placed the ranks.
+        crossing = expert_layout_warning(dims, config.cluster.gpus_per_node)
+        warnings += [crossing] if crossing else []
         _check_batches(c, dims)
         if arch is not None:
             _check_arch(c, dims, arch, arch_source, warnings)

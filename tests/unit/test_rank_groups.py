@@ -193,3 +193,20 @@ def test_dense_layouts_have_no_expert_checks() -> None:
     dims = _dims(8, 1)
     assert expert_layout_warning(dims, 8) is None
     assert check_policy_nodes(packed_nodes(32, 8), dims, gpus_per_node=8, name="d") == []
+
+
+def test_dry_run_and_plan_warn_about_expert_groups_that_cross_nodes() -> None:
+    from dapo_megatron.config.loader import load_config
+
+    recipe = next((Path(__file__).resolve().parents[2] / "recipes").glob("dapo-qwen3-30b-a3b-*"))
+    shipped = load_config(recipe, []).require_plan()
+    assert not any("expert-parallel groups span nodes" in w for w in shipped.warnings)
+    # The recipe's earlier layout: EP8 at expert TP2 strides its EP groups over two nodes.
+    old = load_config(
+        recipe,
+        [
+            "policy.megatron.expert_model_parallel_size=8",
+            "generation.engine.gpu_memory_utilization=0.55",
+        ],
+    ).require_plan()
+    assert any("expert-parallel groups span nodes" in w for w in old.warnings)
