@@ -31,7 +31,7 @@ from dapo_megatron.config.rank_groups import (
 from dapo_megatron.controller.placement import PlacementError, check_policy_nodes, cp_groups
 
 REPO = Path(__file__).resolve().parents[2]
-MOE_RECIPE = REPO / "recipes" / "dapo-qwen3-30b-a3b-4n8g-tp2pp1cp1ep8.yaml"
+MOE_RECIPE = REPO / "recipes" / "dapo-qwen3-30b-a3b-4n8g-tp2pp1cp1ep4.yaml"
 
 
 def _dims(tp: int, ep: int, *, world: int = 32, cp: int = 1, pp: int = 1) -> ParallelDims:
