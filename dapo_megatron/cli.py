@@ -201,22 +201,37 @@ def _train_locked(plan: RunPlan, command: str) -> int:
     from dapo_megatron.controller.remote import RestartsExhausted, WorkerFailure
     from dapo_megatron.storage.checkpoint_dirs import CheckpointError
 
-    hook = preemption.Preemption(plan.config.run.preemption_grace_s)
+    # The final line of a preempted run (also printed by the hook's exit watchdog when
+    # stopping the workers or Ray hangs, e.g. on a GCS the job-wide SIGTERM stopped).
+    hook = preemption.Preemption(
+        plan.config.run.preemption_grace_s,
+        final_line=lambda outcome: f"preempted: SIGTERM; {outcome}{_resume_hint(plan, command)}",
+    )
     hook.install()
     preemption.activate(hook)
+
+    def preempted(outcome: str) -> int:
+        if hook.outcome is None:
+            hook.outcome = outcome
+        line = hook.final_line()
+        if line is not None:
+            print(line, file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT
+
     try:
-        metrics = train(plan)
+        try:
+            metrics = train(plan)
+        except Exception:
+            if hook.outcome is not None:
+                # The safe point (or the deadline) was reached and decided the outcome;
+                # what failed after it is the stop of workers (a job-wide SIGTERM may
+                # have ended them, and the GCS with them).
+                return preempted(hook.outcome)
+            raise
     except preemption.Preempted as e:
-        saved = f"saved step {e.step}; " if e.saved is not None else ""
-        print(f"preempted: SIGTERM; {saved}{_resume_hint(plan, command)}", file=sys.stderr)
-        return PREEMPTED_EXIT
+        return preempted(preemption.saved_words(e.step, e.saved))
     except preemption.PreemptionDeadline as e:
-        print(
-            f"preempted: SIGTERM; {e}, so the workers were stopped without a new "
-            f"checkpoint; {_resume_hint(plan, command)}",
-            file=sys.stderr,
-        )
-        return PREEMPTED_EXIT
+        return preempted(f"{e}, so the workers were stopped without a new checkpoint; ")
     except KeyboardInterrupt:
         print(
             f"interrupted: the workers were stopped; {_resume_hint(plan, command)}",

@@ -17,9 +17,10 @@ slot r of that order is what rank r (or engine r) runs on (controller/placement.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -56,9 +57,48 @@ def cluster_cpus() -> float:
     return float(cluster_resources().get("CPU", 1))
 
 
+@contextlib.contextmanager
+def _node_processes_in_own_session() -> Iterator[None]:
+    """While ``ray.init`` starts a local cluster: its node processes (GCS, raylet, and the
+    workers the raylet starts) in a session of their own, out of the driver's process group.
+
+    Ray 2.60 starts them with ``ray._private.services.start_ray_process``, a
+    ``ConsolePopen`` (a ``subprocess.Popen``) without a new session or process group, so a
+    signal to the driver's group (a terminal, ``timeout``, ``kill -TERM -PGID``) reaches
+    them too: the GCS and raylet stop at once, the driver's checkpoint at the end of the
+    step never completes and its GCS client waits 60 s for a dead GCS. In their own session
+    they see only what Ray sends them; they still die with the driver (Ray's fate sharing:
+    ``set_kill_on_parent_death_linux`` in the same ``preexec_fn``, and ``ray.shutdown`` at
+    exit).
+    """
+    from ray._private import services
+
+    original = services.ConsolePopen
+
+    class _OwnSessionPopen(original):  # type: ignore[misc,valid-type]
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["start_new_session"] = True
+            super().__init__(*args, **kwargs)
+
+    services.ConsolePopen = _OwnSessionPopen  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        services.ConsolePopen = original  # type: ignore[misc]
+
+
+def gcs_address() -> str | None:
+    """host:port of the connected cluster's GCS (None when Ray does not say)."""
+    try:
+        return str(ray.get_runtime_context().gcs_address) or None
+    except Exception:  # not connected, or an attribute Ray renamed: no probe then
+        return None
+
+
 def start_ray(cluster: ClusterConfig, *, device: Device, num_cpus: int | None = None) -> None:
     """Join RAY_ADDRESS / cluster.ray_address, or start a small local cluster on loopback
-    (``device``: the run plan's resolved device kind)."""
+    (``device``: the run plan's resolved device kind) whose node processes live in their
+    own session (``_node_processes_in_own_session``)."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -66,6 +106,11 @@ def start_ray(cluster: ClusterConfig, *, device: Device, num_cpus: int | None = 
     if address:
         ray.init(address=address, include_dashboard=False, log_to_driver=True)
         return
+    with _node_processes_in_own_session():
+        _init_local(num_cpus=num_cpus, device=device)
+
+
+def _init_local(*, num_cpus: int | None, device: Device) -> None:
     ray.init(
         address="local",  # never a stale cluster file from an earlier session
         num_cpus=num_cpus,

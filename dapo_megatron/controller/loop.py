@@ -24,7 +24,7 @@ from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller import node_loss, preemption, steps
-from dapo_megatron.controller.cluster import start_ray
+from dapo_megatron.controller.cluster import gcs_address, start_ray
 from dapo_megatron.controller.context import RunContext, Workers, build_context
 from dapo_megatron.controller.generation_group import Engines, build_engines
 from dapo_megatron.controller.policy_group import PolicyGroup
@@ -114,6 +114,7 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
         # Their logprobs must now be the policy's (what vLLM decides differently on GPU).
         check_engine_logprobs(ctx, engines, policy)
     if preemption.requested():  # SIGTERM during start-up: the resumed state is saved
+        preemption.stop_clock()
         raise Preempted(start_step, None)
     if start_step == 0 and config.validation.val_at_start:
         logger.log(0, steps.validate(ctx, engines, 0))
@@ -260,8 +261,9 @@ class _StepEnd:
             with self.rollouts.paused():
                 _save(self.ctx, self.workers.policy, done, self.rollouts)
         if stop:
-            preemption.stop_clock()
-            raise Preempted(done, latest_checkpoint(self.ctx.checkpoint_dir) if saved else None)
+            checkpoint = latest_checkpoint(self.ctx.checkpoint_dir) if saved else None
+            preemption.stop_clock(done, checkpoint)  # the exit is bounded from here
+            raise Preempted(done, checkpoint)
 
 
 class _Prepared(NamedTuple):
@@ -407,8 +409,10 @@ def train(plan: RunPlan) -> dict[str, float]:
     try:
         start_ray(config.cluster, device=plan.device)
         preemption.reclaim_sigterm()
+        preemption.watch_gcs(gcs_address())
         while True:
             if preemption.requested():  # SIGTERM between attempts: nothing new to save
+                preemption.stop_clock()
                 raise Preempted(0, None)
             ctx.reset_state()
             resume = (
@@ -430,6 +434,7 @@ def train(plan: RunPlan) -> dict[str, float]:
                 return metrics
             except WorkerDied as failure:
                 if preemption.requested():  # a worker lost while stopping: no restart
+                    preemption.stop_clock()
                     raise Preempted(0, None) from failure
                 # Check that the nodes left hold the layout before asking Ray to place it.
                 lost = node_loss.check_restart(plan, nodes, failure)

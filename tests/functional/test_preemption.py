@@ -1,7 +1,10 @@
 """SIGTERM to dapo-train (a Slurm preemption or time limit; slurm/ray.sub forwards it): the
 run saves a checkpoint at the end of the current step and exits 143 with one line naming it
 and the command that resumes; a step that cannot end within run.preemption_grace_s (a rank
-stopped with SIGSTOP) ends the run at the deadline, without a new checkpoint."""
+stopped with SIGSTOP) ends the run at the deadline, without a new checkpoint. The signal may
+reach the whole job: the driver's process group (a terminal, `timeout`) spares the local
+cluster, which lives in its own session; every process of the job (Slurm) stops Ray too, and
+the driver still exits 143 with the line at once."""
 
 from __future__ import annotations
 
@@ -100,3 +103,63 @@ def test_a_step_that_cannot_end_in_the_grace_period_stops_at_the_deadline(tmp_pa
     assert not (run_dir / "checkpoints").exists() or not list(
         (run_dir / "checkpoints").glob("step_*")
     )
+
+
+def _ray_processes(proc) -> list[psutil.Process]:
+    """The driver's descendants: its local cluster's GCS, raylet and workers."""
+    return psutil.Process(proc.pid).children(recursive=True)
+
+
+def test_sigterm_to_the_whole_process_group_still_saves_and_exits_143(tmp_path):
+    """A terminal's, `timeout`'s or `kill -TERM -PGID`'s signal reaches every process of
+    the driver's group: the local cluster's node processes live in their own session
+    (controller/cluster.py), so the step's checkpoint completes and the driver exits 143
+    with the resume line, without waiting on a dead GCS."""
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, "run.preemption_grace_s=60")
+    pgid = os.getpgid(proc.pid)
+    assert pgid == proc.pid  # the job leads its own group: the signal reaches only it
+    in_group = [p for p in _ray_processes(proc) if os.getpgid(p.pid) == pgid]
+    assert in_group == [], f"Ray processes in the driver's process group: {in_group}"
+    started = time.monotonic()
+    os.killpg(pgid, signal.SIGTERM)
+    output, _ = proc.communicate(timeout=120)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 143, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
+    assert "Failed to connect to GCS" not in output, output[-3000:]
+    last = max(metrics_by_step(run_dir))
+    step_dir = run_dir / "checkpoints" / f"step_{last:06d}"
+    line = next(x for x in output.splitlines() if x.startswith("preempted:"))
+    assert line.startswith(
+        f"preempted: SIGTERM; saved step {last}; the last checkpoint is "
+        f"{step_dir}; `dapo-train --config"
+    ), line
+    assert (step_dir / "complete.json").is_file()
+    assert seconds < 60, f"{seconds:.0f} s from SIGTERM to exit"
+
+
+def test_sigterm_to_every_process_of_the_job_exits_143_without_waiting_for_ray(tmp_path):
+    """Slurm at a preemption or the time limit signals every process of the job: the GCS,
+    raylet and workers stop at once (Ray's own SIGTERM handlers), so the step cannot end;
+    the driver still exits 143 with the resume line, and never waits out Ray's 60 s GCS
+    reconnect (controller/preemption.py's exit watchdog)."""
+    run_dir = tmp_path / "run"
+    proc = _start(run_dir, "run.preemption_grace_s=60")
+    everyone = [psutil.Process(proc.pid), *_ray_processes(proc)]
+    started = time.monotonic()
+    for p in everyone:
+        try:
+            p.send_signal(signal.SIGTERM)
+        except psutil.NoSuchProcess:
+            continue
+    output, _ = proc.communicate(timeout=120)
+    seconds = time.monotonic() - started
+    assert proc.returncode == 143, output[-3000:]
+    assert "Failed to connect to GCS" not in output, output[-3000:]
+    line = next(x for x in output.splitlines() if x.startswith("preempted:"))
+    assert line.startswith("preempted: SIGTERM; "), line
+    assert line.endswith("resumes from it") or "no checkpoint was saved yet" in line, line
+    assert seconds < 40, f"{seconds:.0f} s from SIGTERM to exit"
+    _, alive = psutil.wait_procs(everyone[1:], timeout=30)
+    assert alive == [], f"Ray processes still running after the exit: {alive}"
