@@ -5,13 +5,12 @@ runs/ (the main job's, which CI runs before the tests)."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import shm_hygiene
 import torch
+from checkout_guard import CHECKOUT_RUNS, runs_changes, runs_snapshot
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -42,33 +41,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 # left there (its model's config.json wins over the preset a test sets) or write beside it.
 # Every test therefore runs in a working directory of its own, and a test that changes the
 # checkout's runs/ anyway (a subprocess started with cwd=REPO and a relative path) fails.
-REPO = Path(__file__).resolve().parents[1]
-CHECKOUT_RUNS = REPO / "runs"
-
-
-def runs_snapshot(root: Path = CHECKOUT_RUNS) -> dict[str, tuple[int, int]]:
-    """(size, mtime in ns) of every file and directory under ``root``, by relative path."""
-    if not root.exists():
-        return {}
-    seen: dict[str, tuple[int, int]] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            try:
-                st = path.lstat()
-            except FileNotFoundError:  # removed while walking: counted by the comparison
-                continue
-            seen[str(path.relative_to(root))] = (st.st_size, st.st_mtime_ns)
-    return seen
-
-
-def runs_changes(
-    before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]
-) -> list[str]:
-    """The paths created, removed or changed between two snapshots (sorted)."""
-    return sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-
-
 @pytest.fixture(autouse=True)
 def _outside_the_checkout_runs(
     tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch

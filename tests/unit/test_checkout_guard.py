@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from conftest import REPO, runs_changes, runs_snapshot
+from checkout_guard import REPO, runs_changes, runs_snapshot
 
 
 def test_each_test_runs_outside_the_checkout() -> None:
