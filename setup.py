@@ -10,7 +10,7 @@ setup(
     description="DAPO (Decoupled Clip and Dynamic sAmpling Policy Optimization) on Megatron-Core",
     long_description=(Path(__file__).parent / "README.md").read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",
-    python_requires=">=3.10",
+    python_requires=">=3.11",
     packages=find_packages(include=["dapo_megatron", "dapo_megatron.*"]),
     include_package_data=True,
     install_requires=[
@@ -61,6 +61,7 @@ setup(
             "dapo-plan=dapo_megatron.cli:plan_main",
             "dapo-export=dapo_megatron.cli:export_main",
             "dapo-import-config=dapo_megatron.config.import_config:main",
+            "dapo-prepare=dapo_megatron.prepare:main",
         ]
     },
 )

@@ -8,7 +8,7 @@ bash scripts/setup.sh
 echo "[test] ruff check"
 .venv/bin/ruff check dapo_megatron tests bench
 echo "[test] mypy"
-# mypy.ini says what is checked and how strictly. A type error fails the run, like ruff.
+# pyproject.toml [tool.mypy] says what is checked and how strictly. A type error fails the run, like ruff.
 if ! mypy_out=$(.venv/bin/mypy 2>&1); then
     printf '%s\n' "$mypy_out"
     echo "[types] mypy: FAILED"
