@@ -51,6 +51,7 @@ from dapo_megatron.data.file_rows import (
     prompt_bytes,
     too_long_error,
 )
+from dapo_megatron.data.hub_datasets import is_hf_uri, resolve_data_path
 from dapo_megatron.data.records import Message, PromptRecord
 from dapo_megatron.data.remainder import RemainderTask
 from dapo_megatron.data.remainder import make_train_val_split as remainder_split
@@ -303,7 +304,7 @@ class _FileReader:
 
 
 def _scan(
-    path: Path,
+    path: str | Path,
     format: str,
     *,
     prompt_key: str | None,
@@ -319,6 +320,7 @@ def _scan(
         raise ConfigError(
             f"data.format {format!r} is not read from a file; choose one of {', '.join(FILE_FORMATS)}"
         )
+    path = _local_path(path, format, prompt_key=prompt_key, answer_key=answer_key, what=what)
     check_path(path, what)
     reader = _FileReader(
         path,
@@ -345,6 +347,28 @@ def _scan(
     return reader.finish()
 
 
+def _local_path(
+    path: str | Path,
+    format: str,
+    *,
+    prompt_key: str | None,
+    answer_key: str | None,
+    what: str,
+) -> Path:
+    """The file to read: ``path`` itself, or for ``hf://Org/Name`` the local copy in the
+    layout of ``format`` (fetched and converted once, data/hub_datasets.py)."""
+    if not is_hf_uri(path):
+        return Path(path)
+    layout = _LAYOUTS[format]
+    return resolve_data_path(
+        path,
+        format,
+        what=what,
+        prompt_keys=(prompt_key,) if prompt_key else layout.prompt_keys,
+        answer_keys=(answer_key,) if answer_key else layout.answer_keys,
+    )
+
+
 def load_prompt_file(
     path: str | Path,
     format: str,
@@ -357,7 +381,8 @@ def load_prompt_file(
     """Read a jsonl or parquet file of prompts in one of the FILE_FORMATS layouts.
 
     Args:
-        path: the .jsonl or .parquet file.
+        path: the .jsonl or .parquet file, or a hub dataset ``hf://Org/Name[:split]``
+            (fetched into the HF cache and converted on first use; data/hub_datasets.py).
         format: "dapo_math", "aime" or "gsm8k".
         prompt_key: field (dotted path allowed) holding the prompt; None uses the layout's.
         answer_key: field (dotted path allowed) holding the ground truth; None uses the layout's.
@@ -374,7 +399,7 @@ def load_prompt_file(
             a field no row has, every row skipped.
     """
     dataset = _scan(
-        Path(path),
+        path,
         format,
         prompt_key=prompt_key,
         answer_key=answer_key,
@@ -401,7 +426,7 @@ def check_prompt_file(
     errors: list[str] = []
     try:
         _scan(
-            Path(path),
+            path,
             format,
             prompt_key=prompt_key,
             answer_key=answer_key,

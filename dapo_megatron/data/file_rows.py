@@ -137,8 +137,8 @@ def parquet_rows(path: Path, what: str) -> Iterator[tuple[str, RawRow]]:
 def check_path(path: Path, what: str) -> None:
     if not path.exists():
         raise ConfigError(
-            f"{what}: {path} does not exist; point it at a local .jsonl or .parquet file "
-            "(this package never downloads datasets)"
+            f"{what}: {path} does not exist; point it at a local .jsonl or .parquet file or "
+            "name a hub dataset as hf://Org/Name (docs/guides/data.md)"
         )
     if path.is_dir():
         raise ConfigError(f"{what}: {path} is a directory; point it at a .jsonl or .parquet file")

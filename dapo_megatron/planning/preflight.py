@@ -6,8 +6,11 @@ the dry run does not die later on a bad input. Config values are validated earli
 
 1. data files (data.train_path, data.val_path): exist, readable, UTF-8, one JSON object per
    line with the layout's fields (or a readable parquet file), no row far longer than
-   data.max_prompt_length allows; each message names the key, the file and the line.
-2. the model directory (policy.model_name_or_path): config.json parses, every safetensors
+   data.max_prompt_length allows; each message names the key, the file and the line. A hub
+   dataset (``hf://Org/Name``) is fetched and converted first (data/hub_datasets.py).
+2. the model directory (policy.model_name_or_path): a hub id (``Qwen/Qwen3-8B``) is found
+   complete in the HF cache or downloaded there (data/hub.py); offline, the error names
+   ``dapo-prepare``. Then: config.json parses, every safetensors
    file's header parses and accounts for the file's exact size, a shard index names files
    that exist, and the headers' tensor shapes are those config.json implies
    (planning/weight_shapes.py). A model the run will create (policy.init_model_if_missing)
@@ -22,8 +25,13 @@ the dry run does not die later on a bad input. Config values are validated earli
    environment (found, not imported: importing vllm takes seconds and may touch CUDA).
    Without it the engine actors fail once Ray and the policy ranks have started.
 
-Each check is cheap (headers, not tensors; one tokenizer load; no tokenising of the data),
-so the whole pre-flight of the tiny recipe takes a few seconds. Every problem is collected,
+Hub inputs are the exception to "cheap": the first dry run (or run) of a recipe that names
+them downloads them, once, and `preflight` then points the config at the local copies
+(`use_local_copies`), so the checks, the run's resolved config.yaml and every worker read
+local files (the driver downloads before any worker starts; workers never ask the hub).
+
+Each other check is cheap (headers, not tensors; one tokenizer load; no tokenising of the
+data), so the whole pre-flight of the tiny recipe takes a few seconds. Every problem is collected,
 as in validate.py, so one edit fixes them all. Importing this module imports no torch,
 transformers, megatron or ray: the checks import what they need when they run.
 """
@@ -40,6 +48,8 @@ from typing import Any
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.schema import ClusterConfig, DapoMegatronConfig, PolicyConfig
 from dapo_megatron.data.datasets import check_data_files
+from dapo_megatron.data.hub import fetch_model, is_hub_model_id
+from dapo_megatron.data.hub_datasets import is_hf_uri, resolve_data_path
 from dapo_megatron.data.tokenizer import load_tokenizer, policy_tokenizer_source
 from dapo_megatron.planning.resume_check import resume_point
 from dapo_megatron.planning.weight_shapes import shape_problems
@@ -69,6 +79,9 @@ def preflight(
             data fingerprint, a used directory with nothing to resume).
     """
     problems = check_data_files(config.data)
+    if not problems:
+        use_local_data_copies(config)
+    problems += use_local_model_copies(config.policy)
     problems += check_model(config.policy)
     problems += check_tokenizer(config.policy)
     problems += check_devices(config.cluster, device)
@@ -76,6 +89,48 @@ def preflight(
     if run_dir is not None and checkpoint_dir is not None and not problems:
         # Last, and only over valid inputs: it hashes the checkpoint and the data file.
         problems += resume_point(config, run_dir, checkpoint_dir).problems
+    return problems
+
+
+# ----------------------------------------------------------------------------- hub inputs
+
+
+def use_local_data_copies(config: DapoMegatronConfig) -> None:
+    """Point data.train_path / data.val_path named ``hf://`` at their converted local
+    files (check_data_files fetched them: this finds them in the cache), so the data
+    fingerprint, the run's config.yaml and the loader read a local file."""
+    data = config.data
+    for key in ("train_path", "val_path"):
+        value = getattr(data, key)
+        if is_hf_uri(value):
+            local = resolve_data_path(value, data.format, what=f"data.{key}")
+            print(f"[setup] data.{key} = {value} -> {local}", flush=True)
+            setattr(data, key, str(local))
+
+
+def use_local_model_copies(policy: PolicyConfig) -> list[str]:
+    """Point a hub-id model (and tokenizer) at its snapshot in the HF cache, downloading it
+    there when it is not complete; the problem (not cached and offline: names dapo-prepare;
+    a failed download) otherwise. A path the run creates (init_model_if_missing) is left."""
+    problems: list[str] = []
+    if not model_will_be_created(policy) and is_hub_model_id(policy.model_name_or_path):
+        try:
+            local = fetch_model(policy.model_name_or_path, what=MODEL_KEY)
+        except ConfigError as e:
+            problems.append(str(e))
+        else:
+            print(f"[setup] {MODEL_KEY} = {policy.model_name_or_path} -> {local}", flush=True)
+            policy.model_name_or_path = str(local)
+    tokenizer = policy.tokenizer_name_or_path
+    if tokenizer and is_hub_model_id(tokenizer):
+        key = "policy.tokenizer_name_or_path"
+        try:
+            local = fetch_model(tokenizer, what=key, tokenizer_only=True)
+        except ConfigError as e:
+            problems.append(str(e))
+        else:
+            print(f"[setup] {key} = {tokenizer} -> {local}", flush=True)
+            policy.tokenizer_name_or_path = str(local)
     return problems
 
 
@@ -93,15 +148,23 @@ def model_will_be_created(policy: PolicyConfig) -> bool:
 
 
 def check_model(policy: PolicyConfig) -> list[str]:
-    """Problems of the model directory: config.json, weights, shard index."""
+    """Problems of the model directory: config.json, weights, shard index. A hub id is
+    checked in its HF-cache snapshot (fetched there when missing; `preflight` has already
+    pointed the config at it, so this is for direct callers)."""
     path = Path(policy.model_name_or_path)
     if model_will_be_created(policy):
         return _check_creatable(path)
+    if is_hub_model_id(policy.model_name_or_path):
+        try:
+            path = fetch_model(policy.model_name_or_path, what=MODEL_KEY)
+        except ConfigError as e:
+            return [str(e)]
     if not path.is_dir():
         what = "does not exist" if not path.exists() else "is not a directory"
         return [
             f"{MODEL_KEY}: {path} {what}; point it at a local Hugging Face checkpoint "
-            "directory (config.json and *.safetensors; the hub is not used)"
+            "directory (config.json and *.safetensors) or name a hub model as Org/Name "
+            "(e.g. Qwen/Qwen3-8B; docs/guides/data.md)"
         ]
     problems = _check_config_json(path)
     files, index_problems = _weight_files(path)

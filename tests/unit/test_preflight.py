@@ -154,9 +154,9 @@ def test_missing_data_files(tiny_model: Path, tmp_path: Path) -> None:
     problems = preflight(file_config(tiny_model, train, f"data.val_path={val}"), "cpu")
     assert problems == [
         f"data.train_path: {train} does not exist; point it at a local .jsonl or .parquet file "
-        "(this package never downloads datasets)",
+        "or name a hub dataset as hf://Org/Name (docs/guides/data.md)",
         f"data.val_path: {val} does not exist; point it at a local .jsonl or .parquet file "
-        "(this package never downloads datasets)",
+        "or name a hub dataset as hf://Org/Name (docs/guides/data.md)",
     ]
 
 
