@@ -215,7 +215,24 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
     same(NEMO, "policy.megatron_cfg.optimizer.lr", "policy.optimizer.lr"),
     same(NEMO, "policy.megatron_cfg.optimizer.min_lr", "policy.optimizer.min_lr"),
     same(NEMO, "policy.optimizer.kwargs.lr", "policy.optimizer.lr"),
+    same(NEMO, "policy.optimizer.kwargs.weight_decay", "policy.optimizer.weight_decay"),
+    same(NEMO, "policy.max_grad_norm", "policy.optimizer.clip_grad"),
     same(NEMO, "data.max_input_seq_length", "data.max_prompt_length"),
+    same(
+        NEMO,
+        "grpo.overlong_filtering",
+        "dapo.overlong_filtering",
+        "same meaning: truncated responses get no loss (NeMo RL grpo.py)",
+    ),
+    same(
+        NEMO,
+        "policy.megatron_cfg.optimizer.weight_decay",
+        "policy.optimizer.weight_decay",
+    ),
+    same(NEMO, "policy.megatron_cfg.optimizer.clip_grad", "policy.optimizer.clip_grad"),
+    same(NEMO, "policy.megatron_cfg.optimizer.adam_beta1", "policy.optimizer.adam_beta1"),
+    same(NEMO, "policy.megatron_cfg.optimizer.adam_beta2", "policy.optimizer.adam_beta2"),
+    same(NEMO, "policy.megatron_cfg.optimizer.adam_eps", "policy.optimizer.adam_eps"),
     same(NEMO, "logger.log_dir", "logger.log_dir"),
     same(NEMO, "logger.wandb_enabled", "logger.wandb_enabled"),
     same(NEMO, "logger.tensorboard_enabled", "logger.tensorboard_enabled"),
@@ -258,6 +275,22 @@ def _skyrl_overlong_length(key: str) -> ForeignKey:
         "trainer); past the cap SkyRL's reward is 0, here the engine stops at the cap",
         convert,
     )
+
+
+def _skyrl_dual_clip(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    kind = ctx.get("trainer.algorithm.policy_loss_type", "regular")
+    if kind != "dual_clip":
+        return Translation(((CLIP_C, None),), f"unused there (policy_loss_type {kind}): off")
+    return Translation(((CLIP_C, value),), "same meaning: dual clip (policy_loss_type dual_clip)")
+
+
+def _skyrl_loss_type(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value == "regular":
+        return Translation(((CLIP_C, None),), "the clipped surrogate, no dual clip")
+    if value == "dual_clip":
+        c = ctx.get("trainer.algorithm.clip_ratio_c", 3.0)
+        return Translation(((CLIP_C, c),), f"dual clip with clip_ratio_c {c}")
+    raise Untranslatable(f"{value!r}: only regular and dual_clip have a counterpart here")
 
 
 SKYRL_KEYS: tuple[ForeignKey, ...] = (
@@ -326,6 +359,60 @@ SKYRL_KEYS: tuple[ForeignKey, ...] = (
         "generation.engine.tensor_parallel_size",
     ),
     same(SKYRL, "generator.gpu_memory_utilization", "generation.engine.gpu_memory_utilization"),
+    same(
+        SKYRL,
+        "generator.inference_engine.tensor_parallel_size",
+        "generation.engine.tensor_parallel_size",
+    ),
+    same(
+        SKYRL,
+        "generator.inference_engine.gpu_memory_utilization",
+        "generation.engine.gpu_memory_utilization",
+    ),
+    custom(
+        SKYRL,
+        "trainer.algorithm.clip_ratio_c",
+        CLIP_C,
+        "the dual-clip bound, applied only when policy_loss_type is dual_clip (SkyRL "
+        "ppo_utils.py); otherwise null (off)",
+        _skyrl_dual_clip,
+    ),
+    custom(
+        SKYRL,
+        "trainer.algorithm.policy_loss_type",
+        f"{CLIP_C} (read with clip_ratio_c)",
+        "regular: the clipped surrogate (dual clip off); dual_clip: with clip_ratio_c; "
+        "others have no counterpart",
+        _skyrl_loss_type,
+    ),
+    same(
+        SKYRL,
+        "trainer.policy.optimizer_config.num_warmup_steps",
+        "policy.scheduler.lr_warmup_steps",
+        "same unit: SkyRL steps its scheduler once per optimizer step",
+    ),
+    same(SKYRL, "trainer.policy.optimizer_config.weight_decay", "policy.optimizer.weight_decay"),
+    same(SKYRL, "trainer.policy.optimizer_config.max_grad_norm", "policy.optimizer.clip_grad"),
+    same(
+        SKYRL,
+        "trainer.policy.megatron_config.tensor_model_parallel_size",
+        "policy.megatron.tensor_model_parallel_size",
+    ),
+    same(
+        SKYRL,
+        "trainer.policy.megatron_config.pipeline_model_parallel_size",
+        "policy.megatron.pipeline_model_parallel_size",
+    ),
+    same(
+        SKYRL,
+        "trainer.policy.megatron_config.context_parallel_size",
+        "policy.megatron.context_parallel_size",
+    ),
+    same(
+        SKYRL, "generator.eval_n_samples_per_prompt", "validation.num_samples_per_prompt"
+    ),
+    same(SKYRL, "generator.eval_sampling_params.temperature", "validation.temperature"),
+    same(SKYRL, "generator.eval_sampling_params.top_p", "validation.top_p"),
 )
 
 
@@ -359,10 +446,85 @@ def _rlinf_len_penalty(value: Any, ctx: Mapping[str, Any]) -> Translation:
     )
 
 
+def _rlinf_clip(ours: str, key: str) -> ForeignKey:
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
+        if value is None:
+            eps = ctx.get("algorithm.ratio_clip_eps")
+            if eps is None:
+                raise Untranslatable("null and no algorithm.ratio_clip_eps to fall back to")
+            return Translation(((ours, eps),), f"null: RLinf falls back to ratio_clip_eps {eps}")
+        side = "below at 1 -" if ours == CLIP_LOW else "at 1 +"
+        return Translation(((ours, value),), f"same meaning: the ratio is clipped {side} {value}")
+
+    return custom(
+        RLINF,
+        key,
+        ours,
+        "same meaning; null falls back to `algorithm.ratio_clip_eps` (RLinf "
+        "megatron_actor_worker.py)",
+        convert,
+    )
+
+
+def _rlinf_placement(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """RLinf's component_placement: `all` = every GPU of cluster.num_nodes nodes; a GPU
+    index or range (`0`, `0-3`) = those GPUs of one node."""
+    if not isinstance(value, Mapping) and not isinstance(value, int | str):
+        raise Untranslatable(f"{value!r}: expected all, a GPU index or a range")
+    if isinstance(value, Mapping):
+        raise Untranslatable("a placement per component (disaggregated) has no counterpart here")
+    text = str(value).strip()
+    if text == "all":
+        return Translation((), "all GPUs of cluster.num_nodes (gpus_per_node: ours, 8)")
+    if "," in text:
+        raise Untranslatable(f"{text}: a list of GPU ranges has no counterpart here")
+    lo, _, hi = text.partition("-")
+    try:
+        count = int(hi or lo) - int(lo) + 1
+    except ValueError:
+        raise Untranslatable(f"{text}: expected all, a GPU index or a range") from None
+    if ctx.get("cluster.num_nodes", 1) != 1:
+        raise Untranslatable(f"GPUs {text} of several nodes has no counterpart here")
+    return Translation(
+        (("cluster.num_nodes", 1), ("cluster.gpus_per_node", count)),
+        f"GPUs {text} of one node: {count} GPU(s), colocated",
+    )
+
+
 RLINF_KEYS: tuple[ForeignKey, ...] = (
     same(RLINF, "algorithm.group_size", "dapo.num_generations_per_prompt"),
-    same(RLINF, "algorithm.clip_ratio_low", CLIP_LOW, LOW_WHY),
-    same(RLINF, "algorithm.clip_ratio_high", CLIP_HIGH, HIGH_WHY),
+    _rlinf_clip(CLIP_LOW, "algorithm.clip_ratio_low"),
+    _rlinf_clip(CLIP_HIGH, "algorithm.clip_ratio_high"),
+    custom(
+        RLINF,
+        "algorithm.ratio_clip_eps",
+        "(read with clip_ratio_low/high)",
+        "the clip range when clip_ratio_low/high are null",
+        lambda v, ctx: Translation((), "read with clip_ratio_low/high"),
+    ),
+    same(RLINF, "algorithm.clip_ratio_c", CLIP_C, DUAL_WHY),
+    same(
+        RLINF,
+        "actor.model.tensor_model_parallel_size",
+        "policy.megatron.tensor_model_parallel_size",
+    ),
+    same(
+        RLINF,
+        "actor.model.pipeline_model_parallel_size",
+        "policy.megatron.pipeline_model_parallel_size",
+    ),
+    same(RLINF, "actor.model.context_parallel_size", "policy.megatron.context_parallel_size"),
+    same(RLINF, "rollout.tensor_parallel_size", "generation.engine.tensor_parallel_size"),
+    same(RLINF, "actor.optim.lr", "policy.optimizer.lr"),
+    same(RLINF, "actor.optim.weight_decay", "policy.optimizer.weight_decay"),
+    same(RLINF, "actor.optim.clip_grad", "policy.optimizer.clip_grad"),
+    custom(
+        RLINF,
+        "cluster.component_placement.actor,rollout,reward",
+        "(cluster.num_nodes and cluster.gpus_per_node)",
+        "all: every GPU of the nodes; a GPU index or range: that many GPUs of one node",
+        _rlinf_placement,
+    ),
     same_agg(RLINF, "algorithm.loss_agg_func"),
     mapped(
         RLINF,
@@ -446,6 +608,77 @@ def _verl_overlong_enable(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if not isinstance(value, bool):
         raise Untranslatable(f"{value!r}: expected true or false")
     return Translation(((f"{OB}.enabled", value),), "same meaning")
+
+
+def _verl_save_freq(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    n = as_int(value)
+    if n <= 0:
+        return Translation((("checkpointing.enabled", False),), f"{n}: verl never saves")
+    return Translation(
+        (("checkpointing.enabled", True), ("checkpointing.save_period", n)), "same meaning"
+    )
+
+
+def _verl_warmup(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """verl's warm-up counts trainer steps; ours, optimizer steps (one per mini-batch)."""
+    steps = ctx.get(f"{VERL_ACTOR}.optim.lr_warmup_steps", -1)
+    ratio = ctx.get(f"{VERL_ACTOR}.optim.lr_warmup_steps_ratio", 0.0)
+    prompts = ctx.get("data.train_batch_size")
+    mini = ctx.get(f"{VERL_ACTOR}.ppo_mini_batch_size")
+    epochs = ctx.get(f"{VERL_ACTOR}.ppo_epochs", 1)
+    if not all(isinstance(x, int) and x > 0 for x in (prompts, mini, epochs)):
+        raise Untranslatable(
+            "needs data.train_batch_size, ppo_mini_batch_size and ppo_epochs to convert "
+            "trainer steps to optimizer steps"
+        )
+    updates = (prompts // mini) * epochs
+    if steps is None or steps <= 0:
+        if not ratio:
+            return Translation(
+                (("policy.scheduler.lr_warmup_steps", 0),), "no warm-up (ratio 0)"
+            )
+        total = ctx.get("trainer.total_training_steps")
+        if not isinstance(total, int) or total <= 0:
+            raise Untranslatable(
+                f"lr_warmup_steps_ratio {ratio} x verl's total trainer steps, which this "
+                "importer cannot know (trainer.total_training_steps is not set)"
+            )
+        steps = int(ratio * total)
+    return Translation(
+        (("policy.scheduler.lr_warmup_steps", steps * updates),),
+        f"converted: {steps} trainer steps x {updates} optimizer steps each "
+        f"({prompts} // {mini} prompts x {epochs} epochs)",
+    )
+
+
+def _verl_warmup_style(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value is None:
+        return Translation((), "null: lr_scheduler_type decides")
+    if value == "constant":
+        return Translation((("policy.scheduler.lr_decay_style", "constant"),), "same meaning")
+    raise Untranslatable(f"{value!r}: only constant is carried (cosine's floor differs)")
+
+
+def _verl_epochs(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if as_int(value) != 1:
+        raise Untranslatable(f"{value} passes over each batch; ours makes one")
+    return Translation((), "one pass, as here")
+
+
+def _verl_val_temperature(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value == 0 or ctx.get(f"{VERL_ROLLOUT}.val_kwargs.do_sample") is False:
+        return Translation((("validation.greedy", True),), "greedy validation")
+    return Translation((("validation.temperature", value),), "same meaning")
+
+
+def _one_file(value: Any, ctx: Mapping[str, Any]) -> Any:
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise Untranslatable(f"{len(value)} files; ours reads one")
+        value = value[0]
+    if not isinstance(value, str):
+        raise Untranslatable(f"{value!r}: expected a path")
+    return value
 
 
 VERL_ACTOR = "actor_rollout_ref.actor"
@@ -541,11 +774,198 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     same(VERL, "trainer.nnodes", "cluster.num_nodes"),
     same(VERL, "trainer.n_gpus_per_node", "cluster.gpus_per_node"),
     same(VERL, "trainer.total_training_steps", "dapo.max_num_steps"),
-    same(VERL, "trainer.save_freq", "checkpointing.save_period"),
-    same(VERL, "trainer.test_freq", "validation.val_period"),
+    custom(
+        VERL,
+        "trainer.save_freq",
+        "checkpointing.save_period (or enabled)",
+        "<= 0: never save (verl ray_trainer.py saves only when save_freq > 0): "
+        "checkpointing.enabled false",
+        _verl_save_freq,
+    ),
+    mapped(
+        VERL,
+        "trainer.test_freq",
+        "validation.val_period",
+        "<= 0: never validate during training: 0",
+        lambda v, ctx: max(0, as_int(v)),
+    ),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.optim.lr_warmup_steps",
+        "policy.scheduler.lr_warmup_steps",
+        "converted: verl steps its scheduler once per trainer step (engine_workers.py, "
+        "update_lr_scheduler), ours once per optimizer step: x train_batch_size / "
+        "ppo_mini_batch_size x ppo_epochs; <= 0 uses lr_warmup_steps_ratio",
+        _verl_warmup,
+    ),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.optim.lr_warmup_steps_ratio",
+        "policy.scheduler.lr_warmup_steps",
+        "read with lr_warmup_steps (used when that is <= 0): ratio x total trainer steps, "
+        "converted to optimizer steps",
+        _verl_warmup,
+    ),
+    choice(
+        VERL,
+        f"{VERL_ACTOR}.optim.lr_scheduler_type",
+        "policy.scheduler.lr_decay_style",
+        {"constant": "constant"},
+    ),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.optim.warmup_style",
+        "policy.scheduler.lr_decay_style",
+        "deprecated name of lr_scheduler_type (null: that key decides)",
+        _verl_warmup_style,
+    ),
+    same(VERL, f"{VERL_ACTOR}.optim.weight_decay", "policy.optimizer.weight_decay"),
+    same(VERL, f"{VERL_ACTOR}.optim.clip_grad", "policy.optimizer.clip_grad"),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.ppo_epochs",
+        "(none: one pass)",
+        "1: one pass over the batch, as here; more passes have no counterpart",
+        _verl_epochs,
+    ),
+    choice(
+        VERL,
+        f"{VERL_ACTOR}.megatron.dtype",
+        "policy.precision",
+        {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"},
+    ),
+    custom(
+        VERL,
+        "reward_model.reward_kwargs.overlong_buffer_cfg.enable",
+        f"{OB}.enabled",
+        "same meaning",
+        _verl_overlong_enable,
+    ),
+    same(VERL, "reward_model.reward_kwargs.overlong_buffer_cfg.len", f"{OB}.length"),
+    custom(
+        VERL,
+        "reward.reward_kwargs.overlong_buffer_cfg.enable",
+        f"{OB}.enabled",
+        "same meaning",
+        _verl_overlong_enable,
+    ),
+    same(VERL, "reward.reward_kwargs.overlong_buffer_cfg.len", f"{OB}.length"),
+    same(
+        VERL,
+        "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor",
+        f"{OB}.penalty_factor",
+        "same ramp; verl's penalty is not clamped at -{v}, ours stays in [-{v}, 0]",
+    ),
+    same(
+        VERL,
+        "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor",
+        f"{OB}.penalty_factor",
+        "same ramp; verl's penalty is not clamped at -{v}, ours stays in [-{v}, 0]",
+    ),
+    same(VERL, f"{VERL_ROLLOUT}.val_kwargs.n", "validation.num_samples_per_prompt"),
+    custom(
+        VERL,
+        f"{VERL_ROLLOUT}.val_kwargs.temperature",
+        "validation.temperature",
+        "same meaning while val_kwargs.do_sample is true; 0 or do_sample false: greedy",
+        _verl_val_temperature,
+    ),
+    same(VERL, f"{VERL_ROLLOUT}.val_kwargs.top_p", "validation.top_p"),
+    mapped(
+        VERL,
+        f"{VERL_ROLLOUT}.val_kwargs.do_sample",
+        "validation.greedy",
+        "false: greedy validation (true here)",
+        lambda v, ctx: not v,
+    ),
+    mapped(VERL, "data.train_files", "data.train_path", "one file: same meaning", _one_file),
+    mapped(VERL, "data.val_files", "data.val_path", "one file: same meaning", _one_file),
     same(VERL, "trainer.val_before_train", "validation.val_at_start"),
     same(VERL, "trainer.default_local_dir", "checkpointing.checkpoint_dir"),
 )
+
+
+# ---------------------------------------------------------------------------------------
+# The source's defaults for keys a config omits, and which parts of a config are live
+
+
+SOURCE_DEFAULTS: dict[str, dict[str, Any]] = {
+    # verl/trainer/config/_generated_ppo_megatron_trainer.yaml (actor, rollout, trainer) and
+    # verl-recipe dapo/config/dapo_trainer.yaml (filter_groups, overlong_buffer_cfg).
+    VERL: {
+        f"{VERL_ACTOR}.clip_ratio_low": 0.2,
+        f"{VERL_ACTOR}.clip_ratio_high": 0.2,
+        f"{VERL_ACTOR}.clip_ratio_c": 3.0,
+        f"{VERL_ACTOR}.loss_agg_mode": "token-mean",
+        f"{VERL_ACTOR}.entropy_coeff": 0,
+        f"{VERL_ACTOR}.use_kl_loss": False,
+        f"{VERL_ACTOR}.optim.lr": 1.0e-6,
+        f"{VERL_ACTOR}.optim.lr_warmup_steps": -1,
+        f"{VERL_ACTOR}.optim.lr_warmup_steps_ratio": 0.0,
+        f"{VERL_ACTOR}.optim.weight_decay": 0.01,
+        f"{VERL_ACTOR}.optim.clip_grad": 1.0,
+        f"{VERL_ACTOR}.ppo_epochs": 1,
+        f"{VERL_ACTOR}.ppo_mini_batch_size": 256,
+        f"{VERL_ROLLOUT}.n": 1,
+        f"{VERL_ROLLOUT}.temperature": 1.0,
+        f"{VERL_ROLLOUT}.top_p": 1.0,
+        f"{VERL_ROLLOUT}.top_k": -1,
+        f"{VERL_ROLLOUT}.val_kwargs.n": 1,
+        f"{VERL_ROLLOUT}.val_kwargs.temperature": 0,
+        f"{VERL_ROLLOUT}.val_kwargs.top_p": 1.0,
+        f"{VERL_ROLLOUT}.val_kwargs.do_sample": False,
+        "data.train_batch_size": 1024,
+        "data.max_prompt_length": 512,
+        "data.max_response_length": 512,
+        "algorithm.filter_groups.enable": False,
+        "reward.reward_kwargs.overlong_buffer_cfg.enable": False,
+        "trainer.save_freq": -1,
+        "trainer.test_freq": -1,
+    },
+    # skyrl/train/config/config.py (the dataclass defaults).
+    SKYRL: {
+        "trainer.algorithm.eps_clip_low": 0.2,
+        "trainer.algorithm.eps_clip_high": 0.2,
+        "trainer.algorithm.policy_loss_type": "regular",
+        "trainer.algorithm.loss_reduction": "token_mean",
+        "trainer.algorithm.dynamic_sampling.type": None,
+        "trainer.policy.optimizer_config.lr": 1.0e-6,
+        "trainer.policy.optimizer_config.num_warmup_steps": 0,
+        "generator.apply_overlong_filtering": False,
+        "generator.sampling_params.max_generate_length": 1024,
+    },
+    # RLinf: rlinf/workers/actor/megatron_actor_worker.py reads clip_ratio_low/high with
+    # .get() (absent = null = ratio_clip_eps).
+    RLINF: {
+        "algorithm.clip_ratio_low": None,
+        "algorithm.clip_ratio_high": None,
+    },
+    # NeMo RL: examples/configs/grpo_math_1B.yaml is the parent of its recipes and sets
+    # these itself; nothing is added for a config read with its parent.
+    NEMO: {},
+}
+"""Per system, the value its code or base config gives a key that a config omits, for the
+keys that change a run: an omitted key takes the source's default, never ours."""
+
+
+def inactive_keys(dialect: str, flat: Mapping[str, Any]) -> dict[str, str]:
+    """Source keys that are not live there (key -> why): NeMo RL reads policy.megatron_cfg
+    only with megatron_cfg.enabled true, and then neither dtensor_cfg nor policy.optimizer
+    / policy.scheduler (the Megatron worker builds its optimizer from megatron_cfg); RLinf
+    reads actor.model's Megatron layout only with actor.training_backend megatron."""
+    dead: dict[str, str] = {}
+    if dialect == NEMO:
+        megatron = flat.get("policy.megatron_cfg.enabled") is True
+        for key in flat:
+            if megatron and key.startswith(
+                ("policy.dtensor_cfg.", "policy.optimizer.", "policy.scheduler.")
+            ):
+                dead[key] = "not live: policy.megatron_cfg.enabled is true (Megatron's optimizer)"
+            elif megatron and key in ("policy.optimizer", "policy.scheduler"):
+                dead[key] = "not live: policy.megatron_cfg.enabled is true"
+            elif not megatron and key.startswith("policy.megatron_cfg."):
+                dead[key] = "not live: policy.megatron_cfg.enabled is not true"
+    return dead
 
 
 FOREIGN_KEYS: tuple[ForeignKey, ...] = NEMO_KEYS + SKYRL_KEYS + RLINF_KEYS + VERL_KEYS

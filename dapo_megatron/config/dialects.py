@@ -13,9 +13,14 @@ N + 1 rounds.
 
 from __future__ import annotations
 
+import functools
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from dapo_megatron.config.model_arch import preset_for_model
 
@@ -88,9 +93,16 @@ def _show(value: Any) -> str:
 
 
 def same(dialect: str, key: str, ours: str, why: str = "same meaning") -> ForeignKey:
-    """A key whose value means the same here: copied unchanged."""
+    """A key whose value means the same here: copied unchanged. A null is refused unless
+    our key takes null too: a null there means whatever that system falls back to, which
+    is a table entry of its own (e.g. RLinf's clip_ratio_low), never "our default"."""
 
     def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
+        if value is None and ours not in nullable_keys():
+            raise Untranslatable(
+                f"null there means {DIALECTS[dialect]}'s own fallback, which this importer "
+                f"does not know for this key; set {ours} by hand"
+            )
         return Translation(((ours, value),), _fill(why, value))
 
     return ForeignKey(dialect, key, ours, _table_text(why, key, ours), convert)
@@ -259,6 +271,65 @@ def kl_switch(dialect: str, key: str) -> ForeignKey:
 
 def sampling_top_k(value: Any, ctx: Mapping[str, Any]) -> int:
     return -1 if value is None or value == 0 else as_int(value)
+
+
+# ---------------------------------------------------------------------------------------
+# Our keys that take null, and how much an untranslated key changes a run
+
+
+@functools.cache
+def nullable_keys() -> frozenset[str]:
+    """Our keys whose base value is null (null is a meaning of ours there)."""
+    base = Path(__file__).resolve().parents[2] / "configs" / "dapo_base.yaml"
+    tree = yaml.safe_load(base.read_text(encoding="utf-8"))
+    return frozenset(k for k, v in flatten(tree).items() if v is None)
+
+
+IMPACT_ALGORITHM = "algorithm"
+IMPACT_LAYOUT = "layout"
+IMPACT_HARMLESS = "harmless"
+IMPACT_TITLES = {
+    IMPACT_ALGORITHM: "changes the algorithm, the data or the model (what is learned)",
+    IMPACT_LAYOUT: "changes the layout, speed or memory (not what is learned)",
+    IMPACT_HARMLESS: "logging, naming and bookkeeping only (or not live in the source)",
+}
+"""Tiers of an untranslated key, most important first; the first two refuse the import."""
+
+_HARMLESS = re.compile(
+    r"(^|[._])(logger|logging|log_dir|log_\w+|wandb\w*|tensorboard\w*|mlflow\w*|swanlab\w*|"
+    r"project_name|experiment_name|run_name|name|tags?|notes|print\w*|profil\w*|nsys\w*|"
+    r"debug\w*|timeline\w*|dump\w*|trace\w*|ray_init|runtime_env|num_cpus|"
+    r"dataloader_num_workers|num_workers|max_ckpt_to_keep|max_actor_ckpt_to_keep|"
+    r"max_critic_ckpt_to_keep|del_local_ckpt_after_load|resume_\w+|resume|hdfs_dir|"
+    r"default_hdfs_dir|val_only|log_val_generations|log_prob_\w*|progress\w*|"
+    r"monitor\w*|metrics?\w*|save_\w*path|output_dir|hf_cache\w*|cache_dir|"
+    r"checkpoint_must_save_by|keep_top_k|higher_is_better|metric_name|model_save_format|"
+    r"save_optimizer|save_consolidated|validate\w*|use_torch_compile|seed)($|[._])"
+)
+_LAYOUT = re.compile(
+    r"(parallel|_tp_|tp_size|pp_size|cp_size|ep_size|megatron|fsdp|dtensor|offload|"
+    r"micro_batch|max_token_len|token_len_per_gpu|gpu_memory|memory|dtype|precision|"
+    r"recompute|activation_checkpointing|gradient_checkpointing|sequence_packing|"
+    r"dynamic_batch|use_dynamic_bsz|use_remove_padding|placement|num_nodes|nnodes|gpus|"
+    r"n_gpus|colocat|enforce_eager|cuda_graph|max_num_seqs|max_num_batched_tokens|"
+    r"chunked_prefill|fused|kernel|async|overlap|bucket|nccl|backend|engine|"
+    r"world_size|ulysses|num_engines|load_format|free_cache|prefix_caching|"
+    r"sharding|distributed_optimizer|flash_attn|attn_implementation|liger|"
+    r"make_sequence_length_divisible_by|weight_sync|refit|batch_size_per_gpu|"
+    r"logprob_batch_size|forward_micro|enable_chunked|disable_log|timeout)",
+    re.I,
+)
+
+
+def impact(key: str) -> str:
+    """How much a source key changes a run: IMPACT_HARMLESS for logging, names and
+    bookkeeping, IMPACT_LAYOUT for parallelism, memory and speed knobs, else
+    IMPACT_ALGORITHM (a key not recognised is assumed to change what is learned)."""
+    if _HARMLESS.search(key):
+        return IMPACT_HARMLESS
+    if _LAYOUT.search(key):
+        return IMPACT_LAYOUT
+    return IMPACT_ALGORITHM
 
 
 # ---------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import ast
 import operator
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +25,20 @@ from dapo_megatron.config.loader import display_path, parse_yaml_value
 
 _OVERRIDE_KEY = re.compile(r"^(\+{0,2}|~)([A-Za-z_][\w\-]*(?:\.[\w\-]+)+)$")
 _SHELL_ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
-_SHELL_VAR = re.compile(r"\$\{(\w+)(?::-([^}]*))?\}|\$(\w+)")
-_SHELL_ARITH = re.compile(r"\$\(\(([\w\s+\-*/%()]*)\)\)")
 _SHELL_NAME = re.compile(r"[A-Za-z_]\w*")
 _INTERPOLATION = re.compile(r"^\$\{([A-Za-z_][\w.]*)\}$")
 
 
-def read_source(path: Path) -> dict[str, Any]:
-    """The flat keys of a YAML config or a launch script, in the order they appear."""
+def read_source(path: Path, shell_vars: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The flat keys of a YAML config or a launch script, in the order they appear;
+    `shell_vars` are a script's environment (e.g. HOME), unknown variables stay `${NAME}`."""
+    if path.is_dir():
+        raise ConfigError(f"{display_path(path)} is a directory; pass the config file to import")
     if not path.is_file():
         raise ConfigError(f"{display_path(path)} not found; pass the config file to import")
     text = path.read_text(encoding="utf-8")
     if path.suffix in (".sh", ".bash") or text.startswith("#!"):
-        return script_overrides(text)
+        return script_overrides(text, shell_vars)
     return _yaml_tree(path, ())
 
 
@@ -55,17 +56,38 @@ def _yaml_tree(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     parents = data.pop("defaults", None)
     for parent in [parents] if isinstance(parents, str) else []:
         parent_path = path.parent / parent
-        if parent_path.is_file():
-            flat.update(_yaml_tree(parent_path, (*chain, path)))
-        else:
-            # Kept as a key so that the import lists it: its values were not read.
-            flat["defaults"] = parent
+        if not parent_path.is_file():
+            raise ConfigError(
+                f"{display_path(path)}: its `defaults:` parent {parent} ({display_path(parent_path)}) "
+                f"is not there; put it next to the file as the source repository has it, or "
+                f"import the merged config (its keys would otherwise be missing)"
+            )
+        flat.update(_yaml_tree(parent_path, (*chain, path)))
+    if isinstance(parents, list) and all(
+        isinstance(p, dict) and all(str(k).startswith("override hydra/") for k in p)
+        for p in parents
+    ):
+        parents = None  # Hydra's own logging/launcher settings: nothing of the run
     if isinstance(parents, list):
-        flat["defaults"] = parents
+        raise ConfigError(
+            f"{display_path(path)}: `defaults:` is a list of Hydra config groups, which this "
+            f"importer does not compose; import the composed config (e.g. Hydra's --cfg job)"
+        )
     for key, value in flatten(data).items():
-        flat.pop(key, None)  # the child's value, at the child's position
-        flat[key] = value
+        merge_key(flat, key, value)
     return flat
+
+
+def merge_key(flat: dict[str, Any], key: str, value: Any) -> None:
+    """Set `key` as OmegaConf's merge does: the child's value replaces the parent's whole
+    subtree (`policy.optimizer: null` removes every `policy.optimizer.*`), and a child's
+    `a.b.c` replaces a parent's leaf `a.b` (a null or a scalar)."""
+    for k in [k for k in flat if k == key or k.startswith(key + ".")]:
+        del flat[k]
+    parts = key.split(".")
+    for i in range(1, len(parts)):
+        flat.pop(".".join(parts[:i]), None)
+    flat[key] = value
 
 
 def apply_foreign_overrides(flat: dict[str, Any], overrides: Sequence[str]) -> None:
@@ -87,53 +109,177 @@ def apply_foreign_overrides(flat: dict[str, Any], overrides: Sequence[str]) -> N
             value = parse_yaml_value(text)
         except yaml.YAMLError:
             raise ConfigError(f"override {item!r}: value is not valid YAML") from None
-        for k in [k for k in flat if k.startswith(dotted + ".")]:
-            del flat[k]
-        flat.pop(dotted, None)
-        if isinstance(value, dict):
+        if isinstance(value, dict) and value:
+            merge_key(flat, dotted, None)
+            del flat[dotted]
             flat.update(flatten(value, dotted + "."))
         else:
-            flat[dotted] = value
+            merge_key(flat, dotted, value)
 
 
-def script_overrides(text: str) -> dict[str, Any]:
+def script_overrides(text: str, shell_vars: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The dotted `key=value` overrides of a bash launch script, with its `VAR=value`
-    assignments (and `${VAR:-default}`, `$((a * b))`) expanded."""
-    variables: dict[str, str] = {}
+    assignments expanded as bash does (`${VAR:-default}` with nested expansions and
+    quotes, `$VAR`, `$((a * b))`, `$'...'`); a variable the script does not set (HOME, one
+    from the environment) stays `${NAME}` unless `shell_vars` gives it, and a leading `~`
+    is `${HOME}`. A line that holds overrides but cannot be parsed is an error."""
+    variables: dict[str, str] = dict(shell_vars or {})
     flat: dict[str, Any] = {}
-    for line in text.replace("\\\n", " ").splitlines():
-        expanded = _expand(line, variables)
+    for number, line in enumerate(text.replace("\\\n", " ").splitlines(), 1):
+        expanded = expand_shell(line, variables)
         try:
             tokens = shlex.split(expanded, comments=True)
-        except ValueError:
-            continue  # a line shlex cannot split (heredoc, unbalanced quote) holds no override
+        except ValueError as e:
+            if _HAS_OVERRIDE.search(line):
+                raise ConfigError(
+                    f"line {number} of the script holds overrides but cannot be parsed as a "
+                    f"shell command ({e}): {line.strip()[:120]}"
+                ) from None
+            continue  # a heredoc or a python -c body: no override
         if tokens[:1] == ["export"]:
             tokens = tokens[1:]
-        if len(tokens) == 1 and (assign := _SHELL_ASSIGN.match(tokens[0])):
-            variables[assign.group(1)] = assign.group(2)
+        assigns = [a for t in tokens if (a := _SHELL_ASSIGN.match(t))]
+        if tokens and len(assigns) == len(tokens):
+            for a in assigns:
+                variables[a.group(1)] = a.group(2)
             continue
         tokens = [t for t in tokens if "=" in t and _OVERRIDE_KEY.match(t.split("=", 1)[0])]
         apply_foreign_overrides(flat, tokens)
     return flat
 
 
-def _expand(line: str, variables: dict[str, str]) -> str:
-    def var(m: re.Match[str]) -> str:
-        name = m.group(1) or m.group(3)
-        if name in variables:
-            return variables[name]
-        return m.group(2) if m.group(2) is not None else m.group(0)
+_HAS_OVERRIDE = re.compile(r"(?:^|\s)\+{0,2}[A-Za-z_][\w\-]*(?:\.[\w\-]+)+=")
 
-    def arith(m: re.Match[str]) -> str:
-        # Bash arithmetic reads bare variable names too: $((train_prompt_bsz * 3)).
-        expr = _SHELL_NAME.sub(lambda n: variables.get(n.group(0), n.group(0)), m.group(1))
-        try:
-            return str(_arith(expr))
-        except (ValueError, SyntaxError, ZeroDivisionError):
-            return m.group(0)
 
-    line = _SHELL_VAR.sub(var, line)
-    return _SHELL_ARITH.sub(arith, line)
+def expand_shell(line: str, variables: dict[str, str]) -> str:
+    """One line with its parameter expansions done, as bash would (see script_overrides);
+    quotes are kept for shlex, except that `$'...'` becomes a single-quoted word."""
+    out: list[str] = []
+    i, n = 0, len(line)
+    quote = ""  # the quote we are inside: "" none, "'" or '"'
+    while i < n:
+        c = line[i]
+        if quote == "'":
+            out.append(c)
+            if c == "'":
+                quote = ""
+            i += 1
+            continue
+        if c == "\\" and i + 1 < n:
+            out.append(line[i : i + 2])
+            i += 2
+            continue
+        if c == "#" and not quote and (i == 0 or line[i - 1].isspace()):
+            break  # a comment
+        if c in "'\"" and not quote:
+            if c == "'" and out and out[-1] == "$":
+                out.pop()
+                j = line.find("'", i + 1)
+                while j > 0 and line[j - 1] == "\\":
+                    j = line.find("'", j + 1)
+                j = n if j < 0 else j
+                body = line[i + 1 : j].encode("utf-8").decode("unicode_escape")
+                out.append(shlex.quote(body))
+                i = j + 1
+                continue
+            quote = c
+            out.append(c)
+            i += 1
+            continue
+        if c == '"' and quote == '"':
+            quote = ""
+            out.append(c)
+            i += 1
+            continue
+        if c == "~" and not quote and (i == 0 or line[i - 1] in " =:\t") and line[i + 1 : i + 2] in ("/", "", " "):
+            out.append(variables.get("HOME", "${HOME}"))
+            i += 1
+            continue
+        if c != "$" or i + 1 >= n:
+            out.append(c)
+            i += 1
+            continue
+        nxt = line[i + 1]
+        if line.startswith("$((", i):
+            j = _matching(line, i + 1, "(", ")")
+            inner = line[i + 3 : j - 1]
+            expr = _SHELL_NAME.sub(lambda m: variables.get(m.group(0), m.group(0)), inner)
+            expr = expand_shell(expr, variables)
+            try:
+                out.append(str(_arith(expr)))
+            except (ValueError, SyntaxError, ZeroDivisionError):
+                out.append(line[i : j + 1])
+            i = j + 1
+            continue
+        if nxt == "{":
+            j = _matching(line, i + 1, "{", "}")
+            out.append(_parameter(line[i + 2 : j], variables))
+            i = j + 1
+            continue
+        m = _SHELL_NAME.match(line, i + 1)
+        if m:
+            name = m.group(0)
+            out.append(variables[name] if name in variables else "${" + name + "}")
+            i = m.end()
+            continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _matching(line: str, start: int, open_: str, close: str) -> int:
+    """The index of the bracket closing the one at `start` (quotes and nesting skipped)."""
+    depth, quote, i = 0, "", start
+    while i < len(line):
+        c = line[i]
+        if quote:
+            if c == quote:
+                quote = ""
+        elif c in "'\"":
+            quote = c
+        elif c == "\\":
+            i += 1
+        elif c == open_:
+            depth += 1
+        elif c == close:
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise ConfigError(f"unbalanced {open_!r} in the script line: {line.strip()[:120]}")
+
+
+_PARAM = re.compile(r"^([A-Za-z_]\w*)(?:(:?[-=+])(.*))?$", re.S)
+
+
+def _parameter(body: str, variables: dict[str, str]) -> str:
+    """`${body}`: NAME, NAME:-word / NAME-word (default), NAME:=word (default, assigned),
+    NAME:+word (alternative); the word is expanded and its quotes removed."""
+    m = _PARAM.match(body)
+    if m is None:
+        return "${" + body + "}"  # ${#x}, ${x/a/b}...: left for the importer to name
+    name, op, word = m.group(1), m.group(2), m.group(3)
+    value = variables.get(name)
+    unset = value is None or (op is not None and op.startswith(":") and value == "")
+    if op is None:
+        return value if value is not None else "${" + name + "}"
+    if op.endswith("+"):
+        return "" if unset else _word(word, variables)
+    if not unset:
+        return value  # type: ignore[return-value]
+    result = _word(word, variables)
+    if op.endswith("="):
+        variables[name] = result
+    return result
+
+
+def _word(word: str, variables: dict[str, str]) -> str:
+    expanded = expand_shell(word, variables)
+    try:
+        parts = shlex.split(expanded, comments=False, posix=True)
+    except ValueError:
+        return expanded
+    return " ".join(parts)
 
 
 _OPS: dict[type, Any] = {

@@ -20,7 +20,18 @@ from typing import Any
 
 import yaml
 
-from dapo_megatron.config.dialects import DIALECTS, Untranslatable, all_foreign_keys, foreign_key
+from dapo_megatron.config.dialect_keys import SOURCE_DEFAULTS, inactive_keys
+from dapo_megatron.config.dialects import (
+    DIALECTS,
+    IMPACT_ALGORITHM,
+    IMPACT_HARMLESS,
+    IMPACT_LAYOUT,
+    IMPACT_TITLES,
+    Untranslatable,
+    all_foreign_keys,
+    foreign_key,
+    impact,
+)
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.foreign_source import (
     apply_foreign_overrides,
@@ -58,6 +69,13 @@ class Skipped:
     """Its value in the source."""
     reason: str
     """Why it was not translated and, where there is one, what to set instead."""
+    impact: str = IMPACT_ALGORITHM
+    """How much leaving it behind changes the run (dialects.IMPACT_*)."""
+
+    @property
+    def blocking(self) -> bool:
+        """True when it changes the run: the import refuses without --allow-untranslated."""
+        return self.impact != IMPACT_HARMLESS
 
 
 @dataclass
@@ -70,47 +88,113 @@ class ImportResult:
     """Our settings, in the order of configs/dapo_base.yaml."""
     skipped: list[Skipped] = field(default_factory=list)
     """Source keys not translated, in source order."""
+    kept_ours: list[str] = field(default_factory=list)
+    """Our keys that matter and that no source key (nor a source default) set."""
+
+    @property
+    def blocking(self) -> list[Skipped]:
+        """The untranslated keys that change the run, most important tier first."""
+        rank = {IMPACT_ALGORITHM: 0, IMPACT_LAYOUT: 1}
+        return sorted((s for s in self.skipped if s.blocking), key=lambda s: rank[s.impact])
+
+
+OURS_THAT_MATTER = (
+    "policy.model_name_or_path",
+    "policy.optimizer.lr",
+    "policy.optimizer.weight_decay",
+    "policy.optimizer.clip_grad",
+    "policy.scheduler.lr_warmup_steps",
+    "policy.megatron.tensor_model_parallel_size",
+    "policy.megatron.pipeline_model_parallel_size",
+    "policy.train_global_batch_size",
+    "policy.max_total_sequence_length",
+    "generation.max_response_length",
+    "generation.engine.tensor_parallel_size",
+    "dapo.num_prompts_per_step",
+    "dapo.num_generations_per_prompt",
+    "dapo.loss.clip_ratio_low",
+    "dapo.loss.clip_ratio_high",
+    "dapo.loss.clip_ratio_c",
+    "dapo.loss.loss_agg_mode",
+    "dapo.dynamic_sampling.enabled",
+    "dapo.overlong_buffer.enabled",
+    "dapo.overlong_filtering",
+    "data.max_prompt_length",
+    "validation.num_samples_per_prompt",
+    "validation.temperature",
+)
+"""Our keys whose value the import must trace to the source; any left at our default is
+named in the recipe and the summary (the source's value is unknown to the importer)."""
 
 
 def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
     """Translate a flat foreign config (dotted key -> value) with the mapping table.
 
-    A second source key setting one of our keys to a different value is skipped (the first
-    one wins, as it appears first in the source) and listed with the conflict."""
+    Keys the source omits take the source system's default (dialect_keys.SOURCE_DEFAULTS),
+    at a lower priority than any key the source sets; keys that are not live in the source
+    (dialect_keys.inactive_keys) are listed, not translated. A second source key setting one
+    of our keys to a different value is a conflict (the first is kept, the second listed)."""
     result = ImportResult(dialect)
     chosen: dict[str, ImportedSetting] = {}
-    for key, value in flat.items():
+    dead = inactive_keys(dialect, flat)
+    defaults = {k: v for k, v in SOURCE_DEFAULTS[dialect].items() if k not in flat}
+    ctx = {**defaults, **flat}
+    for key, value in [*flat.items(), *defaults.items()]:
+        is_default = key in defaults
+        if key in dead:
+            result.skipped.append(Skipped(key, value, dead[key], IMPACT_HARMLESS))
+            continue
         fk = foreign_key(key, dialect)
         if fk is None:
             other = foreign_key(key)
             reason = "no counterpart here"
-            if key == "defaults":
-                reason = "a parent config that was not found next to the file: its keys were not imported (import the merged config)"
             if other is not None:
                 reason = f"not a {DIALECTS[dialect]} key (it is {other.system}'s: --from {other.dialect})"
-            result.skipped.append(Skipped(key, value, reason))
+            result.skipped.append(Skipped(key, value, reason, impact(key)))
             continue
-        if isinstance(value, str) and "${" in value:
-            reason = "an interpolation or shell variable this importer cannot resolve"
-            result.skipped.append(Skipped(key, value, reason))
+        if isinstance(value, str) and ("${" in value or "$(" in value):
+            reason = (
+                "an interpolation or shell variable this importer cannot resolve "
+                "(a script's environment: --shell-var NAME=VALUE)"
+            )
+            result.skipped.append(Skipped(key, value, reason, impact(key)))
             continue
         try:
-            tr = fk.convert(value, flat)
+            tr = fk.convert(value, ctx)
         except Untranslatable as e:
-            result.skipped.append(Skipped(key, value, str(e)))
+            reason = str(e) + (f" ({DIALECTS[dialect]}'s default)" if is_default else "")
+            result.skipped.append(Skipped(key, value, reason, impact(key)))
             continue
+        note = f"{DIALECTS[dialect]}'s default {_scalar(value)}; {tr.note}" if is_default else tr.note
         for ours, out in tr.settings:
             first = chosen.get(ours)
             if first is None:
-                chosen[ours] = ImportedSetting(ours, out, key, tr.note)
-            elif first.value != out:
+                chosen[ours] = ImportedSetting(ours, out, key, note)
+            elif first.value != out and not is_default:
                 reason = (
                     f"conflicts with {first.source} (both set {ours}): kept {_scalar(first.value)}"
                 )
-                result.skipped.append(Skipped(key, value, reason))
+                result.skipped.append(Skipped(key, value, reason, impact(key)))
+    _derive(chosen)
     order = {k: i for i, k in enumerate(all_keys())}
     result.settings = sorted(chosen.values(), key=lambda s: order[s.key])
+    result.kept_ours = [k for k in OURS_THAT_MATTER if k not in chosen]
     return result
+
+
+def _derive(chosen: dict[str, ImportedSetting]) -> None:
+    """Our keys that follow from translated ones: the trainer's sequence cap is prompt +
+    response when the source gives only the two lengths (verl, SkyRL, RLinf)."""
+    total = "policy.max_total_sequence_length"
+    prompt = chosen.get("data.max_prompt_length")
+    response = chosen.get("generation.max_response_length")
+    if total not in chosen and prompt is not None and response is not None:
+        chosen[total] = ImportedSetting(
+            total,
+            prompt.value + response.value,
+            f"{prompt.source} + {response.source}",
+            "derived: prompt + response",
+        )
 
 
 # ---------------------------------------------------------------------------------------
@@ -154,13 +238,31 @@ def render_recipe(result: ImportResult, *, source: str, base: str) -> str:
         noted.add((s.source, s.note))
         lines.append(f"{'  ' * len(path)}{leaf}: {_scalar(s.value)}  # {s.source}: {note}")
     lines.append("")
-    n = len(result.skipped)
-    lines.append(
-        f"# Not translated: {n} source key{'s' if n != 1 else ''} (set what you need by hand)."
-    )
-    for sk in result.skipped:
-        lines.append(f"#   {sk.key} = {_short(sk.value)}: {sk.reason}")
+    lines.extend(_summary_lines(result, prefix="# "))
     return "\n".join(lines) + "\n"
+
+
+def _summary_lines(result: ImportResult, *, prefix: str, limit: int | None = None) -> list[str]:
+    """The untranslated keys by tier, most important first, then our keys left at our
+    default; at most `limit` keys listed per tier (None: all)."""
+    out: list[str] = []
+    for tier in (IMPACT_ALGORITHM, IMPACT_LAYOUT, IMPACT_HARMLESS):
+        group = [s for s in result.skipped if s.impact == tier]
+        if not group:
+            continue
+        mark = "UNTRANSLATED, " if tier != IMPACT_HARMLESS else ""
+        out.append(f"{prefix}{mark}{len(group)} key(s) that {IMPACT_TITLES[tier]}:")
+        shown = group if limit is None or tier != IMPACT_HARMLESS else group[:limit]
+        for sk in shown:
+            out.append(f"{prefix}  {sk.key} = {_short(sk.value)}: {sk.reason}")
+        if len(shown) < len(group):
+            out.append(f"{prefix}  ... {len(group) - len(shown)} more, listed in the recipe")
+    if result.kept_ours:
+        out.append(
+            f"{prefix}Our default, not traced to the source ({len(result.kept_ours)}): "
+            + ", ".join(result.kept_ours)
+        )
+    return out
 
 
 def migration_rows() -> list[str]:
@@ -192,6 +294,19 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("source", nargs="?", type=Path, metavar="FILE", help="the config to import")
     parser.add_argument("-o", "--output", type=Path, metavar="RECIPE", help="recipe to write")
     parser.add_argument("--force", action="store_true", help="overwrite an existing recipe")
+    parser.add_argument(
+        "--allow-untranslated",
+        action="store_true",
+        help="write the recipe although source keys that change the run have no translation "
+        "(each is marked UNTRANSLATED in the recipe)",
+    )
+    parser.add_argument(
+        "--shell-var",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a launch script's environment variable (e.g. HOME=/home/me), repeatable",
+    )
     parser.add_argument(
         "--table", action="store_true", help="print the migration table (markdown) and exit"
     )
@@ -226,31 +341,63 @@ def _import(args: argparse.Namespace) -> int:
                 f"{'|'.join(DIALECTS)} FILE -o recipes/mine.yaml"
             )
     out: Path = args.output
+    if out.is_dir():
+        raise ConfigError(f"-o {display_path(out)} is a directory; name the recipe file to write")
     if out.exists() and not args.force:
         raise ConfigError(f"{display_path(out)} exists; choose another -o or pass --force")
-    flat = read_source(args.source)
+    shell_vars = {}
+    for item in args.shell_var:
+        name, sep, value = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise ConfigError(f"--shell-var {item!r}: expected NAME=VALUE")
+        shell_vars[name] = value
+    flat = read_source(args.source, shell_vars)
     apply_foreign_overrides(flat, args.overrides)
     resolve_interpolations(flat)
+    system = DIALECTS[args.dialect]
     result = translate(args.dialect, flat)
+    explicit = [s for s in result.settings if s.source in flat]
+    if not explicit:
+        raise ConfigError(
+            f"{display_path(args.source)}: no {system} setting was carried ({len(flat)} keys "
+            f"read); is it a {system} config (--from), and are its overrides readable?"
+        )
+    counts = {t: sum(1 for s in result.skipped if s.impact == t) for t in IMPACT_TITLES}
+    print(
+        f"dapo-import-config: {system} {display_path(args.source)}: {len(result.settings)} "
+        f"settings ({len(explicit)} from the source's keys), untranslated: "
+        f"{counts[IMPACT_ALGORITHM]} changing the algorithm, {counts[IMPACT_LAYOUT]} the "
+        f"layout or memory, {counts[IMPACT_HARMLESS]} harmless"
+    )
+    for line in _summary_lines(result, prefix="  ", limit=5):
+        print(line)
+    blocking = result.blocking
+    if blocking and not args.allow_untranslated:
+        names = ", ".join(s.key for s in blocking)
+        raise ConfigError(
+            f"nothing written: {len(blocking)} source key(s) change the run and have no "
+            f"translation: {names}; set their meaning by hand after importing with "
+            f"--allow-untranslated (each is marked UNTRANSLATED in the recipe)"
+        )
     base = os.path.relpath(BASE_CONFIG, out.resolve().parent)
     source = display_path(args.source) + (
         " with " + " ".join(args.overrides) if args.overrides else ""
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_recipe(result, source=source, base=base), encoding="utf-8")
-    print(
-        f"dapo-import-config: wrote {display_path(out)}: {len(result.settings)} settings from "
-        f"{len(flat) - len(result.skipped)} of {len(flat)} {DIALECTS[args.dialect]} keys"
-    )
-    print(f"not translated ({len(result.skipped)}, also listed at the end of the recipe):")
-    for sk in result.skipped:
-        print(f"  {sk.key} = {_short(sk.value)}: {sk.reason}")
+    print(f"wrote {display_path(out)}")
     try:
         load_config(out)
     except ConfigError as e:
         raise ConfigError(
             f"{display_path(out)} was written but does not validate yet: {e}"
         ) from None
+    if blocking or result.kept_ours:
+        print(
+            f"it loads, but is not a faithful copy: {len(blocking)} untranslated key(s) and "
+            f"{len(result.kept_ours)} of our defaults are marked in it"
+        )
+        return 0
     print(f"valid; check the machine too: dapo-train --config {display_path(out)} --dry-run")
     return 0
 

@@ -240,7 +240,7 @@ loss_fn:
 policy:
   model_name: Qwen/Qwen2.5-7B
   max_total_sequence_length: 21504
-  megatron_cfg: {tensor_model_parallel_size: 4, sequence_parallel: true, activation_checkpointing: true}
+  megatron_cfg: {enabled: true, tensor_model_parallel_size: 4, sequence_parallel: true, activation_checkpointing: true}
 cluster:
   num_nodes: 2
   gpus_per_node: 8
@@ -261,18 +261,20 @@ def _import(tmp_path: Path, dialect: str, name: str, text: str, *overrides: str)
     source = tmp_path / name
     source.write_text(text)
     out = tmp_path / "recipes" / "mine.yaml"
-    assert import_main(["--from", dialect, str(source), "-o", str(out), *overrides]) == 0
+    argv = ["--from", dialect, str(source), "-o", str(out), "--allow-untranslated"]
+    assert import_main([*argv, *overrides]) == 0
     return out
 
 
 def test_nemo_rl_dapo_example_imports_to_a_runnable_recipe(tmp_path, capsys):
     out = _import(tmp_path, "nemo-rl", "dapo-qwen2.5-7b.yaml", NEMO_DAPO, "grpo.seed=7")
     printed = capsys.readouterr().out
-    assert "not translated (1, also listed at the end of the recipe):\n" in printed
+    assert "UNTRANSLATED, 1 key(s) that changes the algorithm" in printed
     assert "  loss_fn.use_on_policy_kl_approximation = false: no counterpart here\n" in printed
     text = out.read_text()
     assert f"defaults: {os.path.relpath(BASE, out.parent)}\n" in text
     assert "#   loss_fn.use_on_policy_kl_approximation = false: no counterpart here" in text
+    assert "# UNTRANSLATED, 1 key(s)" in text
     assert "max_gen_batches: 11  # grpo.dynamic_sampling_max_gen_batches: converted" in text
 
     cfg = load_config(out).config
