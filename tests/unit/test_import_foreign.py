@@ -1,0 +1,104 @@
+"""dapo-import-config on real peer configs (tests/data/foreign, README there): each value
+carried is checked against the value read by hand from the peer's script and code."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dapo_megatron.config.foreign_source import read_source
+from dapo_megatron.config.import_config import main as import_main
+from dapo_megatron.config.import_config import translate
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "foreign"
+
+
+def _values(dialect: str, name: str, **env: str) -> dict:
+    result = translate(dialect, read_source(DATA / name, env))
+    return {s.key: s.value for s in result.settings}
+
+
+def test_verl_dapo_32b_script():
+    v = _values("verl", "verl/run_dapo_qwen2.5_32b.sh", HOME="/home/u")
+    # ${MODEL_PATH:-"${RAY_DATA_HOME}/models/Qwen2.5-32B"}, RAY_DATA_HOME=${HOME}/verl
+    assert v["policy.model_name_or_path"] == "/home/u/verl/models/Qwen2.5-32B"
+    assert v["policy.train_global_batch_size"] == 32 * 16  # mini-batch 32 prompts x n 16
+    # lr_warmup_steps=10 trainer steps x 512 // 32 = 16 optimizer steps each
+    assert (v["policy.optimizer.lr"], v["policy.scheduler.lr_warmup_steps"]) == (1e-6, 160)
+    assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.28)
+    assert v["dapo.loss.clip_ratio_c"] == 10.0
+    assert v["dapo.dynamic_sampling.enabled"] is True
+    assert v["generation.max_response_length"] == 20480
+    assert v["policy.max_total_sequence_length"] == 2048 + 20480  # derived
+    assert v["validation.num_samples_per_prompt"] == 1
+    assert v["dapo.overlong_buffer.enabled"] is True and v["dapo.overlong_buffer.length"] == 4096
+
+
+def test_verl_without_dynamic_sampling_keeps_it_off():
+    v = _values("verl", "verl/run_dapo_wo_ds_qwen2.5_32b.sh", HOME="/home/u")
+    assert v["dapo.dynamic_sampling.enabled"] is False
+
+
+def test_unresolved_home_is_refused_naming_the_variable(tmp_path, capsys):
+    out = tmp_path / "r.yaml"
+    src = str(DATA / "verl/run_dapo_qwen2.5_32b.sh")
+    assert import_main(["--from", "verl", src, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "actor_rollout_ref.model.path" in err and not out.exists()
+
+
+def test_skyrl_dapo_script():
+    v = _values("skyrl", "skyrl/run_dapo_qwen2.5_math_7b_aime.sh", HOME="/home/u")
+    # policy_loss_type=dual_clip with clip_ratio_c=10.0; num_warmup_steps counts optimizer steps
+    assert v["dapo.loss.clip_ratio_c"] == 10.0
+    assert v["policy.scheduler.lr_warmup_steps"] == 160
+    assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.28)
+    assert v["generation.max_response_length"] == 8192
+    assert v["policy.max_total_sequence_length"] == 2048 + 8192
+    assert v["validation.num_samples_per_prompt"] == 32
+
+
+def test_rlinf_single_gpu_clip_null_and_placement():
+    v = _values("rlinf", "rlinf/qwen2.5-1.5b-single-gpu.yaml")
+    # clip_ratio_low/high: null -> ratio_clip_eps 0.2 (megatron_actor_worker.py)
+    assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.2)
+    # component_placement actor,rollout,reward: 0 -> one GPU
+    assert (v["cluster.num_nodes"], v["cluster.gpus_per_node"]) == (1, 1)
+
+
+def test_nemo_rl_missing_parent_is_refused(tmp_path, capsys):
+    child = tmp_path / "child.yaml"
+    child.write_text("defaults: ../../grpo_math_1B.yaml\ngrpo: {seed: 1}\n")
+    assert import_main(["--from", "nemo-rl", str(child), "-o", str(tmp_path / "r.yaml")]) == 2
+    assert "grpo_math_1B.yaml" in capsys.readouterr().err
+
+
+def test_nemo_rl_null_optimizer_replaces_the_parent(tmp_path):
+    parent = tmp_path / "p.yaml"
+    parent.write_text("policy: {optimizer: {kwargs: {lr: 5.0e-6}}}\n")
+    child = tmp_path / "c.yaml"
+    child.write_text(
+        "defaults: p.yaml\npolicy:\n  optimizer: null\n  megatron_cfg:\n    enabled: true\n"
+        "    optimizer: {lr: 1.0e-6}\n"
+    )
+    flat = read_source(child)
+    assert "policy.optimizer.kwargs.lr" not in flat
+    v = {s.key: s.value for s in translate("nemo-rl", flat).settings}
+    assert v["policy.optimizer.lr"] == 1e-6
+
+
+@pytest.mark.parametrize("kind", ["dir_input", "dir_output", "nothing"])
+def test_bad_inputs_give_one_line_and_exit_2(tmp_path, capsys, kind):
+    src = tmp_path / "s.sh"
+    src.write_text("python3 -m verl.trainer.main_ppo $'--x'\n")
+    out = tmp_path / "r.yaml"
+    if kind == "dir_input":
+        src = tmp_path
+    if kind == "dir_output":
+        out = tmp_path / "d"
+        out.mkdir()
+    argv = ["--from", "verl", str(src), "-o", str(out), "--force"]
+    assert import_main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error:")
