@@ -11,6 +11,7 @@ import argparse
 import dataclasses
 import shlex
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -39,6 +40,9 @@ overrides:
 run directory (run.output_dir):
   config.yaml         the resolved config of the run (what dapo-export reads)
   metrics.jsonl       one JSON record per step (and per validation)
+  sft_metrics.jsonl   one record per SFT warm-up step (sft_warmup.num_steps > 0)
+  plots/              PNG curves of the run (logger.plots), written when it ends
+  logs/workers/       the output of the policy ranks and generation engines
   checkpoints/step_N  complete checkpoints (checkpointing.*), verified on resume
   hf/step_N           the final model as a Hugging Face checkpoint (checkpointing.export_hf)
   .lock               held while a run uses the directory: a second dapo-train on the
@@ -58,6 +62,13 @@ exit status:
   found too few groups); 2 invalid input (config, paths, data, model, devices) found
   before any worker started; 130 interrupted (Ctrl-C); 143 stopped by SIGTERM
   (preemption), resumable.
+
+related commands:
+  dapo-plan           check a recipe's layout and per-GPU memory before asking for GPUs
+  dapo-prepare        fetch a recipe's hub model and datasets into the cache (on a
+                      machine with internet, before a cluster run without)
+  dapo-import-config  write a recipe from a NeMo RL, SkyRL, RLinf or verl config
+  dapo-export         write a Hugging Face checkpoint from any dapo-train checkpoint
 """
 
 
@@ -218,6 +229,7 @@ def _train_locked(plan: RunPlan, command: str) -> int:
             print(line, file=sys.stderr, flush=True)
         return PREEMPTED_EXIT
 
+    started = time.monotonic()  # the summary's wall time: Ray's start included
     try:
         try:
             metrics = train(plan)
@@ -250,9 +262,30 @@ def _train_locked(plan: RunPlan, command: str) -> int:
     finally:
         hook.uninstall()
         preemption.activate(None)
-    summary = {k: metrics[k] for k in ("reward/acc", "val/acc", "loss") if k in metrics}
-    print(f"dapo-train: finished; run directory {plan.run_dir}; last step {summary}")
+    del metrics  # the summary reads the run directory: a resumed run's whole history
+    print(_summary(plan, time.monotonic() - started), flush=True)
     return 0
+
+
+def _summary(plan: RunPlan, wall_s: float) -> str:
+    """The closing lines of a finished run: steps, wall time, validation accuracy and
+    where the checkpoint, the export, the plots and the worker logs are."""
+    from dapo_megatron.logging import format_summary, worker_log_dir
+    from dapo_megatron.storage.checkpoint_dirs import latest_checkpoint
+
+    cfg = plan.config
+    export = plan.run_dir / "hf" / f"step_{cfg.dapo.max_num_steps:06d}"
+    plots = plan.run_dir / "plots"
+    logs = worker_log_dir(plan.run_dir)
+    return format_summary(
+        plan.run_dir,
+        total_steps=cfg.dapo.max_num_steps,
+        wall_s=wall_s,
+        checkpoint=latest_checkpoint(plan.checkpoint_dir) if cfg.checkpointing.enabled else None,
+        export=export if cfg.checkpointing.export_hf and export.exists() else None,
+        plots=plots if plots.is_dir() else None,
+        worker_logs=logs if logs.is_dir() else None,
+    )
 
 
 def train_main(argv: Sequence[str] | None = None) -> int:

@@ -40,7 +40,8 @@ from dapo_megatron.controller.rollout_source import (
 from dapo_megatron.controller.rollout_stream import RolloutStream
 from dapo_megatron.controller.startup_check import check_engine_logprobs
 from dapo_megatron.data.fingerprint import DATA_STATE_KEY, data_fingerprint
-from dapo_megatron.logging import MetricsLogger, StepProgress
+from dapo_megatron.logging import MetricsLogger, StepProgress, keys, worker_log_dir
+from dapo_megatron.logging.progress import format_val
 from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.storage.checkpoint_dirs import (
     find_resumable,
@@ -100,14 +101,7 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
     state = _resume(ctx, policy)
     start_step: int = state.get("step", 0)
     if start_step == 0 and config.sft_warmup.num_steps > 0:
-        steps.sft_warmup(
-            ctx,
-            policy,
-            lambda i, m: print(
-                f"[sft] step {i + 1}/{config.sft_warmup.num_steps} nll={m['sft/nll']:.4f}",
-                flush=True,
-            ),
-        )
+        _sft_warmup(ctx, policy, logger)
     # Engines started from the HF checkpoint: give them the resumed / warmed-up weights.
     engines.refit(policy)
     if config.generation.backend == "vllm":
@@ -117,7 +111,11 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
         preemption.stop_clock()
         raise Preempted(start_step, None)
     if start_step == 0 and config.validation.val_at_start:
-        logger.log(0, steps.validate(ctx, engines, 0))
+        start_val = steps.validate(ctx, engines, 0)
+        logger.log(0, start_val)
+        if keys.VAL_ACC in start_val:  # the baseline the step lines' val_acc compares to
+            acc = format_val(start_val[keys.VAL_ACC], start_val.get(keys.VAL_ACC_STDERR))
+            print(f"[validation] before training: accuracy {acc}", flush=True)
     progress = StepProgress(
         config.dapo.max_num_steps, start_step=start_step, enabled=config.logger.progress_bar
     )
@@ -365,6 +363,38 @@ def _idle_fractions(metrics: dict[str, float], engine_busy_s: float) -> dict[str
     }
 
 
+SFT_LINE_EVERY = 10
+"""Without a terminal, the SFT warm-up prints one line per this many steps (and its last):
+a 300-step warm-up is 30 lines of a log file, not 300."""
+
+
+def _sft_warmup(ctx: RunContext, policy: PolicyGroup, logger: MetricsLogger) -> None:
+    """The SFT warm-up, with its own progress bar (or a line per ``SFT_LINE_EVERY``
+    steps) and its steps in sft_metrics.jsonl (its plot)."""
+    cfg = ctx.config.sft_warmup
+    with StepProgress(
+        cfg.num_steps,
+        start_step=0,
+        enabled=ctx.config.logger.progress_bar,
+        headline=(keys.SFT_NLL,),
+        name="sft warm-up",
+        line_every=SFT_LINE_EVERY,
+    ) as progress:
+
+        def log(index: int, metrics: dict[str, float]) -> None:
+            logger.log_sft(index + 1, metrics)
+            progress.update(index + 1, metrics)
+
+        steps.sft_warmup(ctx, policy, log)
+
+
+def plot_labels(config: DapoMegatronConfig) -> dict[str, str]:
+    """Legend labels the plots cannot know from metrics.jsonl: how validation samples."""
+    v = config.validation
+    how = "greedy" if v.greedy else f"mean of {v.num_samples_per_prompt} samples per prompt"
+    return {keys.VAL_ACC: f"validation accuracy ({how}, held-out prompts)"}
+
+
 def _export_final(ctx: RunContext, policy: PolicyGroup, step: int) -> None:
     """The final policy as an HF checkpoint in RUN_DIR/hf/step_N (written atomically by the
     exporter, so an existing directory is a complete earlier export: kept)."""
@@ -408,6 +438,8 @@ def train(plan: RunPlan) -> dict[str, float]:
     set_call_timeout(config.run.call_timeout_s, config.run.collective_timeout_s)
     try:
         start_ray(config.cluster, device=plan.device)
+        # Named once: the workers write their output there (logging/worker_logs.py).
+        print(f"[setup] worker logs: {worker_log_dir(run_dir)}/", flush=True)
         preemption.reclaim_sigterm()
         preemption.watch_gcs(gcs_address())
         while True:
@@ -420,7 +452,11 @@ def train(plan: RunPlan) -> dict[str, float]:
                 and latest_checkpoint(ctx.checkpoint_dir) is not None
             )
             logger = MetricsLogger(
-                config.logger, run_dir=run_dir, run_name=config.run.name, resume=resume
+                config.logger,
+                run_dir=run_dir,
+                run_name=config.run.name,
+                resume=resume,
+                plot_labels=plot_labels(config),
             )
             failed = True  # until _run_steps returns: W&B / MLflow must see a crash as one
             nodes = node_loss.alive_nodes()  # a node lost from here stops or restarts the run

@@ -19,10 +19,12 @@ CLI: ``python -m dapo_megatron.data.tiny_model --out DIR [--seed N] [--preset NA
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 from dapo_megatron.config.model_arch import (
@@ -85,8 +87,25 @@ def _write_checkpoint(out: Path, arch: ModelArch, seed: int) -> None:
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = getattr(transformers, HF_ARCHITECTURES[arch.family])(config)
-    model.save_pretrained(out)
+    with _no_progress_bars():
+        model.save_pretrained(out)
     save_char_tokenizer(tokenizer, out)
+
+
+@contextlib.contextmanager
+def _no_progress_bars() -> Iterator[None]:
+    """transformers' own bars ("Writing model shards") off, then back as they were: a
+    one-file model gains nothing from a bar, and a bar's carriage returns garble the
+    run's log file when the output is not a terminal."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def create_tiny_model(

@@ -27,9 +27,19 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["METRICS_FILENAME", "JsonlWriter", "read_metrics", "to_float_metrics"]
+__all__ = [
+    "METRICS_FILENAME",
+    "SFT_METRICS_FILENAME",
+    "JsonlWriter",
+    "read_metrics",
+    "to_float_metrics",
+]
 
 METRICS_FILENAME = "metrics.jsonl"
+SFT_METRICS_FILENAME = "sft_metrics.jsonl"
+"""The SFT warm-up's steps, in a file of their own: its step numbers are not DAPO steps
+(step 0 of metrics.jsonl is the validation before training), and its one curve is
+plotted on its own axis (``plots.py``)."""
 RESERVED_KEYS = frozenset({"step", "time"})
 
 _log = logging.getLogger(__name__)

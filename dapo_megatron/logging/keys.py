@@ -14,10 +14,12 @@ __all__ = [
     "DS_KEEP_RATE",
     "DS_NUM_GEN_BATCHES",
     "GRAD_NORM",
+    "HEADLINE_DUPLICATES",
     "HEADLINE_LABELS",
     "LOSS",
     "LR",
     "METRIC_KEYS",
+    "PLOT_LABELS",
     "POLICY_ENTROPY",
     "RESPONSE_LENGTH_CLIP_RATIO",
     "RESPONSE_LENGTH_MAX",
@@ -25,8 +27,10 @@ __all__ = [
     "REWARD_ACC",
     "REWARD_RAW_MEAN",
     "REWARD_SHAPED_MEAN",
+    "SFT_NLL",
     "STEP_TIME_S",
     "VAL_ACC",
+    "VAL_ACC_STDERR",
 ]
 
 REWARD_RAW_MEAN = "reward/raw_mean"
@@ -37,6 +41,8 @@ REWARD_ACC = "reward/acc"
 """Training accuracy: fraction of generated samples the verifier marks correct."""
 VAL_ACC = "val/acc"
 """Validation accuracy; logged only on validation steps (every val_period)."""
+VAL_ACC_STDERR = "val/acc_stderr"
+"""Standard error of the validation accuracy over prompts (NaN below two prompts)."""
 DS_KEEP_RATE = "dynamic_sampling/keep_rate"
 """Fraction of generated prompt groups kept by dynamic sampling (raw metric std > 0)."""
 DS_NUM_GEN_BATCHES = "dynamic_sampling/num_gen_batches"
@@ -57,12 +63,15 @@ LR = "lr"
 """Learning rate used by the step's optimizer updates."""
 STEP_TIME_S = "timing/step_s"
 """Wall-clock seconds of the whole step (generation + training + weight refit)."""
+SFT_NLL = "sft/nll"
+"""SFT warm-up: mean negative log-likelihood per answer token (``sft_metrics.jsonl``)."""
 
 METRIC_KEYS: tuple[str, ...] = (
     REWARD_RAW_MEAN,
     REWARD_SHAPED_MEAN,
     REWARD_ACC,
     VAL_ACC,
+    VAL_ACC_STDERR,
     DS_KEEP_RATE,
     DS_NUM_GEN_BATCHES,
     RESPONSE_LENGTH_MEAN,
@@ -79,6 +88,7 @@ METRIC_KEYS: tuple[str, ...] = (
 DEFAULT_HEADLINE: tuple[str, ...] = (
     REWARD_RAW_MEAN,
     REWARD_ACC,
+    VAL_ACC,
     DS_KEEP_RATE,
     RESPONSE_LENGTH_MEAN,
     STEP_TIME_S,
@@ -100,5 +110,30 @@ HEADLINE_LABELS: dict[str, str] = {
     GRAD_NORM: "gnorm",
     LR: "lr",
     STEP_TIME_S: "step_s",
+    SFT_NLL: "nll",
 }
 """Short labels for the progress line; the full key is a third of a terminal wide."""
+
+HEADLINE_DUPLICATES: dict[str, str] = {REWARD_RAW_MEAN: REWARD_ACC}
+"""Headline columns left out of a step's display when their value equals the named one's:
+the mean score of a 0/1 verifier is the training accuracy, a second column saying the
+same number is noise (a partial-credit verifier's reward differs, and shows)."""
+
+PLOT_LABELS: dict[str, str] = {
+    REWARD_RAW_MEAN: "verifier score (mean over sampled rollouts)",
+    REWARD_SHAPED_MEAN: "shaped reward (scaled, with overlong penalty)",
+    REWARD_ACC: "training accuracy (sampled rollouts)",
+    VAL_ACC: "validation accuracy (held-out prompts)",
+    DS_KEEP_RATE: "prompt groups kept",
+    DS_NUM_GEN_BATCHES: "generation rounds",
+    RESPONSE_LENGTH_MEAN: "mean",
+    RESPONSE_LENGTH_MAX: "longest",
+    RESPONSE_LENGTH_CLIP_RATIO: "responses cut at the length cap",
+    LOSS: "policy-gradient loss",
+    POLICY_ENTROPY: "token entropy",
+    GRAD_NORM: "gradient norm (before clipping)",
+    LR: "learning rate",
+    STEP_TIME_S: "seconds per step",
+    SFT_NLL: "answer NLL per token",
+}
+"""Legend labels of the plots: words a reader of the figure needs no key list for."""

@@ -19,7 +19,12 @@ from types import TracebackType
 from typing import Any
 
 from dapo_megatron.config.schema import LoggerConfig
-from dapo_megatron.logging.jsonl import METRICS_FILENAME, JsonlWriter, to_float_metrics
+from dapo_megatron.logging.jsonl import (
+    METRICS_FILENAME,
+    SFT_METRICS_FILENAME,
+    JsonlWriter,
+    to_float_metrics,
+)
 from dapo_megatron.logging.sinks import (
     MlflowSink,
     Sink,
@@ -48,9 +53,21 @@ class MetricsLogger:
     With ``resume=True`` the first step logged is taken as the resume point: lines and
     TensorBoard events at or after it from the earlier attempt are dropped, and the W&B /
     MLflow runs of the earlier attempt are reopened.
+
+    The SFT warm-up's steps (``log_sft``) go to ``<run_dir>/sft_metrics.jsonl`` only: its
+    step numbers would collide with the DAPO steps in every other sink. ``plot_labels``
+    overrides legend labels of the plots (``keys.PLOT_LABELS``).
     """
 
-    def __init__(self, config: LoggerConfig, *, run_dir: Path, run_name: str, resume: bool) -> None:
+    def __init__(
+        self,
+        config: LoggerConfig,
+        *,
+        run_dir: Path,
+        run_name: str,
+        resume: bool,
+        plot_labels: Mapping[str, str] | None = None,
+    ) -> None:
         # Import the optional packages before creating anything, so a config error leaves
         # no half-open W&B run or truncated metrics.jsonl behind.
         wandb = mlflow = None
@@ -65,7 +82,10 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.log_dir = Path(config.log_dir) if config.log_dir else self.run_dir / "logs"
         self.metrics_path = self.run_dir / METRICS_FILENAME
+        self.sft_metrics_path = self.run_dir / SFT_METRICS_FILENAME
         self.plots_dir = self.run_dir / "plots"
+        self._plot_labels = dict(plot_labels or {})
+        self._sft: JsonlWriter | None = None
         self._last_step: int | None = None
         self._failures: dict[str, int] = {}
         self._closed = False
@@ -135,6 +155,18 @@ class MetricsLogger:
             except Exception as err:
                 self._warn_failure(sink.name, step, err)
 
+    def log_sft(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """Record SFT warm-up step ``step`` (1-based) in sft_metrics.jsonl.
+
+        The file starts afresh with the first call: a warm-up runs whole, only on a run's
+        fresh start (a restart before the first checkpoint runs it again).
+        """
+        if self._closed:
+            raise RuntimeError("MetricsLogger.log_sft called after close()")
+        if self._sft is None:
+            self._sft = JsonlWriter(self.sft_metrics_path, resume=False)
+        self._sft.write(step, to_float_metrics(metrics), wall_time=time.time())
+
     def _warn_failure(self, name: str, step: int, err: Exception) -> None:
         count = self._failures.get(name, 0) + 1
         self._failures[name] = count
@@ -168,12 +200,14 @@ class MetricsLogger:
         self._closed = True
         self._close_sinks(failed=failed)
         self._jsonl.close()
-        if self.config.plots and self.metrics_path.exists():
+        if self._sft is not None:
+            self._sft.close()
+        if self.config.plots and (self.metrics_path.exists() or self.sft_metrics_path.exists()):
             # Imported here: matplotlib costs ~0.5 s and is needed once, at the end.
             from dapo_megatron.logging.plots import write_plots
 
             try:
-                write_plots(self.metrics_path, self.plots_dir)
+                write_plots(self.metrics_path, self.plots_dir, self._plot_labels)
             except Exception as err:
                 _log.warning("writing plots to %s failed: %s", self.plots_dir, err)
 

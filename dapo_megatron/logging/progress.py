@@ -1,17 +1,29 @@
-"""Progress over training steps: a tqdm bar on a terminal, one line per step elsewhere.
+"""Progress over training steps: a tqdm bar on a terminal, concise lines elsewhere.
 
 A DAPO step takes seconds to minutes, so the display is per step, with the few numbers
-an RL engineer watches (reward, accuracy, keep rate, response length, step time).
-tqdm redraws with carriage returns, which turns a Slurm/CI log file into one unreadable
-line; so the bar is drawn only when enabled *and* the stream is a terminal. Otherwise
-each step prints one concise line to stderr::
+an RL engineer watches (reward, accuracy, validation accuracy, keep rate, response length,
+step time). tqdm redraws with carriage returns, which turns a Slurm/CI log file into one
+unreadable line; so the bar is drawn only when enabled *and* the stream is a terminal.
+Otherwise each step prints one concise line to stderr::
 
-    step 12/500 reward=0.512 acc=0.43 keep=0.75 len=812 step_s=31.2 elapsed=0:06:14 eta=4:13:40
+    step 12/500 acc=0.43 keep=0.75 len=812 step_s=31.2 elapsed=0:06:14 eta=4:13:40
+    step 20/500 acc=0.51 val_acc=0.62±0.024 keep=0.69 len=790 step_s=30.8 elapsed=...
+
+The SFT warm-up (hundreds of sub-second steps) uses the same class with ``line_every``:
+a bar on a terminal, one line per ``line_every`` steps (and the last) elsewhere.
+
+Columns: a headline metric is left out of a step whose value repeats another column's
+(``keys.HEADLINE_DUPLICATES``): the mean verifier score of a 0/1 verifier *is* the training
+accuracy, so ``reward`` shows only when the verifier gives partial credit. The decision is
+per step, from the values, so it needs no knowledge of the verifier. Validation accuracy
+shows, with its standard error, on the steps that measured it (on the bar: the last
+measurement, with its step).
 """
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping, Sequence
@@ -19,9 +31,25 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any, TextIO
 
-from dapo_megatron.logging.keys import DEFAULT_HEADLINE, HEADLINE_LABELS
+from dapo_megatron.logging.keys import (
+    DEFAULT_HEADLINE,
+    HEADLINE_DUPLICATES,
+    HEADLINE_LABELS,
+    VAL_ACC,
+    VAL_ACC_STDERR,
+)
 
-__all__ = ["StepProgress", "format_value"]
+__all__ = ["FALLBACK_COLUMNS", "StepProgress", "format_val", "format_value", "terminal_columns"]
+
+FALLBACK_COLUMNS = 80
+"""Width assumed for a terminal that reports none (a pty of size 0x0 under `script`, a CI
+runner's pseudo-terminal) when COLUMNS is not set either."""
+
+_FALLBACK_ROWS = 24
+
+# The bar's layout: a fixed-width bar right after the count, so a long metric text (cut
+# at the terminal's width) can never squeeze the bar out of the line.
+_BAR_FORMAT = "{desc} {n_fmt}/{total_fmt} |{bar:16}| {elapsed}<{remaining}{postfix}"
 
 
 def format_value(value: float) -> str:
@@ -33,8 +61,38 @@ def format_value(value: float) -> str:
     return f"{value:.3g}"
 
 
+def format_val(acc: float, stderr: float | None) -> str:
+    """Validation accuracy with its standard error when known: ``0.62±0.024``."""
+    text = format_value(acc)
+    if stderr is not None and math.isfinite(stderr):
+        text += f"±{stderr:.2g}"
+    return text
+
+
 def _format_duration(seconds: float) -> str:
     return str(timedelta(seconds=round(seconds)))
+
+
+def terminal_columns(stream: TextIO) -> int | None:
+    """Width of the terminal ``stream`` writes to, or None when it reports none.
+
+    A pty may report 0 columns (``script`` without a controlling terminal, some CI
+    runners); tqdm then draws nothing at all, so 0 counts as unknown.
+    """
+    try:
+        columns = os.get_terminal_size(stream.fileno()).columns
+    except (AttributeError, OSError, ValueError):  # no fd (StringIO), not a tty, closed
+        return None
+    return columns if columns > 0 else None
+
+
+def _fallback_columns() -> int:
+    """COLUMNS when it is a positive integer, else ``FALLBACK_COLUMNS``."""
+    try:
+        columns = int(os.environ.get("COLUMNS", ""))
+    except ValueError:
+        return FALLBACK_COLUMNS
+    return columns if columns > 0 else FALLBACK_COLUMNS
 
 
 class StepProgress:
@@ -43,7 +101,9 @@ class StepProgress:
     ``update(step, metrics)`` is called once a step finishes, where ``step`` is the number
     of steps completed (the controller's 1-based step index). ``headline`` picks the
     metrics shown, labelled with ``keys.HEADLINE_LABELS`` (the key itself otherwise);
-    metrics absent from a step are left out of that step's display.
+    metrics absent from a step are left out of that step's display. Without a bar, a line
+    is printed every ``line_every`` steps and at the last step; ``name`` starts the line
+    (and labels the bar).
     """
 
     def __init__(
@@ -54,23 +114,37 @@ class StepProgress:
         enabled: bool,
         headline: Sequence[str] = DEFAULT_HEADLINE,
         stream: TextIO | None = None,
+        name: str = "step",
+        line_every: int = 1,
     ) -> None:
         self.total_steps = total_steps
         self.start_step = start_step
         self.headline = list(headline)
+        self.name = name
+        self.line_every = max(1, line_every)
         self._stream = stream if stream is not None else sys.stderr
         self._t0 = time.monotonic()
         self._bar: Any = None
+        self._last_val: tuple[int, float, float | None] | None = None  # (step, acc, stderr)
         isatty = getattr(self._stream, "isatty", None)
         if enabled and isatty is not None and isatty():
             from tqdm import tqdm
 
+            columns = terminal_columns(self._stream)
             self._bar = tqdm(
                 total=total_steps,
                 initial=start_step,
+                desc=name,
                 unit="step",
                 file=self._stream,
-                dynamic_ncols=True,
+                bar_format=_BAR_FORMAT,
+                # A terminal that reports its width is followed as it resizes; one that
+                # does not gets a fixed size, or tqdm would draw nothing at all (it reads
+                # 0 x 0 and takes 0 rows as "no room") or an unbounded line that wraps
+                # and is never erased.
+                ncols=None if columns else _fallback_columns(),
+                nrows=None if columns else _FALLBACK_ROWS,
+                dynamic_ncols=columns is not None,
             )
 
     @property
@@ -78,21 +152,41 @@ class StepProgress:
         """True if a tqdm bar is drawn, False if steps are printed as lines."""
         return self._bar is not None
 
-    def headline_text(self, metrics: Mapping[str, float]) -> str:
-        """``label=value`` pairs of the headline metrics present in ``metrics``."""
+    def headline_text(self, metrics: Mapping[str, float], *, val_step: int | None = None) -> str:
+        """``label=value`` pairs of the headline metrics present in ``metrics``, without a
+        column that repeats another on this step, and with the validation accuracy (and
+        its standard error) when the step measured it; ``val_step``: the validation shown
+        is that earlier step's (labelled ``val_acc@STEP``)."""
         parts = []
         for key in self.headline:
-            if key in metrics:
-                label = HEADLINE_LABELS.get(key, key)
-                parts.append(f"{label}={format_value(float(metrics[key]))}")
+            if key not in metrics or _repeats_another(key, metrics):
+                continue
+            label = HEADLINE_LABELS.get(key, key)
+            if key == VAL_ACC:
+                value = format_val(float(metrics[key]), _stderr(metrics))
+                if val_step is not None:
+                    label += f"@{val_step}"
+            else:
+                value = format_value(float(metrics[key]))
+            parts.append(f"{label}={value}")
         return " ".join(parts)
 
     def update(self, step: int, metrics: Mapping[str, float]) -> None:
         """Advance to ``step`` completed steps and show the headline metrics."""
-        text = self.headline_text(metrics)
+        if VAL_ACC in metrics:
+            self._last_val = (step, float(metrics[VAL_ACC]), _stderr(metrics))
         if self._bar is not None:
-            self._bar.set_postfix_str(text, refresh=False)
+            shown = dict(metrics)
+            val_step = None
+            if VAL_ACC not in shown and VAL_ACC in self.headline and self._last_val:
+                # The bar shows one step at a time: the last measurement stays in view.
+                val_step, shown[VAL_ACC], stderr = self._last_val
+                if stderr is not None:
+                    shown[VAL_ACC_STDERR] = stderr
+            self._bar.set_postfix_str(self.headline_text(shown, val_step=val_step), refresh=False)
             self._bar.update(step - self._bar.n)
+            return
+        if step % self.line_every and step != self.total_steps:
             return
         done_here = step - self.start_step
         elapsed = time.monotonic() - self._t0
@@ -100,9 +194,14 @@ class StepProgress:
         if done_here > 0 and step < self.total_steps:
             remaining = elapsed / done_here * (self.total_steps - step)
             timing += f" eta={_format_duration(remaining)}"
-        head = f"step {step}/{self.total_steps}"
-        line = " ".join(part for part in (head, text, timing) if part)
+        head = f"{self.name} {step}/{self.total_steps}"
+        line = " ".join(part for part in (head, self.headline_text(metrics), timing) if part)
         print(line, file=self._stream, flush=True)
+
+    @property
+    def elapsed_s(self) -> float:
+        """Seconds since the display was created."""
+        return time.monotonic() - self._t0
 
     def write(self, message: str) -> None:
         """Print a message without breaking the bar (tqdm.write redraws it below)."""
@@ -127,3 +226,16 @@ class StepProgress:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _stderr(metrics: Mapping[str, float]) -> float | None:
+    value = metrics.get(VAL_ACC_STDERR)
+    return None if value is None else float(value)
+
+
+def _repeats_another(key: str, metrics: Mapping[str, float]) -> bool:
+    """True when ``key``'s value equals that of the column it may duplicate on this step."""
+    other = HEADLINE_DUPLICATES.get(key)
+    if other is None or other not in metrics:
+        return False
+    return math.isclose(float(metrics[key]), float(metrics[other]), rel_tol=1e-9, abs_tol=1e-12)

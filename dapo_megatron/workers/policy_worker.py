@@ -21,6 +21,7 @@ import torch
 from dapo_megatron.config.run_plan import RefitTransport, RunPlan
 from dapo_megatron.device.memory_release import release_cached_memory
 from dapo_megatron.device.phase_memory import PhasePeaks
+from dapo_megatron.logging.worker_logs import redirect_worker_output
 from dapo_megatron.refit.buckets import RefitPlan, plan_buckets
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.refit.object_store import put_export
@@ -48,6 +49,9 @@ class PolicyWorker:
         self.config = plan.config
         self.rank = rank
         self.world_size = world_size
+        # Before anything prints: Megatron's and Ray's notes of every rank go to a file
+        # under the run directory, the console keeps the controller's lines.
+        redirect_worker_output(plan.run_dir, f"policy_rank{rank}")
         # Several ranks share a few cores on CPU: one intra-op thread each avoids
         # oversubscription (a 2-core box with 2 ranks x 2 threads runs ~2x slower).
         torch.set_num_threads(max(1, num_threads))
