@@ -119,10 +119,14 @@ def download_snapshot(
     )
 
 
-def unavailable(what: str, value: str, reason: str, cache_dir: Path) -> ConfigError:
-    """The error of hub files that are neither cached nor downloadable here."""
+def unavailable(
+    what: str, value: str, reason: str, cache_dir: Path, *, partial: bool = False
+) -> ConfigError:
+    """The error of hub files that are neither cached nor downloadable here; ``partial``:
+    the cache holds some of the repository's files (config.json alone, say), not all."""
+    where = "not complete in" if partial else "not in"
     return ConfigError(
-        f"{what} = {value}: not in the Hugging Face cache {cache_dir} and not downloadable "
+        f"{what} = {value}: {where} the Hugging Face cache {cache_dir} and not downloadable "
         f"here ({reason}). On a machine with internet access (a login node) run "
         f"`{PREPARE_COMMAND}` with this run's recipe and overrides: it downloads everything "
         "the recipe names into that cache (share it with the compute nodes: HF_HOME or "
@@ -160,7 +164,7 @@ def fetch_snapshot(
         return cached
     reason = offline_reason(env)
     if reason is not None:
-        raise unavailable(what, value, reason, cache_dir)
+        raise unavailable(what, value, reason, cache_dir, partial=cached is not None)
     try:
         snapshot = download_snapshot(repo_id, repo_type, allow_patterns, cache_dir)
     except Exception as e:  # noqa: BLE001 - every hub failure becomes one line with its fix

@@ -81,9 +81,9 @@ def preflight(
     problems = check_data_files(config.data)
     if not problems:
         use_local_data_copies(config)
-    problems += use_local_model_copies(config.policy)
-    problems += check_model(config.policy)
-    problems += check_tokenizer(config.policy)
+    hub_problems = use_local_model_copies(config.policy)
+    # A hub model that could not be fetched has nothing to check yet: its one line says why.
+    problems += hub_problems or check_model(config.policy) + check_tokenizer(config.policy)
     problems += check_devices(config.cluster, device)
     problems += check_generation_backend(config, device)
     if run_dir is not None and checkpoint_dir is not None and not problems:

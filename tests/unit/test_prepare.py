@@ -1,0 +1,131 @@
+"""dapo-prepare and dry runs of recipes that name hub inputs, against the fake hub of
+test_hub_data.py (never the network; the HF cache and every output in tmp_path)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_hub_data import (
+    COMMIT,
+    REAL_OFFLINE_REASON,
+    FakeHub,
+    add_gsm8k,
+    add_model,
+    fake_hub,  # noqa: F401 - the fixture
+)
+
+from dapo_megatron.cli import train_main
+from dapo_megatron.data import hub
+from dapo_megatron.data.tiny_model import create_tiny_model
+from dapo_megatron.prepare import main as prepare_main
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = REPO / "recipes" / "dapo-tiny-cpu.yaml"
+MODEL = "fake-org/Tiny-Model"
+
+
+def hub_overrides(tmp_path: Path, model: str = MODEL) -> list[str]:
+    """The tiny recipe reading GSM8K from the hub, with a hub (or local) model."""
+    return [
+        f"run.output_dir={tmp_path / 'run'}",
+        f"policy.model_name_or_path={model}",
+        "policy.init_model_if_missing=false",
+        "data.format=gsm8k",
+        "data.train_path=hf://openai/gsm8k",
+        "data.val_path=hf://openai/gsm8k:test",
+        "reward.verifier=gsm8k",
+    ]
+
+
+def test_prepare_fetches_data_and_model_and_prints_where(
+    fake_hub: FakeHub,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    add_gsm8k(fake_hub)
+    add_model(fake_hub)
+    assert prepare_main(["--config", str(RECIPE), *hub_overrides(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    snapshot = fake_hub.cache / "models--fake-org--Tiny-Model" / "snapshots" / COMMIT
+    assert f"policy.model_name_or_path = {MODEL} -> {snapshot}" in out
+    converted = tmp_path / "dapo-megatron" / "datasets" / "openai--gsm8k" / COMMIT
+    assert f"data.train_path = hf://openai/gsm8k -> {converted / 'train.gsm8k.jsonl'}" in out
+    assert "data.val_path=hf://openai/gsm8k:test" not in out  # printed as the local path
+    assert f"data.val_path={converted / 'test.gsm8k.jsonl'}" in out
+    assert hub.model_snapshot_complete(snapshot)
+    # Everything is cached now: a second run downloads nothing.
+    downloads = len(fake_hub.downloads)
+    assert prepare_main(["--config", str(RECIPE), *hub_overrides(tmp_path)]) == 0
+    assert len(fake_hub.downloads) == downloads
+    assert not (tmp_path / "run").exists()
+
+
+def test_prepare_of_a_local_recipe_fetches_nothing(
+    fake_hub: FakeHub,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    model = f"policy.model_name_or_path={tmp_path / 'model'}"
+    assert prepare_main(["--config", str(RECIPE), model]) == 0
+    assert "names nothing on the hub" in capsys.readouterr().out
+    assert fake_hub.downloads == []
+
+
+def test_prepare_offline_names_what_is_missing(
+    fake_hub: FakeHub,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setattr(hub, "offline_reason", REAL_OFFLINE_REASON)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert prepare_main(["--config", str(RECIPE), *hub_overrides(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "error: data.train_path = hf://openai/gsm8k: not in the Hugging Face cache" in err
+    assert "error: policy.model_name_or_path = fake-org/Tiny-Model: not in the" in err
+
+
+def test_dry_run_of_hub_names_downloads_and_plans(
+    fake_hub: FakeHub,  # noqa: F811
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    add_gsm8k(fake_hub)
+    add_model(fake_hub)
+    args = ["--config", str(RECIPE), "--dry-run", *hub_overrides(tmp_path)]
+    assert train_main(args) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert "dry run: configuration, data, model, tokenizer and devices are valid" in out
+    assert f"[setup] policy.model_name_or_path = {MODEL} -> " in out
+    assert "[setup] data.val_path = hf://openai/gsm8k:test -> " in out
+    assert not (tmp_path / "run").exists()
+
+
+def test_dry_run_offline_names_dapo_prepare(
+    fake_hub: FakeHub,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    add_model(fake_hub)
+    # Validation found config.json (fetched earlier); the weights never came.
+    fake_hub.download(MODEL, "model", ["config.json"], fake_hub.cache)
+    monkeypatch.setattr(hub, "offline_reason", REAL_OFFLINE_REASON)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    args = ["--config", str(RECIPE), "--dry-run", *hub_overrides(tmp_path)]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err
+    assert "3 problems found before starting" in err, err
+    assert "data.train_path = hf://openai/gsm8k: not in the Hugging Face cache" in err
+    assert "data.val_path = hf://openai/gsm8k:test: not in the Hugging Face cache" in err
+    assert f"policy.model_name_or_path = {MODEL}: not complete in the Hugging Face cache" in err
+    assert err.count("`dapo-prepare --config RECIPE`") == 3
+    # A local model and only the data on the hub: one problem, one line.
+    local = create_tiny_model(tmp_path / "local-model", seed=0)
+    args = ["--config", str(RECIPE), "--dry-run", *hub_overrides(tmp_path, str(local))]
+    assert train_main(args) == 2
+    err = capsys.readouterr().err
+    assert "2 problems found before starting" in err, err
+    assert "- data.train_path = hf://openai/gsm8k: not in the Hugging Face" in err
+    assert "HF_HUB_OFFLINE is set" in err and "dapo-prepare --config RECIPE" in err
