@@ -42,12 +42,26 @@ def read_source(path: Path, shell_vars: Mapping[str, str] | None = None) -> dict
     return _yaml_tree(path, ())
 
 
+# yaml ships no type information (no types-PyYAML), so SafeLoader is Any.
+class _ForeignLoader(yaml.SafeLoader):  # type: ignore[misc]
+    """SafeLoader that reads `2e-05` as a float, as the peers' OmegaConf/Hydra do (YAML 1.1
+    wants `2.0e-05`): RLinf's `optim.lr: 2e-05` is a number there, not the string PyYAML
+    would make of it."""
+
+
+_ForeignLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
+
+
 def _yaml_tree(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
     path = path.resolve()
     if path in chain:
         raise ConfigError(f"{display_path(path)}: `defaults:` cycle")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_ForeignLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"{display_path(path)}: invalid YAML: {e}".replace("\n", " ")) from None
     if not isinstance(data, dict):

@@ -65,6 +65,8 @@ def test_rlinf_single_gpu_clip_null_and_placement():
     assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.2)
     # component_placement actor,rollout,reward: 0 -> one GPU
     assert (v["cluster.num_nodes"], v["cluster.gpus_per_node"]) == (1, 1)
+    # `lr: 2e-05` is a number to RLinf's OmegaConf (PyYAML alone reads the string '2e-05').
+    assert v["policy.optimizer.lr"] == 2e-05
 
 
 def test_nemo_rl_missing_parent_is_refused(tmp_path, capsys):
