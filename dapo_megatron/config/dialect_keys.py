@@ -626,7 +626,12 @@ def _verl_warmup(value: Any, ctx: Mapping[str, Any]) -> Translation:
     prompts = ctx.get("data.train_batch_size")
     mini = ctx.get(f"{VERL_ACTOR}.ppo_mini_batch_size")
     epochs = ctx.get(f"{VERL_ACTOR}.ppo_epochs", 1)
-    if not all(isinstance(x, int) and x > 0 for x in (prompts, mini, epochs)):
+    if not (
+        isinstance(prompts, int)
+        and isinstance(mini, int)
+        and isinstance(epochs, int)
+        and min(prompts, mini, epochs) > 0
+    ):
         raise Untranslatable(
             "needs data.train_batch_size, ppo_mini_batch_size and ppo_epochs to convert "
             "trainer steps to optimizer steps"
