@@ -86,7 +86,7 @@ FIGURES: tuple[FigureSpec, ...] = (
         "Accuracy",
         (
             Panel(
-                "Sampled training rollouts vs validation (band: +-1 standard error)",
+                "Sampled training rollouts vs validation (shaded: ±1 standard error)",
                 (keys.REWARD_ACC, keys.VAL_ACC),
                 "fraction correct",
                 fraction=True,
@@ -219,7 +219,7 @@ def build_figure(
                         color=line.get_color(),
                         alpha=0.2,
                         linewidth=0,
-                        label="±1 standard error",
+                        label="±1 standard error (validation)",
                     )
         if panel.fraction:
             # Set after drawing: the band and the autoscale margin may reach below 0.

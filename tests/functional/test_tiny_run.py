@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 from pathlib import Path
 
@@ -29,6 +30,7 @@ def test_three_steps_of_the_tiny_recipe(tmp_path):
         "checkpointing.save_period=2",
     )
     assert out.returncode == 0, out.stderr[-3000:]
+    _check_console(tmp_path, out.stdout, out.stderr)
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0]
     assert [r["step"] for r in steps] == [1, 2, 3]
@@ -70,6 +72,33 @@ def test_three_steps_of_the_tiny_recipe(tmp_path):
     assert not exported[name].equal(initial[name])  # trained, not the starting weights
     assert model.state_dict()[name].equal(exported[name])
     assert (tmp_path / "config.yaml").is_file()  # the resolved config, for dapo-export
+
+
+def _check_console(run_dir: Path, stdout: str, stderr: str) -> None:
+    """The console of a run in a log file (no terminal): our lines only, one per DAPO step
+    and one per 10 SFT steps, a closing summary, no third-party progress bar, the workers'
+    output in files under the run directory."""
+    console = stdout + stderr
+    lines = console.splitlines()
+    assert len(lines) <= 30, console
+    assert "Writing model shards" not in console and "\r" not in console  # no tqdm bars
+    assert sum(bool(re.match(r"step \d+/3 ", line)) for line in lines) == 3, console
+    sft = [line for line in lines if line.startswith("sft warm-up ")]
+    assert [line.split()[2] for line in sft] == ["10/40", "20/40", "30/40", "40/40"], console
+    assert "step 3/3 " in console and "val_acc=" in console
+    assert "{" not in console  # no Python dict in the summary
+    summary = stdout[stdout.index("dapo-train: finished") :].splitlines()
+    assert summary[0].startswith("dapo-train: finished 3/3 steps in ")
+    assert summary[1].startswith("  validation accuracy  ") and "before training" in summary[1]
+    assert summary[2] == f"  last checkpoint      {run_dir / 'checkpoints' / 'step_000003'}"
+    assert summary[3] == f"  Hugging Face export  {run_dir / 'hf' / 'step_000003'}"
+    logs = run_dir / "logs" / "workers"
+    assert console.count(str(logs)) == 2  # named once at the start, once in the summary
+    assert sorted(p.name for p in logs.iterdir()) == ["policy_rank0.log", "policy_rank1.log"]
+    assert "(PolicyWorker pid=" not in console  # Ray's forwarding of worker output
+    assert (run_dir / "sft_metrics.jsonl").is_file() and (
+        run_dir / "plots" / "sft_warmup.png"
+    ).is_file()
 
 
 def test_exhausted_dynamic_sampling_is_a_one_line_error(tmp_path):

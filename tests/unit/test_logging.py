@@ -426,6 +426,111 @@ def test_progress_bar_only_on_a_terminal():
     assert "validation done" in out
 
 
+def bar_screens(text: str) -> list[str]:
+    """What a terminal shows for each redraw of a bar: the segments between carriage returns."""
+    return [seg for seg in text.replace("\n", "\r").split("\r") if seg.strip()]
+
+
+def test_step_line_shows_validation_only_when_measured(capsys):
+    with StepProgress(20, start_step=0, enabled=False) as progress:
+        progress.update(9, {keys.REWARD_ACC: 0.5, keys.DS_KEEP_RATE: 0.75})
+        progress.update(
+            10,
+            {
+                keys.REWARD_ACC: 0.5,
+                keys.VAL_ACC: 0.6175,
+                keys.VAL_ACC_STDERR: 0.02431,
+                keys.DS_KEEP_RATE: 0.75,
+            },
+        )
+        progress.update(11, {keys.REWARD_ACC: 0.5, keys.VAL_ACC: 0.25})  # stderr unknown
+    lines = capsys.readouterr().err.splitlines()
+    assert "val_acc" not in lines[0]
+    assert lines[0].startswith("step 9/20 acc=0.5 keep=0.75 elapsed=")
+    assert lines[1].startswith("step 10/20 acc=0.5 val_acc=0.618±0.024 keep=0.75 elapsed=")
+    assert lines[2].startswith("step 11/20 acc=0.5 val_acc=0.25 elapsed=")
+
+
+def test_reward_column_is_dropped_only_when_it_equals_acc(capsys):
+    with StepProgress(2, start_step=0, enabled=False) as progress:
+        # A 0/1 verifier: the mean score is the accuracy; one column says it.
+        progress.update(1, {keys.REWARD_RAW_MEAN: 0.375, keys.REWARD_ACC: 0.375})
+        # Partial credit: the two differ, both show.
+        progress.update(2, {keys.REWARD_RAW_MEAN: 0.5, keys.REWARD_ACC: 0.375})
+    first, second = capsys.readouterr().err.splitlines()
+    assert first.startswith("step 1/2 acc=0.375 elapsed=") and "reward" not in first
+    assert second.startswith("step 2/2 reward=0.5 acc=0.375 elapsed=")
+
+
+def test_sft_lines_every_n_steps_and_at_the_last():
+    out = io.StringIO()
+    with StepProgress(
+        25,
+        start_step=0,
+        enabled=True,  # not a terminal: lines, never carriage returns
+        headline=(keys.SFT_NLL,),
+        name="sft warm-up",
+        line_every=10,
+        stream=out,
+    ) as progress:
+        for step in range(1, 26):
+            progress.update(step, {keys.SFT_NLL: 4.0 / step})
+    lines = out.getvalue().splitlines()
+    assert "\r" not in out.getvalue()
+    assert [line.split(" nll=")[0] for line in lines] == [
+        "sft warm-up 10/25",
+        "sft warm-up 20/25",
+        "sft warm-up 25/25",
+    ]
+    assert lines[0].startswith("sft warm-up 10/25 nll=0.4 elapsed=") and "eta=" in lines[0]
+
+
+class SizedTerminal(FakeTerminal):
+    """A terminal whose descriptor reports a size (os.get_terminal_size is patched)."""
+
+    def fileno(self) -> int:
+        return 2
+
+
+@pytest.mark.parametrize("reported", [None, (0, 0)], ids=["no-size", "pty-0x0"])
+def test_bar_shows_under_a_terminal_of_unknown_width(monkeypatch, reported):
+    monkeypatch.delenv("COLUMNS", raising=False)
+    terminal: FakeTerminal = FakeTerminal()
+    if reported is not None:
+        # `script` without a controlling terminal, some CI runners: a pty of 0 x 0.
+        monkeypatch.setattr(os, "get_terminal_size", lambda fd: os.terminal_size(reported))
+        terminal = SizedTerminal()
+    long_metrics = {
+        keys.REWARD_ACC: 0.75,
+        keys.VAL_ACC: 0.5,
+        keys.VAL_ACC_STDERR: 0.01,
+        keys.DS_KEEP_RATE: 0.5,
+        keys.RESPONSE_LENGTH_MEAN: 812.0,
+        keys.STEP_TIME_S: 31.25,
+        keys.REWARD_RAW_MEAN: 0.6,
+    }
+    with StepProgress(4, start_step=0, enabled=True, stream=terminal) as progress:
+        assert progress.uses_bar
+        progress.update(2, long_metrics)
+    screens = bar_screens(terminal.getvalue())
+    assert screens, "the bar drew nothing"
+    last = screens[-1]
+    assert last.startswith("step 2/4 |") and "acc=0.75" in last
+    bar = last.split("|")[1]
+    assert len(bar) == 16 and bar.strip(), last  # a visible, half-filled bar
+    # A fixed width: a redraw never wraps onto a second line that \r cannot erase.
+    assert all(len(s) <= 80 for s in screens)
+
+
+def test_bar_keeps_the_last_validation_in_view():
+    terminal = FakeTerminal()
+    with StepProgress(20, start_step=0, enabled=True, stream=terminal) as progress:
+        progress.update(10, {keys.REWARD_ACC: 0.5, keys.VAL_ACC: 0.625, keys.VAL_ACC_STDERR: 0.02})
+        progress.update(11, {keys.REWARD_ACC: 0.55})
+    last = bar_screens(terminal.getvalue())[-1]
+    assert "acc=0.55 val_acc@10=0.625±0.02" in last
+
+
 def test_format_value():
     assert [format_value(v) for v in (812.4, 0.4302, 31.25, 1e-6, math.inf)] == [
         "812",
@@ -434,6 +539,108 @@ def test_format_value():
         "1e-06",
         "inf",
     ]
+
+
+# --- summary, related commands, worker logs ----------------------------------------------
+
+
+def test_summary_names_steps_time_validation_and_paths(tmp_path):
+    from dapo_megatron.logging import format_summary
+
+    rows = [
+        {"step": 0, keys.VAL_ACC: 0.0725, keys.VAL_ACC_STDERR: 0.0131},
+        {"step": 1, keys.REWARD_ACC: 0.2},
+        {"step": 2, keys.REWARD_ACC: 0.5, keys.VAL_ACC: 0.96, keys.VAL_ACC_STDERR: 0.00981},
+        {"step": 3, keys.REWARD_ACC: 0.6},
+    ]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    text = format_summary(
+        tmp_path,
+        total_steps=3,
+        wall_s=754.4,
+        checkpoint=tmp_path / "checkpoints" / "step_000003",
+        export=tmp_path / "hf" / "step_000003",
+        plots=tmp_path / "plots",
+        worker_logs=tmp_path / "logs" / "workers",
+    )
+    assert text.splitlines() == [
+        "dapo-train: finished 3/3 steps in 0:12:34",
+        "  validation accuracy  0.96 ± 0.0098 at step 2 (0.0725 ± 0.013 before training)",
+        f"  last checkpoint      {tmp_path}/checkpoints/step_000003",
+        f"  Hugging Face export  {tmp_path}/hf/step_000003",
+        f"  metrics and plots    {tmp_path}/metrics.jsonl, {tmp_path}/plots",
+        f"  worker logs          {tmp_path}/logs/workers",
+    ]
+    assert "{" not in text  # no Python dict
+
+
+def test_summary_without_validation_checkpoint_or_export(tmp_path):
+    from dapo_megatron.logging import format_summary
+
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, keys.LOSS: 0.1}) + "\n")
+    text = format_summary(tmp_path, total_steps=1, wall_s=5, checkpoint=None, export=None)
+    assert text.splitlines() == [
+        "dapo-train: finished 1/1 steps in 0:00:05",
+        "  last checkpoint      none saved",
+        f"  metrics              {tmp_path}/metrics.jsonl",
+    ]
+
+
+def test_train_help_names_the_related_commands(capsys):
+    from dapo_megatron.cli import train_main
+
+    with pytest.raises(SystemExit) as exited:
+        train_main(["--help"])
+    assert exited.value.code == 0
+    help_text = capsys.readouterr().out
+    related = help_text.split("related commands:")[1]
+    for command in ("dapo-plan", "dapo-prepare", "dapo-import-config", "dapo-export"):
+        assert f"\n  {command} " in related, command
+
+
+def test_worker_output_stays_put_outside_a_ray_actor(tmp_path):
+    from dapo_megatron.logging import redirect_worker_output
+
+    assert redirect_worker_output(tmp_path, "policy_rank0") is None  # pytest's own output
+    assert not (tmp_path / "logs").exists()
+
+
+def test_worker_output_goes_to_its_file_in_an_actor(tmp_path):
+    """In an actor, Python's and C-level (fd) output of the process lands in the file."""
+    script = textwrap.dedent(
+        f"""
+        import os, sys
+        from pathlib import Path
+        from dapo_megatron.logging import worker_logs
+        worker_logs.in_ray_actor = lambda: True  # what a Ray actor's process sees
+        print("before")
+        path = worker_logs.redirect_worker_output(Path({str(tmp_path)!r}), "policy_rank1")
+        print("megatron says hello")
+        print("a warning", file=sys.stderr)
+        os.write(2, b"from C\\n")
+        sys.stdout.flush()
+        assert path is not None and path.name == "policy_rank1.log"
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "before\n" and proc.stderr == ""
+    log = (tmp_path / "logs" / "workers" / "policy_rank1.log").read_text()
+    assert log.splitlines() == ["megatron says hello", "a warning", "from C"]
+
+
+def test_sft_steps_have_their_own_file_and_plot(tmp_path):
+    with make_logger(tmp_path, plots=True) as logger:
+        for step in range(1, 4):
+            logger.log_sft(step, {keys.SFT_NLL: 3.0 / step})
+        logger.log(0, {keys.VAL_ACC: 0.1})
+    sft = read_metrics(tmp_path / "sft_metrics.jsonl")
+    assert [r["step"] for r in sft] == [1, 2, 3] and sft[0][keys.SFT_NLL] == 3.0
+    assert keys.SFT_NLL not in read_metrics(tmp_path / "metrics.jsonl")[0]
+    assert "sft_warmup.png" in os.listdir(tmp_path / "plots")
 
 
 # --- plots -----------------------------------------------------------------------------
