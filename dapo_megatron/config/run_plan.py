@@ -15,10 +15,13 @@ from typing import Any, Literal
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size, resolve_arch
 from dapo_megatron.config.parallel import ParallelDims, generation_devices, policy_world_size
+from dapo_megatron.config.refit_transport import RefitTransport as RefitTransport
+from dapo_megatron.config.refit_transport import choose_refit_transport
 from dapo_megatron.config.schema import ClusterConfig, DapoMegatronConfig
 
 Device = Literal["cpu", "cuda"]
-RefitTransport = Literal["broadcast", "ipc", "object_store"]
+# RefitTransport is imported "as" itself: re-exported, the workers type the transport they
+# are handed as run_plan.RefitTransport.
 
 # GPU fraction Ray books for each of the two processes sharing a device when a vLLM engine
 # is colocated with the policy (a logical booking: both see the whole device).
@@ -102,7 +105,8 @@ class RunPlan:
     """Whether rollouts overlap training (rollout.max_staleness >= 1; split mode only): the
     loop, the rollout source, the dynamic sampler and the memory plan all read it here."""
     refit_transport: RefitTransport
-    """generation.refit_transport with auto resolved."""
+    """generation.refit_transport with auto resolved: the one transport object every
+    refit decision asks (config/refit_transport.py)."""
     sampling_seeds: Literal["per_request", "engine"]
     """generation.sampling_seeds with auto resolved (engine on GPU, per_request on CPU)."""
     policy_device_share: float
@@ -335,11 +339,6 @@ def make_plan(
     device = device or resolve_device(config.cluster)
     gen = config.generation
     needs_workers = not (config.cluster.colocated and gen.backend == "megatron")
-    transport: RefitTransport
-    if gen.refit_transport == "auto":
-        transport = "ipc" if config.cluster.colocated and device == "cuda" else "broadcast"
-    else:
-        transport = gen.refit_transport
     return RunPlan(
         config=config,
         dims=dims,
@@ -355,7 +354,7 @@ def make_plan(
         num_engines=num_engines(config) if needs_workers else dims.dp,
         needs_engine_workers=needs_workers,
         overlapped=config.rollout.max_staleness >= 1,
-        refit_transport=transport,
+        refit_transport=choose_refit_transport(gen, config.cluster, device),
         sampling_seeds=(
             gen.sampling_seeds
             if gen.sampling_seeds != "auto"

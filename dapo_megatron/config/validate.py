@@ -27,6 +27,7 @@ from dapo_megatron.config.parallel import (
     sequence_multiple,
 )
 from dapo_megatron.config.rank_groups import expert_layout_warning
+from dapo_megatron.config.refit_transport import refit_transport_problems
 from dapo_megatron.config.run_plan import RunPlan, loss_spec_fields, make_plan, resolve_device
 from dapo_megatron.config.schema import DapoMegatronConfig
 
@@ -319,13 +320,10 @@ def _check_generation(c: _Checker) -> None:
     c.in_unit("generation.engine.gpu_memory_utilization")
     c.at_least("generation.engine.max_num_seqs", 1)
     c.positive("generation.refit_bucket_mb")
-    cluster = c.config.cluster
-    c.require(
-        not (g.refit_transport == "ipc" and cluster.num_nodes > 1 and not cluster.colocated),
-        "generation.refit_transport",
-        "ipc shares memory between processes of one node; split engines on a multi-node "
-        "cluster need generation.refit_transport=broadcast (or auto)",
-    )
+    # The transport's constraints are the transport's to state (config/refit_transport.py).
+    colocated_from = c.sources.get("cluster.colocated", "configs")
+    for problem in refit_transport_problems(g, c.config.cluster, colocated_from):
+        c.require(False, "generation.refit_transport", problem)
     if g.engine.tensor_parallel_size < 1:
         return
     devices = generation_devices(c.config)
@@ -377,19 +375,6 @@ def _check_generation(c: _Checker) -> None:
             "generation.backend",
             "vllm cannot be colocated with the policy on CPU; use generation.backend=megatron "
             "or cluster.colocated=false with cluster.generation_num_devices",
-        )
-        # The broadcast puts policy rank 0 and the engine worker on its GPU into one NCCL
-        # communicator, and NCCL refuses two ranks of a communicator on one device (gloo on
-        # CPU would not, but a colocated vLLM engine runs on GPUs only: cuda, or auto).
-        colocated_from = c.sources.get("cluster.colocated", "configs")
-        c.require(
-            g.refit_transport != "broadcast",
-            "generation.refit_transport",
-            f"broadcast cannot reach colocated engines (cluster.colocated = true, set in "
-            f"{colocated_from}): NCCL cannot hold two ranks of one communicator (a policy "
-            f"rank and the engine worker beside it) on one GPU; use "
-            f"generation.refit_transport=ipc (or auto: ipc colocated on GPU), or "
-            f"cluster.colocated=false with cluster.generation_num_devices",
         )
 
 

@@ -198,7 +198,7 @@ class GenerationGroup:
         idle then: colocated runs are synchronous).
         """
         started = time.perf_counter()
-        if self.refitter.transport == "object_store":
+        if not self.refitter.transport.collective:  # the object store loads awake engines
             self.wake()
         else:
             self._release_policy(policy)  # the engines map their weights back to receive

@@ -1,13 +1,14 @@
 """The controller's one object for the refit of engines that are not the policy.
 
 ``GenerationGroup`` holds a ``Refitter`` (colocated Megatron generation needs none: the
-policy's ranks generate on their own model). Per ``generation.refit_transport``:
+policy's ranks generate on their own model). It asks the run's transport, chosen once
+(``RunPlan.refit_transport``, ``config/refit_transport.py``), what it needs:
 
 * ``broadcast``: one weight-update group of policy rank 0 and every engine worker (all TP
   ranks of every engine); rank 0 streams the buckets to them (NCCL on GPU, gloo on CPU);
 * ``ipc``: every policy rank joins the (gloo) group for the per-bucket barriers; each
   engine worker maps the bucket buffer of the policy rank paired with it (CUDA IPC on GPU,
-  shared memory on CPU), with the same bucket plan;
+  shared memory on CPU), with the same bucket layout;
 * ``object_store``: the whole model through Ray's object store (the fallback).
 
 The group forms once per policy/engine lifetime (``join``); each transfer is submitted to
@@ -27,7 +28,7 @@ import ray
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, first_line, gather
-from dapo_megatron.refit.group import GroupAddress, backend_for
+from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.workers.generation_worker import VLLM_DTYPES
 
 # A weight-group collective that waits longer than this fails the refit instead of hanging
@@ -78,9 +79,11 @@ class Refitter:
         """
         self.plan = plan
         self.transport = plan.refit_transport
+        """The run's transport: every branch below asks it, none compares its name."""
         self.workers = workers
         self._describe = describe
-        self._plan_wire: list[Any] | None = None  # RefitPlan.to_wire(): plain lists for Ray
+        # BucketLayout.to_wire() of the formed group: plain lists for Ray.
+        self._layout_wire: list[Any] | None = None
         self._group_policy: PolicyGroup | None = None
         self._engine_metrics: dict[str, float] = {}
 
@@ -88,20 +91,20 @@ class Refitter:
     def queues_refits(self) -> bool:
         """``start`` only submits calls (the collective transports); the object-store
         fallback's export waits for the policy."""
-        return self.transport != "object_store"
+        return self.transport.collective
 
     def start(self, policy: PolicyGroup, start: float) -> PendingRefit:
         """Submit the transfer of the policy's weights without waiting for it (the
         caller has released or woken what the transport needs: GenerationGroup);
         ``start``: the ``perf_counter`` the controller's refit began at."""
-        if self.transport == "object_store":
+        if not self.transport.collective:
             weights = policy.export_weights()
             refs = [w.update_weights.remote([weights]) for w in self.workers]
             del weights  # the stored copy is freed once no reference is left
             return PendingRefit(self, policy, refs, 0, start)
-        plan = self.join(policy)
-        refs = policy.submit_send_weights(plan)
-        refs += [w.receive_weights.remote(plan, self.transport == "ipc") for w in self.workers]
+        layout_wire = self.join(policy)
+        refs = policy.submit_send_weights(layout_wire)
+        refs += [w.receive_weights.remote(layout_wire) for w in self.workers]
         return PendingRefit(self, policy, refs, len(policy.workers), start)
 
     def engine_metrics(self) -> dict[str, float]:
@@ -117,47 +120,47 @@ class Refitter:
         }
 
     def join(self, policy: PolicyGroup) -> list[Any]:
-        """Form the weight-update group once per policy/engine lifetime; the bucket plan."""
-        if self._plan_wire is not None and self._group_policy is policy:
-            return self._plan_wire
+        """Form the weight-update group once per policy/engine lifetime; the bucket layout
+        (``BucketLayout.to_wire``)."""
+        if self._layout_wire is not None and self._group_policy is policy:
+            return self._layout_wire
         ranks: list[int] = self._gather_engines([w.weight_ranks.remote() for w in self.workers])
         address_of_rank0: tuple[str, int] = self._gather_with(
             policy, [policy.workers[0].address.remote()]
         )[0]
         host, port = address_of_rank0
-        shared = self.transport == "ipc"
         # Broadcast: policy rank 0 sends over NCCL/gloo. ipc: every policy rank joins the
         # (gloo) group for the per-bucket barriers; the bytes go through shared memory.
-        senders = len(policy.workers) if shared else 1
-        backend = "gloo" if shared else backend_for(self.plan.device)
+        senders = self.transport.group_senders(len(policy.workers))
+        backend = self.transport.group_backend(self.plan.device)
         address = GroupAddress(
             host, int(port), senders + sum(ranks), backend, WEIGHT_GROUP_TIMEOUT_S
         )
         offsets = [senders + sum(ranks[:e]) for e in range(len(ranks))]
         refs = policy.submit_join_weight_group(address, self.transport)
         refs += [
-            w.join_weight_group.remote(address, o)
+            w.join_weight_group.remote(address, o, self.transport)
             for w, o in zip(self.workers, offsets, strict=True)
         ]
         self._gather_with(policy, refs)
         config = self.plan.config
         bucket_bytes = max(1, int(config.generation.refit_bucket_mb * 1024 * 1024))
         dtype = VLLM_DTYPES[config.policy.precision]
-        plan: list[Any] = self._gather_with(
+        layout_wire: list[Any] = self._gather_with(
             policy, [policy.workers[0].refit_plan.remote(bucket_bytes, dtype)]
         )[0]
-        self._plan_wire = plan
-        if shared:
-            self._share_buffers(policy, plan, ranks)
+        self._layout_wire = layout_wire
+        if self.transport.shared_buffer:
+            self._share_buffers(policy, layout_wire, ranks)
         self._group_policy = policy
-        return plan
+        return layout_wire
 
-    def _share_buffers(self, policy: PolicyGroup, plan: list[Any], ranks: list[int]) -> None:
+    def _share_buffers(self, policy: PolicyGroup, layout_wire: list[Any], ranks: list[int]) -> None:
         """ipc transport: engine worker j maps the buffer of policy rank j % exporters
         (colocated: the rank on its own GPU; see refit/ipc.py)."""
-        exporters = min(len(policy.workers), sum(ranks))
+        exporters = self.transport.bucket_exporters(len(policy.workers), sum(ranks))
         handles: list[bytes | None] = self._gather_with(
-            policy, policy.submit_share_buffer(plan, exporters)
+            policy, policy.submit_share_buffer(layout_wire, exporters)
         )
         refs: list[ray.ObjectRef[Any]] = []
         j = 0

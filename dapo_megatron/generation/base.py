@@ -31,7 +31,8 @@ from dapo_megatron.shared.sampling import Sample, SamplingParams
 if TYPE_CHECKING:
     import torch
 
-    from dapo_megatron.refit.buckets import RefitPlan
+    from dapo_megatron.config.refit_transport import RefitTransport
+    from dapo_megatron.refit.buckets import BucketLayout
     from dapo_megatron.refit.group import GroupAddress
 
 
@@ -62,18 +63,21 @@ class GenerationBackend(Protocol):
         """Members this engine adds to a weight-update group (one per engine process)."""
         ...
 
-    def join_weight_group(self, address: GroupAddress, rank_offset: int) -> list[int]:
+    def join_weight_group(
+        self, address: GroupAddress, rank_offset: int, transport: RefitTransport
+    ) -> list[int]:
         """Every engine process joins ``address`` from rank ``rank_offset`` on (a
-        rendezvous: all members join concurrently); returns the ranks taken."""
+        rendezvous: all members join concurrently) for the run's ``transport``, which
+        every later ``receive_weights`` uses; returns the ranks taken."""
         ...
 
     def attach_shared(self, handles: list[bytes]) -> None:
         """ipc transport: engine process i maps ``handles[i]`` (its policy rank's buffer)."""
         ...
 
-    def receive_weights(self, plan: RefitPlan, *, shared: bool = False) -> list[dict[str, float]]:
-        """Receive one refit's buckets in place (``shared``: from the mapped buffers, else
-        broadcast); ``TransferStats.as_report()`` of each engine process."""
+    def receive_weights(self, layout: BucketLayout) -> list[dict[str, float]]:
+        """Receive one refit's buckets in place through the joined transport;
+        ``TransferStats.as_report()`` of each engine process."""
         ...
 
     def sleep(self) -> None:

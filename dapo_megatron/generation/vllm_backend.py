@@ -71,10 +71,10 @@ Refit, two transports:
 
 * collective (the default): ``join_weight_group`` makes every engine worker (all TP ranks)
   a member of the weight-update group (``dapo_megatron.refit``), and
-  ``receive_weights(plan)`` streams the policy's buckets into vLLM's in-place
+  ``receive_weights(layout)`` streams the policy's buckets into vLLM's in-place
   ``reload_weights`` in each worker (``vllm_worker.WeightRefitExtension``): the same code on
-  GPU (NCCL) and CPU (gloo); only the group address and the bucket plan cross
-  ``collective_rpc``.
+  GPU (NCCL) and CPU (gloo); only the group address, the transport's name and the bucket
+  layout cross ``collective_rpc``.
 * object store (fallback, ``generation.refit_transport=object_store``): ``update_weights``
   hands full HF-named tensors to ``reload_weights``; an in-process engine streams the
   iterator, an engine in other processes receives the whole model as raw bytes through host
@@ -136,7 +136,8 @@ from dapo_megatron.shared.sampling import (
 if TYPE_CHECKING:
     import torch
 
-    from dapo_megatron.refit.buckets import RefitPlan
+    from dapo_megatron.config.refit_transport import RefitTransport
+    from dapo_megatron.refit.buckets import BucketLayout
     from dapo_megatron.refit.group import GroupAddress
 
 # Pins vLLM's model runner to V1 on every platform (module docstring); read by vLLM through
@@ -529,8 +530,11 @@ class VllmGenerationBackend:
         """Members this engine adds to a weight-update group (one per engine worker)."""
         return int(self._engine().llm_engine.vllm_config.parallel_config.world_size)
 
-    def join_weight_group(self, address: GroupAddress, rank_offset: int) -> list[int]:
-        """Every engine worker joins ``address`` as ``rank_offset + its engine rank``.
+    def join_weight_group(
+        self, address: GroupAddress, rank_offset: int, transport: RefitTransport
+    ) -> list[int]:
+        """Every engine worker joins ``address`` as ``rank_offset + its engine rank``, for
+        ``transport`` (sent by name: a plain string crosses ``collective_rpc`` as is).
 
         Blocks until the whole group has formed (all members join concurrently).
         """
@@ -544,6 +548,7 @@ class VllmGenerationBackend:
                 address.backend,
                 address.timeout_s,
                 rank_offset,
+                str(transport),
             ),
         )
 
@@ -551,10 +556,10 @@ class VllmGenerationBackend:
         """Handle transport: worker i maps ``handles[i]`` (its exporter's bucket buffer)."""
         self._llm_for_refit().collective_rpc(self._worker.ATTACH_SHARED, args=(handles,))
 
-    def receive_weights(self, plan: RefitPlan, *, shared: bool = False) -> list[dict[str, float]]:
+    def receive_weights(self, layout: BucketLayout) -> list[dict[str, float]]:
         """Receive one refit's buckets (module docstring); per-worker transfer stats."""
         llm = self._llm_for_refit()
-        stats = llm.collective_rpc(self._worker.RECEIVE_WEIGHTS, args=(plan.to_wire(), shared))
+        stats = llm.collective_rpc(self._worker.RECEIVE_WEIGHTS, args=(layout.to_wire(),))
         llm.reset_prefix_cache()
         return stats
 

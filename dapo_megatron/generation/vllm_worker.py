@@ -225,6 +225,7 @@ class WeightRefitExtension:
         backend: str,
         timeout_s: float,
         rank_offset: int,
+        transport: str,
     ) -> int:
         """Join the weight-update group as rank ``rank_offset + this worker's engine rank``.
 
@@ -235,7 +236,7 @@ class WeightRefitExtension:
 
         rank = rank_offset + int(self.rank)  # type: ignore[attr-defined]
         address = GroupAddress(host, int(port), int(world_size), backend, float(timeout_s))  # type: ignore[arg-type]
-        self._dapo_receiver().join(address, rank)
+        self._dapo_receiver().join(address, rank, transport)
         return rank
 
     def _dapo_receiver(self) -> EngineReceiver:
@@ -253,17 +254,17 @@ class WeightRefitExtension:
         """Map this worker's exporter buffer (ipc transport): ``handles[engine rank]``."""
         self._dapo_receiver().attach(handles[int(self.rank)])  # type: ignore[attr-defined]
 
-    def dapo_receive_weights(self, plan_wire: list, shared: bool = False) -> dict[str, float]:
-        """Receive every bucket of the plan and load it in place; returns transfer stats.
-        ``shared``: from the mapped exporter buffer (ipc transport), else broadcast."""
-        from dapo_megatron.refit.buckets import RefitPlan
+    def dapo_receive_weights(self, layout_wire: list) -> dict[str, float]:
+        """Receive every bucket of the layout through the joined transport and load it in
+        place; returns transfer stats."""
+        from dapo_megatron.refit.buckets import BucketLayout
         from dapo_megatron.refit.stats import TransferStats
 
         receiver = self._dapo_receiver()
         stats = TransferStats()
-        plan = RefitPlan.from_wire(plan_wire)
-        _reload_keeping_ties(self, receiver.receive(plan, stats, shared=shared))
-        receiver.check_complete(plan, stats)
+        layout = BucketLayout.from_wire(layout_wire)
+        _reload_keeping_ties(self, receiver.receive(layout, stats))
+        receiver.check_complete(layout, stats)
         return stats.as_report()
 
     def dapo_leave_weight_group(self) -> None:

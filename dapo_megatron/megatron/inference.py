@@ -69,13 +69,14 @@ from megatron.core.transformer.enums import AttnMaskType
 
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.refit_transport import RefitTransport
 from dapo_megatron.device import collectives
 from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
 from dapo_megatron.megatron.model import build_model, unwrap_model
 from dapo_megatron.megatron.routing_replay import RoutingLog, RoutingRecorder
 from dapo_megatron.megatron.tail_cut import TailCut
-from dapo_megatron.refit.buckets import RefitPlan
+from dapo_megatron.refit.buckets import BucketLayout
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.refit.receiver import EngineReceiver
 from dapo_megatron.refit.stats import TransferStats
@@ -413,21 +414,24 @@ class MegatronGenerationBackend:
     num_weight_ranks = 1
     """Members this engine adds to a weight-update group: its one process."""
 
-    def join_weight_group(self, address: GroupAddress, rank_offset: int) -> list[int]:
-        """Join the weight-update group as ``rank_offset``; the ranks taken."""
-        self._receiver.join(address, rank_offset)
+    def join_weight_group(
+        self, address: GroupAddress, rank_offset: int, transport: RefitTransport
+    ) -> list[int]:
+        """Join the weight-update group as ``rank_offset`` for ``transport``; the ranks
+        taken."""
+        self._receiver.join(address, rank_offset, transport)
         return [rank_offset]
 
     def attach_shared(self, handles: list[bytes]) -> None:
         """ipc transport: map the buffer of the policy rank paired with this engine."""
         self._receiver.attach(handles[0])
 
-    def receive_weights(self, plan: RefitPlan, *, shared: bool = False) -> list[dict[str, float]]:
+    def receive_weights(self, layout: BucketLayout) -> list[dict[str, float]]:
         """Receive one refit's buckets into the model in place, tensor by tensor as they
         arrive; the transfer stats of the engine's one process."""
         stats = TransferStats()
-        self.update_weights(self._receiver.receive(plan, stats, shared=shared))
-        self._receiver.check_complete(plan, stats)
+        self.update_weights(self._receiver.receive(layout, stats))
+        self._receiver.check_complete(layout, stats)
         return [stats.as_report()]
 
     def sleep(self) -> None:

@@ -469,16 +469,16 @@ def _refit_inputs(run: RunPlan) -> RefitInputs | None:
     """The refit's buffers as the controller sizes them (refitter.Refitter.join
     and _share_buffers); None when no bucket moves."""
     cfg = run.config
-    if not run.needs_engine_workers or run.refit_transport == "object_store":
+    transport = run.refit_transport
+    if not run.needs_engine_workers or not transport.collective:
         return None
     vllm = cfg.generation.backend == "vllm"
     # Weight-group members per engine: its vLLM workers (TP ranks), one for Megatron.
     engine_workers = run.num_engines * (cfg.generation.engine.tensor_parallel_size if vllm else 1)
-    ipc = run.refit_transport == "ipc"
     return RefitInputs(
-        transport="ipc" if ipc else "broadcast",
+        transport=transport,
         bucket_bytes=max(1, int(cfg.generation.refit_bucket_mb * MIB)),
-        exporters=min(run.dims.world_size, engine_workers) if ipc else 1,
+        exporters=transport.bucket_exporters(run.dims.world_size, engine_workers),
         engine_asleep=vllm and not run.overlapped,  # rollout_source.SyncRollouts.take
     )
 

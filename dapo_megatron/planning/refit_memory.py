@@ -48,10 +48,10 @@ weights (no refit): both have no refit terms.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.refit_transport import RefitTransport
 
 MIB = 2**20
 ALIGN_BYTES = 64
@@ -63,8 +63,9 @@ on multiples of it."""
 class RefitInputs:
     """What the refit terms need from generation.* and the run plan."""
 
-    transport: Literal["broadcast", "ipc"]
-    """generation.refit_transport, auto resolved (object_store has no buckets)."""
+    transport: RefitTransport
+    """generation.refit_transport, auto resolved: a collective one (object_store has no
+    buckets); its traits decide the terms below."""
     bucket_bytes: int
     """generation.refit_bucket_mb in bytes, as the controller computes it."""
     exporters: int
@@ -154,7 +155,7 @@ def refit_stage(
     exporter = has_exporter(refit, dims, stage)
     gathered = largest_gathered_parameter(arch, dims.tp) * precision_bytes
     experts = expert_export_elements(arch, dims.ep) * precision_bytes
-    if refit.transport == "ipc":
+    if refit.transport.shared_buffer:
         # Every rank collects each bucket's tensors, with or without a buffer to pack into.
         return RefitStage(buffer=b if exporter else 0, staging=0, export=b + max(gathered, experts))
     return RefitStage(
@@ -166,6 +167,6 @@ def refit_stage(
 
 def refit_receive_bytes(refit: RefitInputs, arch: ModelArch, precision_bytes: int) -> int:
     """Receive buffers alive at once on one engine GPU during a refit (module docstring)."""
-    return (2 if refit.transport == "broadcast" else 1) * bucket_buffer_bytes(
+    return refit.transport.receive_buffers * bucket_buffer_bytes(
         refit, arch, precision_bytes
     )

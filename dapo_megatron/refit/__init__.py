@@ -1,5 +1,8 @@
 """The refit: the trained policy's weights into the rollout engines that are not the policy.
 
+The transport is chosen once, outside this package: ``config/refit_transport.py``
+(``RunPlan.refit_transport``, a ``RefitTransport``); nothing here compares its name.
+
 Where each piece lives:
 
 * ``controller/refitter.py``: ``Refitter``, the one object the controller holds (it forms
@@ -9,11 +12,12 @@ Where each piece lives:
   half (engine workers) per transport; ``broadcast.py`` (buckets over an NCCL/gloo weight
   group), ``ipc.py`` (a shared buffer: CUDA IPC on GPU, shared memory on CPU) and
   ``object_store.py`` (the whole model through Ray's object store, the fallback);
+* ``halves.py``: which sender and receiver halves a collective transport is built from;
 * ``sender.py``: a policy rank's end (``PolicySender``, held by ``PolicyWorker``);
 * ``receiver.py``: an engine worker's end (``EngineReceiver``), used by both engines'
   typed receive methods (``generation.base.GenerationBackend``: the vLLM backend's worker
   extension and the Megatron engine);
-* ``buckets.py``: the bucket plan shared by both collective transports;
+* ``buckets.py``: the bucket layout shared by both collective transports;
 * ``group.py``: the weight-update group and its host-side handshake (``begin_transfer``);
 * ``stats.py``: ``TransferStats``, what one side moved (the one statistics type);
 * ``faults.py``: the fault hook of the restart tests (an engine worker dying mid-refit).

@@ -1,4 +1,4 @@
-"""The broadcast transport of the refit: a plan's buckets streamed to every engine worker.
+"""The broadcast transport of the refit: a layout's buckets streamed to every engine worker.
 
 Sender (policy rank 0): packs the exported tensors into ONE bucket buffer and broadcasts it
 over the weight group, so the sender holds at most that buffer plus the one tensor the
@@ -25,36 +25,36 @@ from collections.abc import Iterable, Iterator
 import torch
 import torch.distributed as dist
 
-from dapo_megatron.refit.buckets import RefitPlan, pack, unpack
+from dapo_megatron.refit.buckets import BucketLayout, pack, unpack
 from dapo_megatron.refit.group import WeightGroup
 from dapo_megatron.refit.stats import TransferStats
 
 
 def send_buckets(
     weights: Iterable[tuple[str, torch.Tensor]],
-    plan: RefitPlan,
+    layout: BucketLayout,
     group: WeightGroup,
     *,
     device: torch.device | str,
     root: int = 0,
 ) -> TransferStats:
-    """Broadcast ``weights`` (the export, in plan order) bucket by bucket from ``root``.
+    """Broadcast ``weights`` (the export, in layout order) bucket by bucket from ``root``.
 
-    Consumes the iterator completely. Raises ValueError when the export and the plan
+    Consumes the iterator completely. Raises ValueError when the export and the layout
     disagree (name, shape, or count).
     """
     start = time.perf_counter()
     stats = TransferStats()
     group.begin_transfer(root)  # the receivers may post their broadcasts now
     source = iter(weights)
-    size = plan.max_bucket_bytes
+    size = layout.max_bucket_bytes
     buffers = [
         torch.empty(size, dtype=torch.uint8, device=device)
-        for _ in range(min(1, len(plan.buckets)))
+        for _ in range(min(1, len(layout.buckets)))
     ]
     stats.buffer_bytes = size * len(buffers)
     pending: list[dist.Work | None] = [None] * len(buffers)
-    for k, bucket in enumerate(plan.buckets):
+    for k, bucket in enumerate(layout.buckets):
         slot = k % len(buffers)
         previous = pending[slot]
         if previous is not None:
@@ -64,8 +64,8 @@ def send_buckets(
             item = next(source, None)
             if item is None:
                 raise ValueError(
-                    f"the export ended after {stats.tensors + len(tensors)} tensors; the refit "
-                    f"plan has {plan.num_tensors}"
+                    f"the export ended after {stats.tensors + len(tensors)} tensors; the bucket "
+                    f"layout has {layout.num_tensors}"
                 )
             tensors.append(item)
         pack(bucket, tensors, buffers[slot])
@@ -81,20 +81,22 @@ def send_buckets(
             work.wait()
     extra = next(source, None)
     if extra is not None:
-        raise ValueError(f"the export has more tensors than the refit plan ({extra[0]} is extra)")
+        raise ValueError(
+            f"the export has more tensors than the bucket layout ({extra[0]} is extra)"
+        )
     stats.seconds = time.perf_counter() - start
     return stats
 
 
 def receive_buckets(
-    plan: RefitPlan,
+    layout: BucketLayout,
     group: WeightGroup,
     *,
     device: torch.device | str,
     root: int = 0,
     stats: TransferStats | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield every tensor of the plan as it arrives (see the module docstring).
+    """Yield every tensor of the layout as it arrives (see the module docstring).
 
     The next bucket's broadcast is posted before the current one's tensors are yielded, so
     the transfer overlaps the consumer's loading. ``stats`` (optional) is filled in.
@@ -102,18 +104,18 @@ def receive_buckets(
     stats = stats if stats is not None else TransferStats()
 
     def post(k: int) -> tuple[torch.Tensor, dist.Work]:
-        buffer = torch.empty(plan.buckets[k].nbytes, dtype=torch.uint8, device=device)
+        buffer = torch.empty(layout.buckets[k].nbytes, dtype=torch.uint8, device=device)
         return buffer, group.broadcast(buffer, root)
 
     # Nothing is posted before the sender is ready (it may still be training: group.py).
     group.begin_transfer(root)
     start = time.perf_counter()  # the transfer, not the wait for the sender's train step
-    ahead = post(0) if plan.buckets else None
-    for k, bucket in enumerate(plan.buckets):
+    ahead = post(0) if layout.buckets else None
+    for k, bucket in enumerate(layout.buckets):
         assert ahead is not None  # posted for every bucket, k = 0 before the loop
         buffer, work = ahead
         work.wait()
-        ahead = post(k + 1) if k + 1 < len(plan.buckets) else None
+        ahead = post(k + 1) if k + 1 < len(layout.buckets) else None
         stats.buckets += 1
         stats.bytes += bucket.nbytes
         stats.tensors += len(bucket.slots)
@@ -138,13 +140,13 @@ class BroadcastSender:
         """Where the bucket buffer lives: the run plan's device."""
 
     def send(
-        self, weights: Iterable[tuple[str, torch.Tensor]], plan: RefitPlan
+        self, weights: Iterable[tuple[str, torch.Tensor]], layout: BucketLayout
     ) -> TransferStats | None:
         if self.group is None:
             for _ in weights:  # the export's collectives need every rank
                 pass
             return None
-        return send_buckets(weights, plan, self.group, device=self.device)
+        return send_buckets(weights, layout, self.group, device=self.device)
 
     def close(self) -> None:
         if self.group is not None:
@@ -161,10 +163,12 @@ class BroadcastReceiver:
         self.device = device
         """Where the received buckets land: the engine's device."""
 
-    def receive(self, plan: RefitPlan, stats: TransferStats) -> Iterator[tuple[str, torch.Tensor]]:
+    def receive(
+        self, layout: BucketLayout, stats: TransferStats
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         if self.group is None:
             raise RuntimeError("a refit receive after the weight group was closed")
-        return receive_buckets(plan, self.group, device=self.device, stats=stats)
+        return receive_buckets(layout, self.group, device=self.device, stats=stats)
 
     def close(self) -> None:
         if self.group is not None:

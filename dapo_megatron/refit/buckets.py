@@ -1,12 +1,12 @@
 """The bucket protocol of the weight refit: which tensors travel together, and where.
 
 A refit streams the policy's HF-named tensors to the engines in buckets: each bucket is one
-flat byte buffer holding several whole tensors at aligned offsets. The plan (names, shapes,
+flat byte buffer holding several whole tensors at aligned offsets. The layout (names, shapes,
 dtypes, offsets) is computed once from the model architecture on the sending side and given
 to every receiver before the first byte moves, so a bucket carries only raw bytes and both
 ends agree on its layout without any per-bucket metadata message.
 
-The same plan serves every transport (NCCL or gloo broadcast, CUDA-IPC or shared-memory
+The same layout serves every transport (NCCL or gloo broadcast, CUDA-IPC or shared-memory
 handles): only how a bucket's bytes get from the sender's buffer to the receivers differs.
 
 A tensor larger than the bucket size travels alone in a bucket of its own size, so no
@@ -70,7 +70,7 @@ class Bucket:
 
 
 @dataclass(frozen=True)
-class RefitPlan:
+class BucketLayout:
     """The layout of every bucket of one model's refit (identical on all ranks)."""
 
     buckets: tuple[Bucket, ...]
@@ -97,7 +97,7 @@ class RefitPlan:
         ]
 
     @classmethod
-    def from_wire(cls, wire: Sequence[Sequence[Sequence]]) -> RefitPlan:
+    def from_wire(cls, wire: Sequence[Sequence[Sequence]]) -> BucketLayout:
         buckets = []
         for raw in wire:
             *slots, (nbytes,) = raw
@@ -112,9 +112,13 @@ class RefitPlan:
         return cls(tuple(buckets))
 
 
+# The former name, for callers outside this change (workers/policy_worker.py, bench/refit.py).
+RefitPlan = BucketLayout
+
+
 def plan_buckets(
     tensors: Iterable[tuple[str, Sequence[int]]], dtype: torch.dtype, bucket_bytes: int
-) -> RefitPlan:
+) -> BucketLayout:
     """Greedy buckets of at most ``bucket_bytes`` (a bigger tensor gets a bucket alone).
 
     Args:
@@ -142,7 +146,7 @@ def plan_buckets(
         end = start + nbytes
     if slots:
         buckets.append(Bucket(tuple(slots), _align(end)))
-    return RefitPlan(tuple(buckets))
+    return BucketLayout(tuple(buckets))
 
 
 def pack(bucket: Bucket, tensors: Sequence[tuple[str, torch.Tensor]], buffer: torch.Tensor) -> None:
@@ -151,15 +155,15 @@ def pack(bucket: Bucket, tensors: Sequence[tuple[str, torch.Tensor]], buffer: to
     Converts to the wire dtype and device of the buffer on the way (one copy per tensor).
 
     Raises:
-        ValueError: a tensor's name or shape differs from the plan (the exporter and the
-            plan disagree: a bug, never silently loaded into the wrong parameter).
+        ValueError: a tensor's name or shape differs from the layout (the exporter and the
+            layout disagree: a bug, never silently loaded into the wrong parameter).
     """
     if len(tensors) != len(bucket.slots):
         raise ValueError(f"bucket of {len(bucket.slots)} tensors given {len(tensors)}")
     for slot, (name, tensor) in zip(bucket.slots, tensors, strict=True):
         if name != slot.name or tuple(tensor.shape) != slot.shape:
             raise ValueError(
-                f"refit plan expects {slot.name} {list(slot.shape)} here, the exporter "
+                f"bucket layout expects {slot.name} {list(slot.shape)} here, the exporter "
                 f"produced {name} {list(tensor.shape)}"
             )
         view(buffer, slot).copy_(tensor)

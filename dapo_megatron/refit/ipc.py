@@ -4,7 +4,7 @@ For engines on the policy's own nodes (colocated vLLM on GPU above all), sending
 unnecessary: each exporting policy rank packs a bucket into one buffer that its engine
 workers map directly, CUDA IPC on GPU (``torch.multiprocessing.reductions.reduce_tensor``,
 the mechanism torch's own multiprocessing uses to share CUDA tensors), a shared-memory file
-on CPU. The bucket plan, the packing and the loading are the same as for the broadcast
+on CPU. The bucket layout, the packing and the loading are the same as for the broadcast
 (``buckets``, ``broadcast``): only the handle exchange differs between GPU and CPU, so the CPU
 tests cover everything else.
 
@@ -32,7 +32,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 
-from dapo_megatron.refit.buckets import RefitPlan, pack, unpack
+from dapo_megatron.refit.buckets import BucketLayout, pack, unpack
 from dapo_megatron.refit.group import WeightGroup
 from dapo_megatron.refit.stats import TransferStats
 
@@ -124,7 +124,7 @@ class SharedBuffer:
 
 def send_shared(
     weights: Iterable[tuple[str, torch.Tensor]],
-    plan: RefitPlan,
+    layout: BucketLayout,
     group: WeightGroup,
     buffer: SharedBuffer | None,
 ) -> TransferStats:
@@ -136,7 +136,7 @@ def send_shared(
     # Rank 0 announces for every exporter: they leave the train step together.
     group.begin_transfer(0)
     source = iter(weights)
-    for bucket in plan.buckets:
+    for bucket in layout.buckets:
         tensors = [next(source) for _ in bucket.slots]
         if shared is not None:
             pack(bucket, tensors, shared)
@@ -149,24 +149,24 @@ def send_shared(
         stats.tensors += len(bucket.slots)
         stats.bytes += bucket.nbytes
     if next(source, None) is not None:
-        raise ValueError("the export has more tensors than the refit plan")
+        raise ValueError("the export has more tensors than the bucket layout")
     stats.seconds = time.perf_counter() - start
     return stats
 
 
 def receive_shared(
-    plan: RefitPlan,
+    layout: BucketLayout,
     group: WeightGroup,
     buffer: SharedBuffer,
     *,
     device: torch.device | str,
     stats: TransferStats | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Receiver side: every tensor of the plan, copied out of the exporter's buffer."""
+    """Receiver side: every tensor of the layout, copied out of the exporter's buffer."""
     stats = stats if stats is not None else TransferStats()
     group.begin_transfer(0)  # no barrier is posted before the exporters are ready
     start = time.perf_counter()  # the transfer, not the wait for the exporters' train step
-    for bucket in plan.buckets:
+    for bucket in layout.buckets:
         group.barrier()  # A
         own = torch.empty(bucket.nbytes, dtype=torch.uint8, device=device)
         own.copy_(buffer.mapped()[: bucket.nbytes])
@@ -195,12 +195,12 @@ class IpcSender:
         """This rank's shared bucket buffer (``share``), None for a rank with no engine
         worker paired with it."""
 
-    def share(self, plan: RefitPlan, device: torch.device | str) -> bytes:
+    def share(self, layout: BucketLayout, device: torch.device | str) -> bytes:
         """Allocate the shared bucket buffer (anew: engines restarted map a new one);
         its handle for the paired engine workers."""
         if self.buffer is not None:
             self.buffer.close()
-        self.buffer = SharedBuffer.create(plan.max_bucket_bytes, device)
+        self.buffer = SharedBuffer.create(layout.max_bucket_bytes, device)
         return self.buffer.handle
 
     def unlink(self) -> None:
@@ -210,11 +210,11 @@ class IpcSender:
             self.buffer.unlink()
 
     def send(
-        self, weights: Iterable[tuple[str, torch.Tensor]], plan: RefitPlan
+        self, weights: Iterable[tuple[str, torch.Tensor]], layout: BucketLayout
     ) -> TransferStats | None:
         if self.group is None:
             raise RuntimeError("a refit send after the weight group was closed")
-        return send_shared(weights, plan, self.group, self.buffer)
+        return send_shared(weights, layout, self.group, self.buffer)
 
     def close(self) -> None:
         if self.group is not None:
@@ -237,10 +237,12 @@ class IpcReceiver:
         self.device = device
         """Where the copied buckets land: the engine's device."""
 
-    def receive(self, plan: RefitPlan, stats: TransferStats) -> Iterator[tuple[str, torch.Tensor]]:
+    def receive(
+        self, layout: BucketLayout, stats: TransferStats
+    ) -> Iterator[tuple[str, torch.Tensor]]:
         if self.group is None:
             raise RuntimeError("a refit receive after the weight group was closed")
-        return receive_shared(plan, self.group, self.buffer, device=self.device, stats=stats)
+        return receive_shared(layout, self.group, self.buffer, device=self.device, stats=stats)
 
     def close(self) -> None:
         if self.group is not None:

@@ -12,13 +12,13 @@ from collections.abc import Iterator
 
 import torch
 
-from dapo_megatron.refit.broadcast import BroadcastReceiver
-from dapo_megatron.refit.buckets import RefitPlan
+from dapo_megatron.config.refit_transport import RefitTransport
+from dapo_megatron.refit.buckets import BucketLayout
 from dapo_megatron.refit.faults import exit_midway_if_asked
 from dapo_megatron.refit.group import GroupAddress, WeightGroup
-from dapo_megatron.refit.ipc import IpcReceiver, SharedBuffer
+from dapo_megatron.refit.halves import Halves, halves_of
+from dapo_megatron.refit.ipc import SharedBuffer
 from dapo_megatron.refit.stats import TransferStats
-from dapo_megatron.refit.transport import ReceiverHalf
 
 
 class EngineReceiver:
@@ -29,45 +29,44 @@ class EngineReceiver:
         """Where received buckets land: the engine's device."""
         self.group: WeightGroup | None = None
         """The weight group, from ``join`` until ``close``."""
+        self.halves: Halves | None = None
+        """The joined transport's halves (``join``)."""
         self.buffer: SharedBuffer | None = None
         """ipc: the paired policy rank's buffer, mapped (``attach``)."""
         self.refits = 0
         """Collective refits started here (the fault hook's counter)."""
 
-    def join(self, address: GroupAddress, rank: int) -> None:
-        """Join the weight group as ``rank`` (a collective rendezvous)."""
+    def join(self, address: GroupAddress, rank: int, transport: RefitTransport | str) -> None:
+        """Join the weight group as ``rank`` (a collective rendezvous) for the run's
+        ``transport``, which decides how every later ``receive`` gets its bytes."""
         self.close()
+        self.halves = halves_of(transport)
         self.group = WeightGroup(address, rank)
 
     def attach(self, handle: bytes) -> None:
-        """ipc: map the buffer of the policy rank this worker is paired with."""
+        """Shared-buffer transport: map the buffer of the policy rank this worker is
+        paired with."""
         self.buffer = SharedBuffer.open(handle)
 
     def receive(
-        self, plan: RefitPlan, stats: TransferStats, *, shared: bool
+        self, layout: BucketLayout, stats: TransferStats
     ) -> Iterator[tuple[str, torch.Tensor]]:
-        """The plan's tensors as they arrive (``shared``: from the mapped buffer, else
-        broadcast), for the engine's in-place loader; ``stats`` fills in meanwhile."""
-        if self.group is None:
+        """The layout's tensors as they arrive through the joined transport, for the
+        engine's in-place loader; ``stats`` fills in meanwhile."""
+        if self.group is None or self.halves is None:
             raise RuntimeError("receive_weights before join_weight_group")
-        half: ReceiverHalf
-        if shared:
-            if self.buffer is None:
-                raise RuntimeError("a shared-buffer refit before attach_shared")
-            half = IpcReceiver(self.group, self.buffer, self.device)
-        else:
-            half = BroadcastReceiver(self.group, self.device)
+        half = self.halves.receiver(self.group, self.buffer, self.device)
         self.refits += 1
-        return exit_midway_if_asked(half.receive(plan, stats), self.refits)
+        return exit_midway_if_asked(half.receive(layout, stats), self.refits)
 
     @staticmethod
-    def check_complete(plan: RefitPlan, stats: TransferStats) -> None:
-        """Raise when the engine's loader stopped before the plan's last tensor (the
+    def check_complete(layout: BucketLayout, stats: TransferStats) -> None:
+        """Raise when the engine's loader stopped before the layout's last tensor (the
         rest would never be received, and the sender would wait for it)."""
-        if stats.tensors != plan.num_tensors:
+        if stats.tensors != layout.num_tensors:
             raise RuntimeError(
                 f"the engine's reload consumed {stats.tensors} of the refit's "
-                f"{plan.num_tensors} tensors; the rest were never received"
+                f"{layout.num_tensors} tensors; the rest were never received"
             )
 
     def close(self) -> None:

@@ -11,10 +11,10 @@ from collections.abc import Iterable
 
 import torch
 
-from dapo_megatron.config.run_plan import RefitTransport
-from dapo_megatron.refit.broadcast import BroadcastSender
-from dapo_megatron.refit.buckets import RefitPlan
-from dapo_megatron.refit.group import GroupAddress, WeightGroup
+from dapo_megatron.config.refit_transport import RefitTransport
+from dapo_megatron.refit.buckets import BucketLayout
+from dapo_megatron.refit.group import GroupAddress
+from dapo_megatron.refit.halves import halves_of
 from dapo_megatron.refit.ipc import IpcSender
 from dapo_megatron.refit.stats import TransferStats
 from dapo_megatron.refit.transport import SenderHalf
@@ -32,26 +32,20 @@ class PolicySender:
         """The transport's sender half; None until ``join`` (and after ``close``)."""
 
     def join(self, address: GroupAddress, transport: RefitTransport) -> None:
-        """Join the weight group as the transport needs: rank 0 only (broadcast: it hosts
-        the store and sends), or every rank (ipc: all ranks take part in the per-bucket
-        barriers). A collective rendezvous with the engine workers."""
+        """Join the weight group as the transport needs (``halves.py``: rank 0 only for
+        the broadcast, every rank for the shared buffer's barriers). A collective
+        rendezvous with the engine workers."""
         self.close()
-        if transport == "ipc":
-            self.half = IpcSender(WeightGroup(address, self.rank))
-        elif transport == "broadcast":
-            group = WeightGroup(address, self.rank) if self.rank == 0 else None
-            self.half = BroadcastSender(group, self.device)
-        else:
-            raise ValueError(f"{transport!r} is not a collective refit transport")
+        self.half = halves_of(transport).sender(address, self.rank, self.device)
 
-    def share(self, plan: RefitPlan, exporters: int) -> bytes | None:
+    def share(self, layout: BucketLayout, exporters: int) -> bytes | None:
         """ipc: ranks below ``exporters`` allocate a shareable bucket buffer (CUDA IPC on
         GPU, shared memory on CPU) and return its handle; the others None."""
         if self.rank >= exporters:
             return None
         if not isinstance(self.half, IpcSender):
             raise RuntimeError("share_buffer needs the ipc transport's weight group")
-        return self.half.share(plan, self.device)
+        return self.half.share(layout, self.device)
 
     def unlink(self) -> None:
         """ipc: the paired engine workers have mapped the buffer; its file name can go."""
@@ -59,12 +53,12 @@ class PolicySender:
             self.half.unlink()
 
     def send(
-        self, weights: Iterable[tuple[str, torch.Tensor]], plan: RefitPlan
+        self, weights: Iterable[tuple[str, torch.Tensor]], layout: BucketLayout
     ) -> TransferStats | None:
         """One transfer of the export (module docstring); this rank's stats or None."""
         if self.half is None:
             raise RuntimeError("send_weights before join_weight_group")
-        return self.half.send(weights, plan)
+        return self.half.send(weights, layout)
 
     def close(self) -> None:
         if self.half is not None:

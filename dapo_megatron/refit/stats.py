@@ -19,13 +19,13 @@ class TransferStats:
     bytes: int = 0
     """Bucket bytes sent or received (alignment padding included)."""
     tensors: int = 0
-    """Tensors sent or received; a receiver checks it against the plan's count."""
+    """Tensors sent or received; a receiver checks it against the layout's count."""
     seconds: float = 0.0
     """Time in the transfer itself (a receiver's wait for the sender's handshake excluded)."""
     buffer_bytes: int = 0
     """Largest memory the transfer buffers held at once on this side."""
     names: list[str] = field(default_factory=list)
-    """Names received, in order (receivers only; tests compare them with the plan)."""
+    """Names received, in order (receivers only; tests compare them with the layout)."""
 
     def as_report(self) -> dict[str, float]:
         """The plain-float report a worker returns to the controller (module docstring)."""

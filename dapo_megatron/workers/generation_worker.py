@@ -34,10 +34,12 @@ from typing import Any
 import ray
 import torch
 
+from dapo_megatron.config.refit_transport import RefitTransport
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.device import shm_files
 from dapo_megatron.device.memory_release import release_cached_memory
 from dapo_megatron.generation.base import GenerationBackend
+from dapo_megatron.logging.worker_logs import redirect_worker_output
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers import ignore_expected_megatron_warnings
@@ -95,6 +97,9 @@ class GenerationWorker:
         self.plan = plan
         self.config = plan.config
         self.engine_index = engine_index
+        # Before anything prints (the engine's, vLLM's and Ray's notes): a file under the
+        # run directory, not the user's console.
+        redirect_worker_output(plan.run_dir, f"generation_engine{engine_index}")
         torch.set_num_threads(max(1, num_threads))
         apply_visible_devices(visible_devices)
         ignore_expected_megatron_warnings()
@@ -194,22 +199,25 @@ class GenerationWorker:
         """Members this engine adds to the weight-update group."""
         return self._require_backend().num_weight_ranks
 
-    def join_weight_group(self, address: GroupAddress, rank_offset: int) -> list[int]:
-        """Join the weight-update group (all engine processes, ranks from ``rank_offset``)."""
-        return self._require_backend().join_weight_group(address, rank_offset)
+    def join_weight_group(
+        self, address: GroupAddress, rank_offset: int, transport: RefitTransport
+    ) -> list[int]:
+        """Join the weight-update group (all engine processes, ranks from ``rank_offset``)
+        for the run's ``transport``, which every later ``receive_weights`` uses."""
+        return self._require_backend().join_weight_group(address, rank_offset, transport)
 
     def attach_shared(self, handles: list[bytes]) -> None:
         """ipc transport: map the exporter buffers (``handles[i]`` for engine process i)."""
         self._require_backend().attach_shared(handles)
 
-    def receive_weights(self, plan_wire: list[Any], shared: bool = False) -> dict[str, int]:
-        """Receive one refit's buckets into the engine in place (broadcast, or from the
-        mapped exporter buffers when ``shared``); returns the counters."""
-        from dapo_megatron.refit.buckets import RefitPlan
+    def receive_weights(self, layout_wire: list[Any]) -> dict[str, int]:
+        """Receive one refit's buckets into the engine in place, through the transport
+        the group was joined for; returns the counters."""
+        from dapo_megatron.refit.buckets import BucketLayout
 
         backend = self._require_backend()
         try:
-            stats = backend.receive_weights(RefitPlan.from_wire(plan_wire), shared=shared)
+            stats = backend.receive_weights(BucketLayout.from_wire(layout_wire))
         except Exception as error:
             # Whatever failed (a dead peer, a dead engine process), the engine now holds
             # partly old, partly new weights: it must not generate again.

@@ -78,13 +78,13 @@ class RecordingBackend:
         self.recorder.record("generate")
         return [[Sample([7, 2], [-0.5, -0.1], "stop") for _ in range(sampling.n)] for _ in prompts]
 
-    def join_weight_group(self, address: Any, rank_offset: int) -> list[int]:
+    def join_weight_group(self, address: Any, rank_offset: int, transport: Any) -> list[int]:
         return [rank_offset]
 
     def attach_shared(self, handles: list[bytes]) -> None:
         pass
 
-    def receive_weights(self, plan: Any, *, shared: bool = False) -> list[dict[str, float]]:
+    def receive_weights(self, layout: Any) -> list[dict[str, float]]:
         self.recorder.record("engine maps its weights, receives")
         return [{"bytes": 16.0}]
 

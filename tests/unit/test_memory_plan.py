@@ -12,6 +12,7 @@ from dapo_megatron.cli import plan_main
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.refit_transport import RefitTransport
 from dapo_megatron.planning.memory import memory_inputs, plan_memory, unreleased_generation
 from dapo_megatron.planning.memory_terms import (
     GIB,
@@ -342,9 +343,9 @@ def test_kl_reference_follows_each_pipeline_stage_shard():
 
 def _split_refit(transport: str, bucket_bytes: int, **change) -> MemoryInputs:
     refit = RefitInputs(
-        transport=transport,  # type: ignore[arg-type]
+        transport=RefitTransport(transport),
         bucket_bytes=bucket_bytes,
-        exporters=1 if transport == "broadcast" else 4,
+        exporters=RefitTransport(transport).bucket_exporters(4, 4),
         engine_asleep=True,
     )
     return _tiny_inputs(colocated=False, engine=TINY_ENGINE, refit=refit, **change)
@@ -387,7 +388,9 @@ def test_tensor_larger_than_the_bucket_sizes_every_buffer():
 
 
 def test_ipc_refit_buffer_is_resident_and_counted_once_per_side():
-    refit = RefitInputs(transport="ipc", bucket_bytes=MIB, exporters=4, engine_asleep=True)
+    refit = RefitInputs(
+        transport=RefitTransport.IPC, bucket_bytes=MIB, exporters=4, engine_asleep=True
+    )
     inputs = _tiny_inputs(engine=TINY_ENGINE, refit=refit)  # colocated, 4 policy ranks
     without = _peaks(dataclasses.replace(inputs, refit=None))
     peaks = _peaks(inputs)
@@ -419,7 +422,9 @@ def test_ipc_refit_buffer_is_resident_and_counted_once_per_side():
 def test_ipc_buffers_only_on_ranks_paired_with_an_engine_worker():
     # 8 policy ranks (TP2 PP2 DP2), 2 engine workers: ranks 0 and 1, both on stage 0.
     dims = ParallelDims(tp=2, pp=2, cp=1, dp=2, sequence_parallel=True)
-    refit = RefitInputs(transport="ipc", bucket_bytes=MIB, exporters=2, engine_asleep=True)
+    refit = RefitInputs(
+        transport=RefitTransport.IPC, bucket_bytes=MIB, exporters=2, engine_asleep=True
+    )
     inputs = _tiny_inputs(dims=dims, colocated=False, engine=TINY_ENGINE, refit=refit)
     assert stage_memory(inputs, 0).refit_buffer * GIB == MIB
     assert stage_memory(inputs, 1).refit_buffer == 0
@@ -440,7 +445,9 @@ def test_kl_reference_tips_a_fitting_plan_over():
 def test_engine_still_generating_needs_room_for_the_receive_buffers():
     # rollout.max_staleness >= 1: the engine receives with its KV cache allocated, so its
     # whole budget plus the two receive buckets must fit on its GPU.
-    refit = RefitInputs(transport="broadcast", bucket_bytes=MIB, exporters=1, engine_asleep=False)
+    refit = RefitInputs(
+        transport=RefitTransport.BROADCAST, bucket_bytes=MIB, exporters=1, engine_asleep=False
+    )
     util = TINY_ENGINE.gpu_memory_utilization
     mem_fits = (2 * MIB / GIB) / (1 - util)  # budget + 2 MiB == the GPU exactly
     inputs = _tiny_inputs(colocated=False, engine=TINY_ENGINE, refit=refit, gpu_mem_gib=mem_fits)
@@ -461,9 +468,11 @@ def test_memory_inputs_resolve_the_reference_and_the_refit():
     inputs = memory_inputs(run, 80.0)
     assert inputs.kl_reference
     # Colocated on GPU: ipc, every one of the 32 policy ranks pairs with an engine worker.
-    assert inputs.refit == RefitInputs("ipc", 512 * MIB, 32, True)
+    assert inputs.refit == RefitInputs(RefitTransport.IPC, 512 * MIB, 32, True)
     split = load_config(recipes / "dapo-tiny-cpu-vllm.yaml", []).require_plan()
-    assert memory_inputs(split, 80.0).refit == RefitInputs("broadcast", int(0.05 * MIB), 1, True)
+    assert memory_inputs(split, 80.0).refit == RefitInputs(
+        RefitTransport.BROADCAST, int(0.05 * MIB), 1, True
+    )
     fallback = load_config(seven_b, ["generation.refit_transport=object_store"]).require_plan()
     assert memory_inputs(fallback, 80.0).refit is None
     megatron = load_config(recipes / "dapo-tiny-cpu.yaml", []).require_plan()
@@ -498,7 +507,7 @@ def test_bucket_buffer_bounds_the_real_bucket_plan(bucket_mib):
     shapes += [("norm.weight", (h,)), ("lm_head.weight", (arch.vocab_size, h))]
     bucket_bytes = int(bucket_mib * MIB)
     plan = buckets.plan_buckets(shapes, torch.bfloat16, bucket_bytes)
-    refit = RefitInputs("broadcast", bucket_bytes, exporters=1, engine_asleep=True)
+    refit = RefitInputs(RefitTransport.BROADCAST, bucket_bytes, exporters=1, engine_asleep=True)
     planned = bucket_buffer_bytes(refit, arch, 2)
     assert planned >= plan.max_bucket_bytes
     largest = max(n * 2 for n in (arch.vocab_size * h, arch.ffn_hidden_size * h))

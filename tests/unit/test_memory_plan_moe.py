@@ -15,6 +15,7 @@ import pytest
 from dapo_megatron.cli import plan_main
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.refit_transport import RefitTransport
 from dapo_megatron.planning.memory import plan_memory
 from dapo_megatron.planning.memory_terms import (
     GIB,
@@ -184,7 +185,7 @@ def test_expert_slot_export_sizes_the_refit_export_of_a_moe():
     # gathers 2 experts' fc1 (2 x 32 x 64) and fc2 (64 x 32) over EP, plus its own expert
     # and one expert's shards/copies: (2 + 2) x 3 x 32 x 64 = 24576 elements, more than the
     # largest gathered parameter (qkv, 12288): 49152 bytes in bf16 beside the bucket.
-    refit = RefitInputs("broadcast", MIB, exporters=1, engine_asleep=True)
+    refit = RefitInputs(RefitTransport.BROADCAST, MIB, exporters=1, engine_asleep=True)
     engine = EngineInputs(1, 0.5, 4, enforce_eager=False)
     inputs = _moe_inputs(2, colocated=False, engine=engine, refit=refit)
     assert stage_memory(inputs, 0).refit_export * GIB == MIB + 24576 * 2

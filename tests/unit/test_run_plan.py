@@ -11,6 +11,7 @@ import pytest
 from dapo_megatron.config import ConfigError, load_config, run_plan
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.config.refit_transport import RefitTransport
 from dapo_megatron.config.run_plan import RunPlan, policy_plan, runtime_problems
 
 REPO = Path(__file__).resolve().parents[2]
@@ -164,3 +165,27 @@ def test_policy_moe_reaches_the_policy_plan_and_is_validated() -> None:
     tp_no_sp = error("cluster.gpus_per_node=4", "policy.megatron.tensor_model_parallel_size=2")
     assert "policy.megatron.sequence_parallel = False" in tp_no_sp
     assert "token_dispatcher" in error("policy.moe.token_dispatcher=ring")
+
+
+def test_the_refit_transport_is_chosen_once_and_answers_every_refit_question() -> None:
+    # The factory resolves auto; every other module asks the transport object its traits.
+    ipc, broadcast, fallback = (
+        RefitTransport.IPC, RefitTransport.BROADCAST, RefitTransport.OBJECT_STORE
+    )  # fmt: skip
+    assert isinstance(plan_of().refit_transport, RefitTransport)
+    assert plan_of("generation.refit_transport=object_store").refit_transport is fallback
+    # Weight group: every policy rank joins the shared buffer's gloo barriers; rank 0
+    # broadcasts over the device's backend.
+    assert (ipc.group_senders(4), ipc.group_backend("cuda")) == (4, "gloo")
+    assert (broadcast.group_senders(4), broadcast.group_backend("cuda")) == (1, "nccl")
+    assert broadcast.group_backend("cpu") == "gloo"
+    # Memory terms: exporters and receive buffers.
+    assert ipc.bucket_exporters(8, 2) == 2 and broadcast.bucket_exporters(8, 2) == 1
+    assert (ipc.receive_buffers, broadcast.receive_buffers) == (1, 2)
+    assert ipc.collective and broadcast.collective and not fallback.collective
+    # A str: it crosses Ray and collective_rpc as its name, and pickles as itself.
+    assert pickle.loads(pickle.dumps(ipc)) is ipc and str(ipc) == "ipc"
+    with pytest.raises(ValueError, match="not a collective refit transport"):
+        from dapo_megatron.refit.halves import halves_of
+
+        halves_of("object_store")

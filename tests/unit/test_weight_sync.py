@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from dapo_megatron.refit.broadcast import receive_buckets, send_buckets
-from dapo_megatron.refit.buckets import ALIGN_BYTES, RefitPlan, pack, plan_buckets, unpack
+from dapo_megatron.refit.buckets import ALIGN_BYTES, BucketLayout, pack, plan_buckets, unpack
 from dapo_megatron.refit.group import GroupAddress, WeightGroup
 from dapo_megatron.refit.ipc import SharedBuffer, receive_shared, send_shared
 from dapo_megatron.refit.stats import TransferStats
@@ -45,7 +45,7 @@ def test_plan_offsets_are_aligned_and_greedy() -> None:
     assert all(s.offset % ALIGN_BYTES == 0 for b in plan.buckets for s in b.slots)
     assert plan.total_bytes == 20 + 60 + 100 + 1000 + 2
     assert plan.max_bucket_bytes == 1024
-    assert RefitPlan.from_wire(plan.to_wire()) == plan
+    assert BucketLayout.from_wire(plan.to_wire()) == plan
 
 
 def test_pack_unpack_round_trip_converts_dtype_and_checks_names() -> None:
@@ -57,7 +57,7 @@ def test_pack_unpack_round_trip_converts_dtype_and_checks_names() -> None:
     for (name, sent), (got_name, got) in zip(tensors, unpack(plan.buckets[0], buffer), strict=True):
         assert got_name == name and got.dtype == torch.bfloat16
         assert torch.equal(got, sent.to(torch.bfloat16))
-    with pytest.raises(ValueError, match="refit plan expects w"):
+    with pytest.raises(ValueError, match="bucket layout expects w"):
         pack(plan.buckets[0], [("x", tensors[0][1]), tensors[1]], buffer)
     with pytest.raises(ValueError, match=r"expects b \[7\]"):
         pack(plan.buckets[0], [tensors[0], ("b", torch.randn(8))], buffer)
@@ -132,7 +132,7 @@ def test_export_that_disagrees_with_the_plan_fails_loudly() -> None:
     def receiver(group: WeightGroup) -> None:
         return None  # never posts a receive: the sender fails before broadcasting
 
-    with pytest.raises(ValueError, match="export ended after 1 tensors; the refit plan has 2"):
+    with pytest.raises(ValueError, match="export ended after 1 tensors; the bucket layout has 2"):
         _run_group(2, sender, receiver)
 
 
