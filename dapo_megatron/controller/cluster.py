@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -214,8 +215,9 @@ class Reservation:
         return any(site.gpu_ids for site in self.sites)
 
     def remove(self) -> None:
-        """Release the placement group."""
-        remove_placement_group(self.group)
+        """Release the placement group and wait until Ray reports it removed
+        (``release_groups``)."""
+        release_groups([self.group])
 
 
 # Unannotated Ray calls (client-mode wrapped), typed here once as Ray documents them.
@@ -223,6 +225,38 @@ _placement_group_table = cast(
     Callable[[PlacementGroup], dict[str, Any]], ray.util.placement_group_table
 )
 _ray_nodes = cast(Callable[[], list[dict[str, Any]]], ray.nodes)
+
+
+# How long ``release_groups`` waits for the GCS to report a removed group as REMOVED
+# (milliseconds on a healthy cluster).
+RELEASE_TIMEOUT_S = 30.0
+
+
+def group_state(group: PlacementGroup) -> str:
+    """The group's state in the GCS's placement table (PENDING, CREATED, REMOVED, ...;
+    "" when the GCS does not answer)."""
+    try:
+        return str(_placement_group_table(group).get("state", ""))
+    except Exception:  # the GCS gone (a job-wide SIGTERM): nothing left to wait for
+        return ""
+
+
+def release_groups(
+    groups: Sequence[PlacementGroup], *, timeout_s: float = RELEASE_TIMEOUT_S
+) -> None:
+    """Remove placement groups (their bundles' resources, and any actor still in them,
+    return to the nodes) and wait until the GCS reports every one REMOVED, so that the
+    next attempt's groups are placed on free resources, not queued behind these. Groups
+    already removed are skipped; at most ``timeout_s`` in all."""
+    for group in groups:
+        if group_state(group) not in ("REMOVED", ""):
+            with contextlib.suppress(Exception):  # removed meanwhile, or the GCS gone
+                remove_placement_group(group)
+    deadline = time.monotonic() + timeout_s
+    while any(group_state(g) not in ("REMOVED", "") for g in groups):
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(0.05)
 
 
 def _where_am_i() -> tuple[str, list[str]]:
@@ -298,7 +332,7 @@ def reserve_ranks(
     group: PlacementGroup = placement_group(bundles, strategy="PACK")
     ready, _ = ray.wait([group.ready()], timeout=timeout_s)
     if not ready:
-        remove_placement_group(group)
+        release_groups([group])
         raise RuntimeError(
             f"the Ray cluster cannot place {world_size} {what} of {bundle} within "
             f"{timeout_s:.0f} s (cluster resources: {cluster_resources()}); check "
@@ -307,6 +341,6 @@ def reserve_ranks(
     try:
         sites = bundle_sites(group, bundles, timeout_s=timeout_s)
     except BaseException:
-        remove_placement_group(group)
+        release_groups([group])
         raise
     return Reservation(group=group, sites=tuple(sites), order=tuple(order_bundles(sites)))

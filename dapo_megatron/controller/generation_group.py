@@ -32,10 +32,10 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import ray
-from ray.util.placement_group import remove_placement_group
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.controller.cluster import release_groups
 from dapo_megatron.controller.placement import (
     colocated_engine_placements,
     split_engine_placements,
@@ -122,13 +122,30 @@ class GenerationGroup:
         actor = ray.remote(GenerationWorker)
         # Actor handles, typed Any: Ray actor method calls (``w.setup.remote()``) are
         # dynamic, with no static type; each call site annotates what the method returns.
-        self.workers: list[Any] = [
-            actor.options(**p.options).remote(
-                plan, engine_index=e, num_threads=p.num_threads, visible_devices=p.visible_devices
-            )
-            for e, p in enumerate(places)
-        ]
-        self.info: list[dict[str, Any]] = self._gather([w.setup.remote() for w in self.workers])
+        self.workers: list[Any] = []
+        try:
+            for e, p in enumerate(places):
+                self.workers.append(
+                    actor.options(**p.options).remote(
+                        plan,
+                        engine_index=e,
+                        num_threads=p.num_threads,
+                        visible_devices=p.visible_devices,
+                    )
+                )
+            self.info: list[dict[str, Any]] = self._gather([w.setup.remote() for w in self.workers])
+        except BaseException:
+            # A failed start leaves no engine actor and no placement group of its own (a
+            # cleanup that fails itself must not hide why the start failed).
+            for worker in self.workers:
+                with contextlib.suppress(Exception):
+                    ray.kill(worker, no_restart=True)
+            with contextlib.suppress(Exception):
+                settle_abandoned()
+            if self.placement is not None:
+                with contextlib.suppress(Exception):
+                    release_groups([self.placement])
+            raise
         self._asleep = False
         # Colocated: the policy whose GPUs the engines share; it returns its cached CUDA
         # blocks before any engine maps memory back (``_release_policy``).
@@ -242,7 +259,7 @@ class GenerationGroup:
         for info in self.info:
             remove_engine_files(info)
         if self.placement is not None:
-            remove_placement_group(self.placement)
+            release_groups([self.placement])  # and Ray reports it REMOVED
 
 
 # Seconds an engine gets to shut itself down (a TP2 vLLM engine on CPU: ~2 s) before the

@@ -12,6 +12,7 @@ layout, without waiting for the survivors (they would block in a collective fore
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Sequence
@@ -21,7 +22,7 @@ import ray
 import torch
 
 from dapo_megatron.config.run_plan import RefitTransport, RunPlan
-from dapo_megatron.controller.cluster import rank_resources, reserve_ranks
+from dapo_megatron.controller.cluster import RankResources, rank_resources, reserve_ranks
 from dapo_megatron.controller.placement import policy_placements
 from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather, settle_abandoned
 from dapo_megatron.data.pack_plan import balance_by_tokens
@@ -94,22 +95,32 @@ class PolicyGroup:
         # Rank r runs on the r-th bundle in (node, GPU id) order, not on bundle r (whose node
         # Ray does not tie to its index); policy_placements checks TP/CP groups share nodes.
         self.placement = reserve_ranks(world, resources)
-        try:
-            placements = policy_placements(self.placement, plan, resources)
-        except Exception:
-            self.placement.remove()
-            raise
-        actor = ray.remote(PolicyWorker)
-        env_vars = policy_env_vars(plan)
         # Actor handles, typed Any: Ray actor method calls (``w.setup.remote(...)``) are
         # dynamic, with no static type; each call site annotates what the method returns.
-        self.workers: list[Any] = [
-            actor.options(**with_env_vars(p.options, env_vars)).remote(
-                plan, rank=rank, world_size=world, num_threads=p.num_threads
-            )
-            for rank, p in enumerate(placements)
-        ]
+        self.workers: list[Any] = []
         self.layouts: list[dict[str, int]] = [{"rank": r} for r in range(world)]
+        try:
+            self._start(plan, resources)
+        except BaseException:
+            # A start that failed (a rank died in setup, a layout refused) leaves no actor
+            # and no placement group behind: the next attempt places on free resources.
+            # A cleanup that fails itself must not hide why the start failed.
+            with contextlib.suppress(Exception):
+                self.shutdown()
+            raise
+
+    def _start(self, plan: RunPlan, resources: RankResources) -> None:
+        """Start the actors on the reservation and set up torch.distributed + Megatron."""
+        world = plan.policy_world_size
+        placements = policy_placements(self.placement, plan, resources)
+        actor = ray.remote(PolicyWorker)
+        env_vars = policy_env_vars(plan)
+        for rank, p in enumerate(placements):
+            self.workers.append(
+                actor.options(**with_env_vars(p.options, env_vars)).remote(
+                    plan, rank=rank, world_size=world, num_threads=p.num_threads
+                )
+            )
         address: tuple[str, int] = self._gather([self.workers[0].address.remote()])[0]
         addr, port = address
         self.layouts = self._gather([w.setup.remote(addr, port) for w in self.workers])
@@ -304,8 +315,12 @@ class PolicyGroup:
         return pids
 
     def shutdown(self) -> None:
-        """Kill the workers and release their resources (also after a failure)."""
-        for worker in self.workers:
-            ray.kill(worker, no_restart=True)
-        settle_abandoned()  # their calls a failure left uncollected end now
-        self.placement.remove()
+        """Kill the workers and release their resources (also after a failure): their
+        placement group is removed and Ray reports it REMOVED before this returns."""
+        try:
+            for worker in self.workers:
+                with contextlib.suppress(Exception):  # dead already, its node gone
+                    ray.kill(worker, no_restart=True)
+            settle_abandoned()  # their calls a failure left uncollected end now
+        finally:
+            self.placement.remove()

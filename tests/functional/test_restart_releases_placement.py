@@ -1,0 +1,105 @@
+"""A restart places its workers on free resources: the attempt before it leaves no
+placement group behind (controller/policy_group.py, cluster.release_groups).
+
+Policy groups on a local 2-CPU Ray whose 2 ranks take every CPU, with a stand-in for the
+policy worker (no model): a group stopped, or one whose start failed (a rank died in
+setup), has its placement group REMOVED in Ray's placement table before the call returns,
+so the next attempt's group is placed at once instead of waiting behind it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+from ray import cloudpickle
+
+from dapo_megatron.config import load_config
+from dapo_megatron.config.run_plan import RunPlan
+from dapo_megatron.controller import policy_group
+from dapo_megatron.controller.policy_group import PolicyGroup
+from dapo_megatron.controller.remote import WorkerDied
+
+pytestmark = pytest.mark.functional
+
+TINY = Path(__file__).resolve().parents[2] / "recipes" / "dapo-tiny-cpu.yaml"
+
+
+class _Rank:
+    """A policy rank without a model: answers the start-up calls (or dies in them)."""
+
+    def __init__(self, plan: RunPlan, *, rank: int, world_size: int, num_threads: int) -> None:
+        self.rank = rank
+
+    def address(self) -> tuple[str, int]:
+        return ("127.0.0.1", 1)
+
+    def setup(self, addr: str, port: int) -> dict[str, int]:
+        return {"rank": self.rank, "dp_rank": self.rank}
+
+
+class _DyingRank(_Rank):
+    def address(self) -> tuple[str, int]:
+        os._exit(1)
+
+
+@pytest.fixture
+def local_ray() -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_USAGE_STATS_ENABLED")}
+    os.environ.update(RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
+    # The stand-in ranks travel by value: a worker process cannot import this test module.
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])
+    ray.init(
+        address="local", num_cpus=2, include_dashboard=False,
+        object_store_memory=80 * 1024 * 1024,
+    )  # fmt: skip
+    try:
+        yield
+    finally:
+        ray.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _states() -> list[str]:
+    table: dict[str, Any] = ray.util.placement_group_table()
+    return sorted(str(group["state"]) for group in table.values())
+
+
+def _plan() -> RunPlan:
+    plan = load_config(TINY, ["policy.model_name_or_path=/nonexistent/model"]).require_plan()
+    assert plan.policy_world_size == 2 and plan.device == "cpu"
+    return plan
+
+
+def test_a_restart_removes_the_previous_placement_group_first(local_ray, monkeypatch):
+    monkeypatch.setattr(policy_group, "PolicyWorker", _Rank)
+    plan = _plan()
+    first = PolicyGroup(plan)
+    assert _states() == ["CREATED"]
+    first.shutdown()  # the failed attempt's workers.stop()
+    assert _states() == ["REMOVED"]  # before the next group is asked for
+    second = PolicyGroup(plan)  # every CPU free again: placed at once
+    assert _states() == ["CREATED", "REMOVED"]
+    second.shutdown()
+    assert _states() == ["REMOVED", "REMOVED"]
+
+
+def test_a_start_that_fails_releases_its_placement_group(local_ray, monkeypatch):
+    monkeypatch.setattr(policy_group, "PolicyWorker", _DyingRank)
+    plan = _plan()
+    with pytest.raises(WorkerDied, match="policy rank 0"):
+        PolicyGroup(plan)  # no handle to stop: the group must release itself
+    assert _states() == ["REMOVED"]
+    monkeypatch.setattr(policy_group, "PolicyWorker", _Rank)
+    again = PolicyGroup(plan)
+    assert _states() == ["CREATED", "REMOVED"]
+    again.shutdown()
