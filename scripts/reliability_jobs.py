@@ -131,7 +131,7 @@ def rank_killed_in_collective(tmp: Path, model: Path) -> JobOutcome:
     seen = []
     for line in proc.stdout:
         seen.append(line)
-        if line.startswith("[sft] step 5/"):
+        if line.startswith("sft warm-up 10/"):
             break
     rank = workers(proc)[-1]
     raylet = descendants(proc, "raylet")[0]
@@ -169,7 +169,7 @@ def rank_stopped(tmp: Path, model: Path) -> JobOutcome:
     seen = []
     for line in proc.stdout:
         seen.append(line)
-        if line.startswith("[sft] step 5/"):
+        if line.startswith("sft warm-up 10/"):
             break
     rank = workers(proc)[-1]
     os.kill(rank, signal.SIGSTOP)

@@ -45,7 +45,7 @@ def test_a_rank_stopped_in_a_collective_ends_the_run_naming_it(tmp_path):
     lines = []
     for line in proc.stdout:  # the ranks are in their SFT steps (an all-reduce each)
         lines.append(line)
-        if line.startswith("[sft] step 5/"):
+        if line.startswith("sft warm-up 10/"):
             break
     stopped = _policy_workers(proc.pid)[-1]
     stopped.send_signal(signal.SIGSTOP)

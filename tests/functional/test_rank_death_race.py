@@ -52,7 +52,7 @@ def test_survivor_error_before_the_death_report_restarts_and_names_the_dead_rank
     lines = []
     for line in proc.stdout:
         lines.append(line)
-        if line.startswith("[sft] step 5/"):
+        if line.startswith("sft warm-up 10/"):
             break
     # One of the two ranks (which one is not visible from outside; the line must name it).
     rank1 = _descendants(proc.pid, "ray::PolicyWorker")[-1]
