@@ -60,7 +60,7 @@ setup(
             "dapo-train=dapo_megatron.cli:train_main",
             "dapo-plan=dapo_megatron.cli:plan_main",
             "dapo-export=dapo_megatron.cli:export_main",
-            "dapo-import-config=dapo_megatron.config.import_config:main",
+            "dapo-import-config=dapo_megatron.migrate.import_config:main",
             "dapo-prepare=dapo_megatron.prepare:main",
         ]
     },

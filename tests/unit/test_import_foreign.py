@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from dapo_megatron.config.foreign_source import read_source
-from dapo_megatron.config.import_config import main as import_main
-from dapo_megatron.config.import_config import translate
+from dapo_megatron.migrate.foreign_source import read_source
+from dapo_megatron.migrate.import_config import main as import_main
+from dapo_megatron.migrate.import_config import translate
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "foreign"
 

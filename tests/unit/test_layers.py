@@ -28,6 +28,8 @@ ALLOWED: dict[str, set[str]] = {
     "data": _LOW | {"algorithms", "config"},
     "rewards": _LOW | {"algorithms", "config"},
     "logging": _LOW | {"config", "storage"},
+    # foreign-config translation (dapo-import-config); config/ never imports it
+    "migrate": _LOW | {"config"},
     # the dry-run planner
     "planning": _LOW | {"algorithms", "config", "data", "storage"},
     # kernels and the weight transports

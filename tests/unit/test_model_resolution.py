@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from dapo_megatron.cli import plan_main
-from dapo_megatron.config import ConfigError, dialects, load_config, model_source
+from dapo_megatron.config import ConfigError, load_config, model_source
+from dapo_megatron.migrate import dialects
 from dapo_megatron.config.model_arch import PRESETS, ModelArch, hf_config_fields
 from dapo_megatron.config.model_source import (
     cached_config_json,

@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from dapo_megatron.config.dialects import flatten
+from dapo_megatron.config.foreign_hint import flatten
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import display_path, parse_yaml_value
 

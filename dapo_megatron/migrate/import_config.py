@@ -5,7 +5,7 @@
 The recipe is `defaults:` our base config plus every translated key, each line commented
 with the source key and how the meaning differs; every source key that was not translated
 is printed and listed in a comment block at the end (never dropped silently). The table
-is config/dialect_keys.py, the same one the loader's "unknown key" errors use.
+is migrate/dialect_keys.py, the same one the loader's "unknown key" errors use.
 """
 
 from __future__ import annotations
@@ -20,20 +20,23 @@ from typing import Any
 
 import yaml
 
-from dapo_megatron.config.dialect_keys import SOURCE_DEFAULTS, inactive_keys
-from dapo_megatron.config.dialects import (
+from dapo_megatron.migrate.dialect_keys import (
+    SOURCE_DEFAULTS,
+    all_foreign_keys,
+    foreign_key,
+    inactive_keys,
+)
+from dapo_megatron.migrate.dialects import (
     DIALECTS,
     IMPACT_ALGORITHM,
     IMPACT_HARMLESS,
     IMPACT_LAYOUT,
     IMPACT_TITLES,
     Untranslatable,
-    all_foreign_keys,
-    foreign_key,
     impact,
 )
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.foreign_source import (
+from dapo_megatron.migrate.foreign_source import (
     apply_foreign_overrides,
     read_source,
     resolve_interpolations,

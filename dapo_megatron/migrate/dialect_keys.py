@@ -1,22 +1,25 @@
 """The mapping table: every NeMo RL, SkyRL, RLinf and verl key we translate, with its
-converter and the semantic difference (the builders are in dialects.py).
+converter and the semantic difference (the builders are in dialects.py),
+and the lookups `foreign_key`, `all_foreign_keys` and `explain_foreign`.
 
-docs/MIGRATING.md is this table rendered (`python -m dapo_megatron.config.import_config
+docs/MIGRATING.md is this table rendered (`python -m dapo_megatron.migrate.import_config
 --table`); tests/unit/test_dialects.py checks the two agree.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dapo_megatron.config.dialects import (
+from dapo_megatron.migrate.dialects import (
+    DIALECTS,
     ForeignKey,
     Translation,
     Untranslatable,
     as_int,
     choice,
     custom,
+    describe_settings,
     hub_model,
     kl_coef,
     kl_estimator,
@@ -975,3 +978,59 @@ def inactive_keys(dialect: str, flat: Mapping[str, Any]) -> dict[str, str]:
 
 FOREIGN_KEYS: tuple[ForeignKey, ...] = NEMO_KEYS + SKYRL_KEYS + RLINF_KEYS + VERL_KEYS
 """The whole table, NeMo RL first: a key two systems share is explained as the first's."""
+
+
+# ---------------------------------------------------------------------------------------
+# Lookups
+
+
+def _index(keys: Iterable[ForeignKey]) -> dict[tuple[str, str], ForeignKey]:
+    index: dict[tuple[str, str], ForeignKey] = {}
+    for fk in keys:
+        if fk.dialect not in DIALECTS:
+            raise ValueError(f"{fk.key}: unknown dialect {fk.dialect!r}")
+        if (fk.dialect, fk.key) in index:
+            raise ValueError(f"{fk.system} key {fk.key} is in the table twice")
+        index[(fk.dialect, fk.key)] = fk
+    return index
+
+
+def foreign_key(key: str, dialect: str | None = None) -> ForeignKey | None:
+    """The table entry of a foreign dotted key (Hydra's `+`/`++` prefix ignored); with no
+    dialect, the first system that has it."""
+    bare = key.lstrip("+")
+    for fk in FOREIGN_KEYS:
+        if fk.key == bare and (dialect is None or fk.dialect == dialect):
+            return fk
+    return None
+
+
+def all_foreign_keys() -> tuple[ForeignKey, ...]:
+    """The whole table, checked for duplicates."""
+    _index(FOREIGN_KEYS)
+    return FOREIGN_KEYS
+
+
+def explain_foreign(flat: Mapping[str, Any], source: str) -> str | None:
+    """The one-line error for the first foreign key among `flat` (dotted key -> value, the
+    unknown part of a recipe or one override), or None when none is known.
+
+    Translated: `KEY in SOURCE is SYSTEM's name; here it is OURS (note)`; no exact
+    equivalent: `...; it has no exact equivalent here: what differs; what to set`.
+    """
+    found = [(k, v, fk) for k, v in flat.items() if (fk := foreign_key(k)) is not None]
+    if not found:
+        return None
+    key, value, fk = found[0]
+    where = f"{key.lstrip('+')} in {source} is {fk.system}'s name"
+    more = ""
+    if len(found) > 1:
+        more = (
+            f"; {len(found) - 1} more {fk.system} key(s) follow: `dapo-import-config --from "
+            f"{fk.dialect} FILE -o recipes/mine.yaml` translates a whole config"
+        )
+    try:
+        tr = fk.convert(value, {})
+    except Untranslatable as e:
+        return f"{where}; it has no exact equivalent here: {e}{more}"
+    return f"{where}; here it is {describe_settings(tr.settings, value)} ({tr.note}){more}"

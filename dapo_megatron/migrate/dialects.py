@@ -1,8 +1,9 @@
 """The foreign vocabularies: NeMo RL, SkyRL, RLinf and verl keys, and what they are here.
 
-One table (`FOREIGN_KEYS`, entries in dialect_keys.py) serves both the loader's "unknown key"
-errors (`explain_foreign`) and `dapo-import-config` (`translate`), so an error and an import
-can never disagree. Each entry converts a foreign value into our settings; where the meaning
+This module holds the entry builders and the tier classifier; the table (`FOREIGN_KEYS`) and
+its lookups are in dialect_keys.py. One table serves both the loader's "unknown key" errors
+(`explain_foreign`, registered with config/foreign_hint.py) and `dapo-import-config`
+(`translate`), so an error and an import can never disagree. Each entry converts a foreign value into our settings; where the meaning
 differs the converter changes the value (and says how), and where there is no exact
 equivalent it raises `Untranslatable` with what differs and what to set instead.
 
@@ -22,6 +23,7 @@ from typing import Any
 
 import yaml
 
+from dapo_megatron.config.foreign_hint import flatten
 from dapo_megatron.config.model_arch import preset_for_model
 
 DIALECTS: dict[str, str] = {
@@ -332,80 +334,8 @@ def impact(key: str) -> str:
     return IMPACT_ALGORITHM
 
 
-# ---------------------------------------------------------------------------------------
-# Lookups
-
-
-def _index(keys: Iterable[ForeignKey]) -> dict[tuple[str, str], ForeignKey]:
-    index: dict[tuple[str, str], ForeignKey] = {}
-    for fk in keys:
-        if fk.dialect not in DIALECTS:
-            raise ValueError(f"{fk.key}: unknown dialect {fk.dialect!r}")
-        if (fk.dialect, fk.key) in index:
-            raise ValueError(f"{fk.system} key {fk.key} is in the table twice")
-        index[(fk.dialect, fk.key)] = fk
-    return index
-
-
-def foreign_key(key: str, dialect: str | None = None) -> ForeignKey | None:
-    """The table entry of a foreign dotted key (Hydra's `+`/`++` prefix ignored); with no
-    dialect, the first system that has it."""
-    from dapo_megatron.config.dialect_keys import FOREIGN_KEYS
-
-    bare = key.lstrip("+")
-    for fk in FOREIGN_KEYS:
-        if fk.key == bare and (dialect is None or fk.dialect == dialect):
-            return fk
-    return None
-
-
-def all_foreign_keys() -> tuple[ForeignKey, ...]:
-    """The whole table, checked for duplicates."""
-    from dapo_megatron.config.dialect_keys import FOREIGN_KEYS
-
-    _index(FOREIGN_KEYS)
-    return FOREIGN_KEYS
-
-
-def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Nested mappings -> {dotted key: leaf value}, in order (an empty mapping is a leaf)."""
-    flat: dict[str, Any] = {}
-    for key, value in tree.items():
-        dotted = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            flat.update(flatten(value, dotted + "."))
-        else:
-            flat[dotted] = value
-    return flat
-
-
 def describe_settings(settings: tuple[tuple[str, Any], ...], value: Any) -> str:
     """`our.key` when the value carries over unchanged, else `our.key=value` pairs."""
     if len(settings) == 1 and settings[0][1] == value and type(settings[0][1]) is type(value):
         return settings[0][0]
     return " and ".join(f"{k}={_show(v)}" for k, v in settings)
-
-
-def explain_foreign(flat: Mapping[str, Any], source: str) -> str | None:
-    """The one-line error for the first foreign key among `flat` (dotted key -> value, the
-    unknown part of a recipe or one override), or None when none is known.
-
-    Translated: `KEY in SOURCE is SYSTEM's name; here it is OURS (note)`; no exact
-    equivalent: `...; it has no exact equivalent here: what differs; what to set`.
-    """
-    found = [(k, v, fk) for k, v in flat.items() if (fk := foreign_key(k)) is not None]
-    if not found:
-        return None
-    key, value, fk = found[0]
-    where = f"{key.lstrip('+')} in {source} is {fk.system}'s name"
-    more = ""
-    if len(found) > 1:
-        more = (
-            f"; {len(found) - 1} more {fk.system} key(s) follow: `dapo-import-config --from "
-            f"{fk.dialect} FILE -o recipes/mine.yaml` translates a whole config"
-        )
-    try:
-        tr = fk.convert(value, {})
-    except Untranslatable as e:
-        return f"{where}; it has no exact equivalent here: {e}{more}"
-    return f"{where}; here it is {describe_settings(tr.settings, value)} ({tr.note}){more}"
