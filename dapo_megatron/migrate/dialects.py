@@ -323,10 +323,82 @@ _LAYOUT = re.compile(
 )
 
 
-def impact(key: str) -> str:
-    """How much a source key changes a run: IMPACT_HARMLESS for logging, names and
-    bookkeeping, IMPACT_LAYOUT for parallelism, memory and speed knobs, else
-    IMPACT_ALGORITHM (a key not recognised is assumed to change what is learned)."""
+_ROLLOUT_MCORE = "policy.generation.mcore_generation_config."
+_VLLM_CFG = "policy.generation.vllm_cfg."
+KEY_TIERS: dict[str, dict[str, str]] = {
+    # Keys of the peer files in tests/data/foreign/ that the patterns below would call
+    # "algorithm", each classified once by what the peer does with it. A key ending in "."
+    # covers its subtree.
+    "nemo-rl": {
+        "grpo.val_start_at": IMPACT_HARMLESS,  # first validation step: measurement only
+        "grpo.val_at_end": IMPACT_HARMLESS,  # one more validation at the end
+        "grpo.max_val_samples": IMPACT_HARMLESS,  # how many validation prompts are scored
+        "grpo.val_batch_size": IMPACT_HARMLESS,  # validation batching
+        "policy.generation.port_range_low": IMPACT_HARMLESS,  # engine ports
+        "policy.generation.port_range_high": IMPACT_HARMLESS,
+        "cluster.master_port_range_low": IMPACT_HARMLESS,  # torch.distributed ports
+        "cluster.master_port_range_high": IMPACT_HARMLESS,
+        _VLLM_CFG + "use_tqdm": IMPACT_HARMLESS,  # progress bar
+        _ROLLOUT_MCORE + "expose_http_server": IMPACT_HARMLESS,
+        "cluster.segment_size": IMPACT_LAYOUT,  # node grouping for placement
+        "data_plane.": IMPACT_LAYOUT,  # how batches move between workers
+        _ROLLOUT_MCORE + "buffer_size_gb": IMPACT_LAYOUT,  # Megatron inference KV memory
+        _ROLLOUT_MCORE + "block_size_tokens": IMPACT_LAYOUT,
+        _ROLLOUT_MCORE + "kv_cache_management_mode": IMPACT_LAYOUT,
+        _ROLLOUT_MCORE + "materialize_only_last_token_logits": IMPACT_LAYOUT,
+        _ROLLOUT_MCORE + "max_tokens": IMPACT_LAYOUT,  # inference token budget per step
+        _VLLM_CFG + "use_deep_gemm": IMPACT_LAYOUT,  # FP8 GEMM kernels
+        _VLLM_CFG + "num_first_layers_in_bf16": IMPACT_LAYOUT,  # FP8 generation precision
+        _VLLM_CFG + "num_last_layers_in_bf16": IMPACT_LAYOUT,
+        _VLLM_CFG + "reset_encoder_cache_after_weight_update": IMPACT_LAYOUT,
+        "policy.logprob_chunk_size": IMPACT_LAYOUT,  # chunked log-prob computation
+        "policy.generation_batch_size": IMPACT_LAYOUT,  # HF-backend generation batching
+        "policy.tokenizer.use_fastokens": IMPACT_LAYOUT,  # tokenizer implementation
+    },
+    "rlinf": {
+        "actor.calculate_flops": IMPACT_HARMLESS,  # MFU metric
+        "hydra.": IMPACT_HARMLESS,  # Hydra's own output directory
+        "runner.save_interval": IMPACT_HARMLESS,  # checkpoint cadence
+        "runner.val_check_interval": IMPACT_HARMLESS,  # validation cadence
+        "actor.enable_dp_load_balance": IMPACT_LAYOUT,
+        "actor.mcore_gpt": IMPACT_LAYOUT,  # Megatron-Core model class
+        "actor.model.apply_rope_fusion": IMPACT_LAYOUT,
+        "actor.model.bias_activation_fusion": IMPACT_LAYOUT,
+        "actor.model.bias_dropout_fusion": IMPACT_LAYOUT,
+        "actor.model.gradient_accumulation_fusion": IMPACT_LAYOUT,
+        "actor.model.persist_layer_norm": IMPACT_LAYOUT,
+        "actor.model.batch_p2p_comm": IMPACT_LAYOUT,
+        "actor.model.use_cpu_initialization": IMPACT_LAYOUT,
+        "actor.model.variable_seq_lengths": IMPACT_LAYOUT,
+        "actor.model.moe_token_dispatcher_type": IMPACT_LAYOUT,
+        "actor.optim.optimizer_enable_pin": IMPACT_LAYOUT,
+        "rollout.max_running_requests": IMPACT_LAYOUT,
+        "rollout.sglang.torch_compile_max_bs": IMPACT_LAYOUT,
+        "rollout.vllm.enable_flash_infer_sampler": IMPACT_LAYOUT,
+        "runner.max_tokens_per_mbs": IMPACT_LAYOUT,  # micro-batch token budget
+    },
+    "skyrl": {
+        "trainer.max_ckpts_to_keep": IMPACT_HARMLESS,
+        "trainer.eval_batch_size": IMPACT_HARMLESS,  # evaluation batching
+        "trainer.strategy": IMPACT_LAYOUT,  # FSDP / Megatron backend
+        "generator.batched": IMPACT_LAYOUT,  # batched vs per-request generation
+    },
+    "verl": {
+        "reward_model.reward_kwargs.overlong_buffer_cfg.log": IMPACT_HARMLESS,  # metrics
+    },
+}
+"""Dialect -> source key (or subtree ending in ".") -> tier, read before the patterns."""
+
+
+def impact(key: str, dialect: str | None = None) -> str:
+    """How much a source key changes a run: the dialect's KEY_TIERS entry when it has one,
+    else IMPACT_HARMLESS for logging, names and bookkeeping, IMPACT_LAYOUT for parallelism,
+    memory and speed knobs, else IMPACT_ALGORITHM (a key not recognised is assumed to change
+    what is learned)."""
+    tiers = KEY_TIERS.get(dialect or "", {})
+    for known, tier in tiers.items():
+        if key == known or (known.endswith(".") and key.startswith(known)):
+            return tier
     if _HARMLESS.search(key):
         return IMPACT_HARMLESS
     if _LAYOUT.search(key):

@@ -153,20 +153,20 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
             reason = "no counterpart here"
             if other is not None:
                 reason = f"not a {DIALECTS[dialect]} key (it is {other.system}'s: --from {other.dialect})"
-            result.skipped.append(Skipped(key, value, reason, impact(key)))
+            result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
             continue
         if isinstance(value, str) and ("${" in value or "$(" in value):
             reason = (
                 "an interpolation or shell variable this importer cannot resolve "
                 "(a script's environment: --shell-var NAME=VALUE)"
             )
-            result.skipped.append(Skipped(key, value, reason, impact(key)))
+            result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
             continue
         try:
             tr = fk.convert(value, ctx)
         except Untranslatable as e:
             reason = str(e) + (f" ({DIALECTS[dialect]}'s default)" if is_default else "")
-            result.skipped.append(Skipped(key, value, reason, impact(key)))
+            result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
             continue
         note = f"{DIALECTS[dialect]}'s default {_scalar(value)}; {tr.note}" if is_default else tr.note
         for ours, out in tr.settings:
@@ -177,7 +177,7 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
                 reason = (
                     f"conflicts with {first.source} (both set {ours}): kept {_scalar(first.value)}"
                 )
-                result.skipped.append(Skipped(key, value, reason, impact(key)))
+                result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
     _derive(chosen)
     order = {k: i for i, k in enumerate(all_keys())}
     result.settings = sorted(chosen.values(), key=lambda s: order[s.key])

@@ -104,3 +104,19 @@ def test_bad_inputs_give_one_line_and_exit_2(tmp_path, capsys, kind):
     assert import_main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error:")
+
+
+def test_each_key_tier_entry_is_a_key_of_a_peer_file():
+    """KEY_TIERS classifies keys read in tests/data/foreign, not guesses; an unknown key
+    stays "algorithm" (the safe default)."""
+    from dapo_megatron.migrate.dialects import IMPACT_ALGORITHM, KEY_TIERS, impact
+
+    seen: dict[str, set[str]] = {d: set() for d in KEY_TIERS}
+    for path in DATA.rglob("*"):
+        if path.suffix in (".yaml", ".sh"):
+            dialect = path.relative_to(DATA).parts[0]
+            seen[dialect] |= set(read_source(path, {"HOME": "/home/u"}))
+    for dialect, tiers in KEY_TIERS.items():
+        for key in tiers:
+            assert any(k == key or (key.endswith(".") and k.startswith(key)) for k in seen[dialect]), key
+    assert impact("grpo.some_new_knob", "nemo-rl") == IMPACT_ALGORITHM
