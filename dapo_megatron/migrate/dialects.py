@@ -330,6 +330,8 @@ KEY_TIERS: dict[str, dict[str, str]] = {
     # "algorithm", each classified once by what the peer does with it. A key ending in "."
     # covers its subtree.
     "nemo-rl": {
+        # Megatron's LR/weight-decay schedule: what is learned, though the path says megatron
+        "policy.megatron_cfg.scheduler.": IMPACT_ALGORITHM,
         "grpo.val_start_at": IMPACT_HARMLESS,  # first validation step: measurement only
         "grpo.val_at_end": IMPACT_HARMLESS,  # one more validation at the end
         "grpo.max_val_samples": IMPACT_HARMLESS,  # how many validation prompts are scored

@@ -120,3 +120,48 @@ def test_each_key_tier_entry_is_a_key_of_a_peer_file():
         for key in tiers:
             assert any(k == key or (key.endswith(".") and k.startswith(key)) for k in seen[dialect]), key
     assert impact("grpo.some_new_knob", "nemo-rl") == IMPACT_ALGORITHM
+
+
+def test_nemo_rl_megatron_recipe_values():
+    """grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml over grpo_math_1B.yaml (its defaults:),
+    values read by hand: megatron_cfg.enabled is true, so Megatron's optimizer and layout
+    are live and the dtensor optimizer's lr (3e-7) is not."""
+    name = "nemo-rl/recipes/llm/grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml"
+    result = translate("nemo-rl", read_source(DATA / name, {}))
+    v = {s.key: s.value for s in result.settings}
+    assert v["policy.megatron.tensor_model_parallel_size"] == 2  # the recipe
+    assert v["policy.megatron.pipeline_model_parallel_size"] == 1  # the base
+    assert v["policy.megatron.context_parallel_size"] == 1
+    assert v["policy.optimizer.lr"] == 5e-6  # base megatron_cfg.optimizer.lr
+    assert v["policy.precision"] == "bf16"  # base policy.precision "bfloat16"
+    assert v["generation.engine.tensor_parallel_size"] == 4
+    assert (v["dapo.num_prompts_per_step"], v["dapo.num_generations_per_prompt"]) == (64, 32)
+    assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.2)
+    assert v["dapo.dynamic_sampling.enabled"] is False
+    assert v["dapo.overlong_filtering"] is False
+    assert v["generation.max_response_length"] == 4096
+    assert v["policy.max_total_sequence_length"] == 4096
+    skipped = {s.key: s for s in result.skipped}
+    assert skipped["policy.optimizer.kwargs.lr"].impact == "harmless"  # not live
+    # Megatron's warm-up changes what is learned: never filed under "layout"
+    assert skipped["policy.megatron_cfg.scheduler.lr_warmup_iters"].impact == "algorithm"
+
+
+def test_nemo_rl_dapo_recipe_values():
+    v = _values("nemo-rl", "nemo-rl/recipes/llm/dapo-qwen2.5-7b.v2.yaml")
+    assert v["policy.optimizer.lr"] == 1e-6
+    assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.28)
+    assert v["dapo.dynamic_sampling.enabled"] is True
+    assert v["dapo.overlong_buffer.enabled"] is True and v["dapo.overlong_buffer.length"] == 2048
+    assert v["policy.max_total_sequence_length"] == 16384
+
+
+def test_verl_dapo_7b_megatron_layout_and_lr():
+    v = _values("verl", "verl/test_dapo_7b_math_megatron.sh", HOME="/home/u")
+    # train_tp=4, train_pp=2, gen_tp=4 in the script
+    assert v["policy.megatron.tensor_model_parallel_size"] == 4
+    assert v["policy.megatron.pipeline_model_parallel_size"] == 2
+    assert v["generation.engine.tensor_parallel_size"] == 4
+    # lr_warmup_steps=10 trainer steps x (32 x 16 = 512) // 32 = 16 optimizer steps each
+    assert (v["policy.optimizer.lr"], v["policy.scheduler.lr_warmup_steps"]) == (1e-6, 160)
+    assert v["generation.max_response_length"] == 8192
