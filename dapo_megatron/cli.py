@@ -17,6 +17,7 @@ from pathlib import Path
 
 import yaml
 
+import dapo_megatron.migrate  # noqa: F401  (registers the foreign-key hints the loader prints)
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import LoadedConfig, load_config
 from dapo_megatron.config.run_plan import RunPlan, runtime_problems

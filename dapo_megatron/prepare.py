@@ -25,6 +25,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import dapo_megatron.migrate  # noqa: F401  (registers the foreign-key hints the loader prints)
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.schema import DapoMegatronConfig

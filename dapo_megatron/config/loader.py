@@ -20,8 +20,8 @@ from typing import Any, Literal, Union
 
 import yaml
 
-from dapo_megatron.config.foreign_hint import explain_foreign, flatten
 from dapo_megatron.config.errors import ConfigError
+from dapo_megatron.config.foreign_hint import explain_foreign, flatten
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.config.validate import validate_config

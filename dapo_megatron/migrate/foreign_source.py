@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-from dapo_megatron.config.foreign_hint import flatten
 from dapo_megatron.config.errors import ConfigError
+from dapo_megatron.config.foreign_hint import flatten
 from dapo_megatron.config.loader import display_path, parse_yaml_value
 
 _OVERRIDE_KEY = re.compile(r"^(\+{0,2}|~)([A-Za-z_][\w\-]*(?:\.[\w\-]+)+)$")

@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from dapo_megatron.config.errors import ConfigError
+from dapo_megatron.config.loader import all_keys, display_path, load_config
 from dapo_megatron.migrate.dialect_keys import (
     SOURCE_DEFAULTS,
     all_foreign_keys,
@@ -35,13 +37,11 @@ from dapo_megatron.migrate.dialects import (
     Untranslatable,
     impact,
 )
-from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.migrate.foreign_source import (
     apply_foreign_overrides,
     read_source,
     resolve_interpolations,
 )
-from dapo_megatron.config.loader import all_keys, display_path, load_config
 
 BASE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "dapo_base.yaml"
 """Our base config, which every imported recipe names in `defaults:`."""

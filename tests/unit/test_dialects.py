@@ -16,11 +16,11 @@ from typing import Any
 import pytest
 
 from dapo_megatron.config import ConfigError, load_config
+from dapo_megatron.config.loader import all_keys
 from dapo_megatron.migrate.dialect_keys import all_foreign_keys, foreign_key
 from dapo_megatron.migrate.dialects import Untranslatable
 from dapo_megatron.migrate.import_config import main as import_main
 from dapo_megatron.migrate.import_config import migration_rows
-from dapo_megatron.config.loader import all_keys
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
@@ -171,11 +171,6 @@ def _cli(main: str, *args: str) -> subprocess.CompletedProcess[str]:
         ("algorithm.clip_ratio_high=0.28", "RLinf"),
         ("actor_rollout_ref.actor.clip_ratio_high=0.28", "verl"),
     ],
-)
-@pytest.mark.xfail(
-    strict=True,
-    reason="dapo-train names a foreign key once cli.py imports dapo_megatron.migrate (which "
-    "registers the explainer with config/foreign_hint.py); config/ may not import migrate/",
 )
 def test_the_issues_four_commands_print_our_key(override, system):
     out = _cli("train_main", "--config", str(TINY), "--dry-run", override)

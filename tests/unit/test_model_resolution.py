@@ -17,7 +17,6 @@ import pytest
 
 from dapo_megatron.cli import plan_main
 from dapo_megatron.config import ConfigError, load_config, model_source
-from dapo_megatron.migrate import dialects
 from dapo_megatron.config.model_arch import PRESETS, ModelArch, hf_config_fields
 from dapo_megatron.config.model_source import (
     cached_config_json,
@@ -25,6 +24,7 @@ from dapo_megatron.config.model_source import (
     preset_applies,
     preset_for_name,
 )
+from dapo_megatron.migrate import dialects
 
 REPO = Path(__file__).resolve().parents[2]
 BASE = REPO / "configs" / "dapo_base.yaml"
