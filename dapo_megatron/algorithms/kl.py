@@ -72,8 +72,16 @@ def kl_penalty(
         the result stays >= 0 and finite); beyond the clamp the estimate saturates and its
         gradient is zero.
     """
-    check_same_shape("logprobs_BT", logprobs_BT, "ref_logprobs_BT", ref_logprobs_BT)
     validate_choice("estimator", estimator, KL_ESTIMATORS)
+    return kl_estimate(logprobs_BT, ref_logprobs_BT, estimator)
+
+
+def kl_estimate(
+    logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, estimator: KLEstimator
+) -> torch.Tensor:
+    """``kl_penalty`` trusting ``estimator`` (a literal, or a ``LossSpec``'s value, validated
+    when the spec was built): the per-micro-batch path validates nothing again."""
+    check_same_shape("logprobs_BT", logprobs_BT, "ref_logprobs_BT", ref_logprobs_BT)
     dtype = compute_dtype(logprobs_BT, ref_logprobs_BT)
     diff_BT = logprobs_BT.to(dtype) - ref_logprobs_BT.to(dtype)  # = -log r
     if estimator == "k1":
@@ -102,6 +110,12 @@ def entropy_bonus_per_token(entropy_BT: torch.Tensor, entropy_coef: float) -> to
         ``[B, T]`` tensor in ``compute_dtype(entropy_BT)``, unmasked.
     """
     validate_coef("entropy_coef", entropy_coef)
+    return _entropy_bonus(entropy_BT, entropy_coef)
+
+
+def _entropy_bonus(entropy_BT: torch.Tensor, entropy_coef: float) -> torch.Tensor:
+    """``entropy_bonus_per_token`` trusting ``entropy_coef`` (checked by it, or a
+    ``LossSpec``'s value)."""
     return -entropy_coef * entropy_BT.to(compute_dtype(entropy_BT))
 
 
@@ -144,7 +158,7 @@ def kl_entropy_terms(
     per_token_BT: torch.Tensor | None,
     logprobs_BT: torch.Tensor,
     valid_BT: torch.Tensor,
-    spec: LossSpec,
+    loss: LossSpec,
     *,
     ref_logprobs_BT: torch.Tensor | None,
     entropy_BT: torch.Tensor | None,
@@ -161,7 +175,8 @@ def kl_entropy_terms(
             (the very tensor the PG term read, so both gradients meet in one node).
         valid_BT: ``[B, T]`` bool loss mask; padding in the optional inputs (NaN, -inf) is
             selected away with it before any arithmetic.
-        spec: ``kl_coef``, ``kl_estimator`` and ``entropy_coef`` are read.
+        loss: ``kl_coef``, ``kl_estimator`` and ``entropy_coef`` are read, trusted
+            (``LossSpec`` validated them when it was built).
         ref_logprobs_BT: ``[B, T]`` reference log-probabilities, or None.
         entropy_BT: ``[B, T]`` per-token entropy, or None.
     """
@@ -171,14 +186,14 @@ def kl_entropy_terms(
 
     kl_BT = None
     if ref_logprobs_BT is not None:
-        kl_BT = kl_penalty(logprobs_BT, clean(ref_logprobs_BT), spec.kl_estimator)
-        if spec.kl_coef > 0:
-            kl_term_BT = spec.kl_coef * kl_BT
+        kl_BT = kl_estimate(logprobs_BT, clean(ref_logprobs_BT), loss.kl_estimator)
+        if loss.kl_coef > 0:
+            kl_term_BT = loss.kl_coef * kl_BT
             per_token_BT = kl_term_BT if per_token_BT is None else per_token_BT + kl_term_BT
     clean_entropy_BT = None
     if entropy_BT is not None:
         clean_entropy_BT = clean(entropy_BT)
-        if spec.entropy_coef > 0:
-            bonus_BT = entropy_bonus_per_token(clean_entropy_BT, spec.entropy_coef)
+        if loss.entropy_coef > 0:
+            bonus_BT = _entropy_bonus(clean_entropy_BT, loss.entropy_coef)
             per_token_BT = bonus_BT if per_token_BT is None else per_token_BT + bonus_BT
     return KLEntropyTerms(per_token_BT=per_token_BT, kl_BT=kl_BT, entropy_BT=clean_entropy_BT)

@@ -18,7 +18,7 @@ padding cannot turn into NaN).
 Micro-batch invariance, the contract between caller and this module::
 
     denom = sum(loss_denominator(mb.mask, mode) for mb in all micro-batches on all DP ranks)
-    loss_mb = policy_loss(LossInputs(..., normalizer=denom), spec).loss  # each micro-batch
+    loss_mb = policy_loss(LossInputs(..., normalizer=denom), loss).loss  # each micro-batch
     sum(loss_mb) == loss of the whole mini-batch       # whatever the split
 
 With data parallelism, the gradients of the per-rank sums are summed (not averaged) across
@@ -40,7 +40,7 @@ from dapo_megatron.algorithms.kl import (
     check_same_shape,
     compute_dtype,
     kl_entropy_terms,
-    kl_penalty,
+    kl_estimate,
 )
 from dapo_megatron.algorithms.loss_inputs import LossInputs
 
@@ -52,7 +52,7 @@ from dapo_megatron.algorithms.loss_spec import (
     validate_agg_mode,
     validate_clip_ratios,
 )
-from dapo_megatron.algorithms.rollout_correction import rollout_correction_weights
+from dapo_megatron.algorithms.rollout_correction import correction_weights
 
 
 def _check_2d(name: str, t: torch.Tensor) -> None:
@@ -155,9 +155,30 @@ def aggregate_loss(
     Returns:
         0-dim tensor in ``compute_dtype(values_BT)`` (>= float32).
     """
+    validate_agg_mode(loss_agg_mode)
+    return _aggregate(values_BT, mask_BT, loss_agg_mode, normalizer)
+
+
+def aggregate_terms(
+    values_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    loss: LossSpec,
+    normalizer: torch.Tensor | float,
+) -> torch.Tensor:
+    """``aggregate_loss`` with ``loss.loss_agg_mode``, trusting ``loss`` (it validated itself
+    when it was built): the per-micro-batch path validates no hyper-parameter again."""
+    return _aggregate(values_BT, mask_BT, loss.loss_agg_mode, normalizer)
+
+
+def _aggregate(
+    values_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    loss_agg_mode: LossAggMode,
+    normalizer: torch.Tensor | float,
+) -> torch.Tensor:
+    """``aggregate_loss`` without checking ``loss_agg_mode`` (the tensors are checked)."""
     _check_2d("values_BT", values_BT)
     check_same_shape("values_BT", values_BT, "mask_BT", mask_BT)
-    validate_agg_mode(loss_agg_mode)
     if isinstance(normalizer, torch.Tensor):
         if normalizer.numel() != 1:
             raise ValueError(
@@ -237,6 +258,21 @@ def clipped_pg_loss_per_token(
         unmasked and in ``compute_dtype`` (>= float32).
     """
     validate_clip_ratios(clip_ratio_low, clip_ratio_high, clip_ratio_c)
+    return _clipped_pg(
+        logprobs_BT, old_logprobs_BT, advantages_BT, clip_ratio_low, clip_ratio_high, clip_ratio_c
+    )
+
+
+def _clipped_pg(
+    logprobs_BT: torch.Tensor,
+    old_logprobs_BT: torch.Tensor,
+    advantages_BT: torch.Tensor,
+    low: float,
+    high: float,
+    c: float | None,
+) -> ClippedPGOutput:
+    """``clipped_pg_loss_per_token`` with clip ratios ``low``, ``high`` and ``c`` trusted (a
+    ``LossSpec``'s, or checked by the public function)."""
     _check_2d("logprobs_BT", logprobs_BT)
     check_same_shape("logprobs_BT", logprobs_BT, "old_logprobs_BT", old_logprobs_BT)
     advantages_BT = expand_advantages(advantages_BT, logprobs_BT.shape)
@@ -253,17 +289,17 @@ def clipped_pg_loss_per_token(
     adv_BT = advantages_BT.to(dtype)
 
     surrogate_BT = -adv_BT * ratio_BT
-    clipped_surrogate_BT = -adv_BT * ratio_BT.clamp(1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    clipped_surrogate_BT = -adv_BT * ratio_BT.clamp(1.0 - low, 1.0 + high)
     loss_BT = torch.maximum(surrogate_BT, clipped_surrogate_BT)
 
     positive_BT = adv_BT > 0
     negative_BT = adv_BT < 0
-    clipped_upper_BT = positive_BT & (ratio_BT > 1.0 + clip_ratio_high)
-    clipped_lower_BT = negative_BT & (ratio_BT < 1.0 - clip_ratio_low)
-    if clip_ratio_c is not None:
+    clipped_upper_BT = positive_BT & (ratio_BT > 1.0 + high)
+    clipped_lower_BT = negative_BT & (ratio_BT < 1.0 - low)
+    if c is not None:
         # Only for A < 0: for A >= 0 the bound -A * c would be <= 0 and wrongly cap the loss.
-        loss_BT = torch.where(negative_BT, torch.minimum(loss_BT, -adv_BT * clip_ratio_c), loss_BT)
-        dual_clipped_BT = negative_BT & (ratio_BT > clip_ratio_c)
+        loss_BT = torch.where(negative_BT, torch.minimum(loss_BT, -adv_BT * c), loss_BT)
+        dual_clipped_BT = negative_BT & (ratio_BT > c)
     else:
         dual_clipped_BT = torch.zeros_like(negative_BT)
     return ClippedPGOutput(
@@ -352,7 +388,7 @@ def _loss_metrics(
         "clipfrac_dual_sum": masked_sum(pg.dual_clipped_BT),
         # Tokens were sampled (approximately) from pi_old, so k3 with log r = new - old
         # estimates KL(pi_old || pi_theta).
-        "approx_kl_sum": masked_sum(kl_penalty(old_logprobs_BT, logprobs_BT.detach(), "k3")),
+        "approx_kl_sum": masked_sum(kl_estimate(old_logprobs_BT, logprobs_BT.detach(), "k3")),
         "ratio_sum": masked_sum(ratio_BT),
         "ratio_max": ratio_max,
         "ratio_min": ratio_min,
@@ -364,15 +400,15 @@ def _loss_metrics(
     return metrics
 
 
-def policy_loss(inputs: LossInputs, spec: LossSpec) -> PolicyLossOutput:
+def policy_loss(inputs: LossInputs, loss: LossSpec) -> PolicyLossOutput:
     """DAPO policy loss of one micro-batch.
 
     Per token: ``w * pg + kl_coef * kl - entropy_coef * entropy`` where ``pg`` is
     ``clipped_pg_loss_per_token``, ``w`` the rollout-correction weight (TIS; 1 otherwise), ``kl``
     the ``kl_estimator`` estimate against ``ref_logprobs_BT`` (added only if ``kl_coef > 0``) and
-    the entropy term added only if ``entropy_coef > 0`` (all settings from ``spec``). Tokens
+    the entropy term added only if ``entropy_coef > 0`` (all settings from ``loss``). Tokens
     outside ``mask_BT`` or rejected by MIS are dropped; the rest is reduced with
-    ``aggregate_loss(..., spec.loss_agg_mode, normalizer)``.
+    ``aggregate_loss(..., loss.loss_agg_mode, normalizer)``.
 
     ``normalizer`` must be the global sum of ``loss_denominator`` over the mini-batch. With MIS,
     compute it from the mask returned by ``rollout_correction_weights`` (MIS depends only on
@@ -381,14 +417,15 @@ def policy_loss(inputs: LossInputs, spec: LossSpec) -> PolicyLossOutput:
 
     Args:
         inputs: the micro-batch's tensors and the global normaliser (see ``LossInputs``).
-        spec: the loss's hyper-parameters (clip ratios: see ``clipped_pg_loss_per_token``;
+        loss: the loss's hyper-parameters (clip ratios: see ``clipped_pg_loss_per_token``;
             rollout correction: see ``rollout_correction_weights``; KL and entropy: see
-            ``kl.kl_entropy_terms``).
+            ``kl.kl_entropy_terms``), trusted: ``LossSpec`` validated them when it was built,
+            so no micro-batch validates them again.
 
     Returns:
         ``PolicyLossOutput`` (loss and detached metric sums).
     """
-    inputs.check(spec)
+    inputs.check(loss)
     logprobs_BT, mask_BT = inputs.logprobs_BT, inputs.mask_BT
     rollout_logprobs_BT = inputs.rollout_logprobs_BT
 
@@ -403,25 +440,13 @@ def policy_loss(inputs: LossInputs, spec: LossSpec) -> PolicyLossOutput:
     old_BT = clean(inputs.old_logprobs_BT)
     adv_BT = clean(expand_advantages(inputs.advantages, logprobs_BT.shape))
 
-    pg = clipped_pg_loss_per_token(
-        lp_BT,
-        old_BT,
-        adv_BT,
-        clip_ratio_low=spec.clip_ratio_low,
-        clip_ratio_high=spec.clip_ratio_high,
-        clip_ratio_c=spec.clip_ratio_c,
+    pg = _clipped_pg(
+        lp_BT, old_BT, adv_BT, loss.clip_ratio_low, loss.clip_ratio_high, loss.clip_ratio_c
     )
     dtype = pg.loss_BT.dtype
     if rollout_logprobs_BT is not None:
-        weights_BT, corrected_mask_BT = rollout_correction_weights(
-            old_BT,
-            clean(rollout_logprobs_BT),
-            mask_BT,
-            mode=spec.rollout_correction,
-            level=spec.rollout_correction_level,
-            tis_cap=spec.tis_cap,
-            mis_low=spec.mis_low,
-            mis_high=spec.mis_high,
+        weights_BT, corrected_mask_BT = correction_weights(
+            old_BT, clean(rollout_logprobs_BT), mask_BT, loss
         )
         effective_BT = valid_BT & (corrected_mask_BT != 0)
     else:
@@ -433,13 +458,13 @@ def policy_loss(inputs: LossInputs, spec: LossSpec) -> PolicyLossOutput:
         weighted_pg_BT,
         lp_BT,
         valid_BT,
-        spec,
+        loss,
         ref_logprobs_BT=inputs.ref_logprobs_BT,
         entropy_BT=inputs.entropy_BT,
     )
     assert terms.per_token_BT is not None  # it started from weighted_pg_BT
 
-    loss = aggregate_loss(terms.per_token_BT, effective_BT, spec.loss_agg_mode, inputs.normalizer)
+    total = aggregate_terms(terms.per_token_BT, effective_BT, loss, inputs.normalizer)
     metrics = _loss_metrics(
         pg,
         weighted_pg_BT,
@@ -450,7 +475,7 @@ def policy_loss(inputs: LossInputs, spec: LossSpec) -> PolicyLossOutput:
         effective_BT,
         terms,
     )
-    return PolicyLossOutput(loss=loss, metrics=metrics)
+    return PolicyLossOutput(loss=total, metrics=metrics)
 
 
 def reduce_loss_metrics(

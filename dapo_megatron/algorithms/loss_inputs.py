@@ -35,18 +35,18 @@ class LossInputs:
     """The GLOBAL denominator: ``loss_denominator`` summed over every micro-batch of the
     mini-batch on every data-parallel rank (a number or a one-element tensor, detached)."""
     rollout_logprobs_BT: torch.Tensor | None = None
-    """``[B, T]`` engine log-probabilities; required unless ``spec.rollout_correction`` is
+    """``[B, T]`` engine log-probabilities; required unless ``loss.rollout_correction`` is
     ``"none"``."""
     ref_logprobs_BT: torch.Tensor | None = None
-    """``[B, T]`` reference-policy log-probabilities; required if ``spec.kl_coef > 0``, only
+    """``[B, T]`` reference-policy log-probabilities; required if ``loss.kl_coef > 0``, only
     reported (``kl_sum``) when given with ``kl_coef == 0``."""
     entropy_BT: torch.Tensor | None = None
     """``[B, T]`` per-token entropy (with grad if trained); required if
-    ``spec.entropy_coef > 0``, only reported (``entropy_sum``) when given with
+    ``loss.entropy_coef > 0``, only reported (``entropy_sum``) when given with
     ``entropy_coef == 0``."""
 
-    def check(self, spec: LossSpec) -> None:
-        """Shapes, and the optional inputs that ``spec`` makes required; raises ValueError
+    def check(self, loss: LossSpec) -> None:
+        """Shapes, and the optional inputs that ``loss`` makes required; raises ValueError
         naming the field. The scalars need no check: ``LossSpec`` validated them when it was
         built, and the normaliser is checked where it is used."""
         if self.logprobs_BT.dim() != 2:
@@ -63,14 +63,14 @@ class LossInputs:
         for name, t in tensors:
             if t is not None:
                 check_same_shape("logprobs_BT", self.logprobs_BT, name, t)
-        if spec.rollout_correction != "none" and self.rollout_logprobs_BT is None:
+        if loss.rollout_correction != "none" and self.rollout_logprobs_BT is None:
             raise ValueError(
-                f"rollout_correction={spec.rollout_correction!r} requires rollout_logprobs_BT "
+                f"rollout_correction={loss.rollout_correction!r} requires rollout_logprobs_BT "
                 "(got None)"
             )
-        if spec.kl_coef > 0 and self.ref_logprobs_BT is None:
-            raise ValueError(f"kl_coef={spec.kl_coef!r} > 0 requires ref_logprobs_BT (got None)")
-        if spec.entropy_coef > 0 and self.entropy_BT is None:
+        if loss.kl_coef > 0 and self.ref_logprobs_BT is None:
+            raise ValueError(f"kl_coef={loss.kl_coef!r} > 0 requires ref_logprobs_BT (got None)")
+        if loss.entropy_coef > 0 and self.entropy_BT is None:
             raise ValueError(
-                f"entropy_coef={spec.entropy_coef!r} > 0 requires entropy_BT (got None)"
+                f"entropy_coef={loss.entropy_coef!r} > 0 requires entropy_BT (got None)"
             )

@@ -1,9 +1,11 @@
 """The policy loss's hyper-parameters as one frozen, validated value (torch-free).
 
-``LossSpec`` is built once per run from ``dapo.loss`` (config/run_plan.py) and travels
-unchanged from the policy step through the kernel dispatch (kernels/pg_loss.py) into
-``algorithms.loss.policy_loss``. Its fields have no defaults: every default lives in
-configs/dapo_base.yaml. The value sets (Literal types) are defined here once; the config
+``LossParams`` declares each hyper-parameter once; the config section ``dapo.loss``
+(config/schema.py ``LossConfig``) and ``LossSpec`` extend it. ``LossSpec`` is built once per
+run from ``dapo.loss`` (config/run_plan.py) and travels unchanged, as ``loss``, from the
+policy step through the kernel dispatch (kernels/pg_loss.py) into
+``algorithms.loss.policy_loss``, which trust it. Its fields have no defaults: every default
+lives in configs/dapo_base.yaml. The value sets (Literal types) are defined here once; the config
 schema imports them, so a YAML value and a function argument can never disagree.
 
 Torch-free on purpose: config validation imports this module and must stay fast.
@@ -13,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -94,35 +96,24 @@ def scale_length_problems(length: int) -> list[Problem]:
     return [("loss_scale_length", length, "must be an int >= 1")]
 
 
-def spec_problems(
-    *,
-    clip_ratio_low: float,
-    clip_ratio_high: float,
-    clip_ratio_c: float | None,
-    loss_agg_mode: str,
-    loss_scale_length: int,
-    rollout_correction: str,
-    rollout_correction_level: str,
-    tis_cap: float,
-    mis_low: float,
-    mis_high: float,
-    kl_coef: float,
-    kl_estimator: str,
-    entropy_coef: float,
-) -> list[Problem]:
-    """Every limit that LossSpec's fields would break, in field order ([] = valid)."""
+def spec_problems(params: LossParams, loss_scale_length: int) -> list[Problem]:
+    """Every limit that ``params`` and the resolved ``loss_scale_length`` break, in field
+    order ([] = valid). The one validation entry point of the loss's hyper-parameters:
+    ``LossSpec`` runs it on construction, config validation (config/validate.py) once per
+    configuration, reporting each problem under its ``dapo.loss`` key."""
+    p = params
     return [
-        *clip_ratio_problems(clip_ratio_low, clip_ratio_high, clip_ratio_c),
-        *choice_problems("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES),
+        *clip_ratio_problems(p.clip_ratio_low, p.clip_ratio_high, p.clip_ratio_c),
+        *choice_problems("loss_agg_mode", p.loss_agg_mode, LOSS_AGG_MODES),
         *scale_length_problems(loss_scale_length),
-        *choice_problems("rollout_correction", rollout_correction, ROLLOUT_CORRECTION_MODES),
+        *choice_problems("rollout_correction", p.rollout_correction, ROLLOUT_CORRECTION_MODES),
         *choice_problems(
-            "rollout_correction_level", rollout_correction_level, ROLLOUT_CORRECTION_LEVELS
+            "rollout_correction_level", p.rollout_correction_level, ROLLOUT_CORRECTION_LEVELS
         ),
-        *correction_cap_problems(tis_cap, mis_low, mis_high),
-        *coef_problems("kl_coef", kl_coef),
-        *coef_problems("entropy_coef", entropy_coef),
-        *choice_problems("kl_estimator", kl_estimator, KL_ESTIMATORS),
+        *correction_cap_problems(p.tis_cap, p.mis_low, p.mis_high),
+        *coef_problems("kl_coef", p.kl_coef),
+        *coef_problems("entropy_coef", p.entropy_coef),
+        *choice_problems("kl_estimator", p.kl_estimator, KL_ESTIMATORS),
     ]
 
 
@@ -158,36 +149,66 @@ def validate_coef(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True)
-class LossSpec:
-    """Hyper-parameters of the DAPO policy loss; validated on construction."""
+class LossParams:
+    """The hyper-parameters of the DAPO policy loss that travel unchanged from ``dapo.loss`` to
+    the loss, each declared once, here: the config section (config/schema.py ``LossConfig``)
+    and the run's ``LossSpec`` both extend this class and add only ``loss_scale_length``, the
+    one field whose config value (null allowed) is resolved before the loss reads it. A new
+    hyper-parameter is a field here and its default in configs/dapo_base.yaml."""
 
     clip_ratio_low: float
-    """eps_low: the ratio is clipped below at 1 - clip_ratio_low."""
+    """eps_low: the ratio is clipped below at 1 - clip_ratio_low (DAPO: 0.2)."""
     clip_ratio_high: float
-    """eps_high: the ratio is clipped above at 1 + clip_ratio_high (clip-higher)."""
+    """eps_high: the ratio is clipped above at 1 + clip_ratio_high (DAPO clip-higher: 0.28)."""
     clip_ratio_c: float | None
-    """Dual-clip bound c > 1 for negative advantages; None disables dual clip."""
+    """Dual-clip bound c > 1 for negative advantages; None (null) disables dual clip."""
     loss_agg_mode: LossAggMode
-    """How per-token losses are aggregated (see ``algorithms.loss.aggregate_loss``)."""
-    loss_scale_length: int
-    """Constant length of seq-mean-token-sum-norm (resolved: never None here)."""
+    """Aggregation: token-mean (DAPO token-level loss) or a sequence-mean variant (see
+    ``algorithms.loss.aggregate_loss``); the normaliser is global over the mini-batch, so
+    micro-batching never changes the loss."""
+    kl_coef: float
+    """Coefficient of the KL penalty against the reference policy (DAPO: 0, no reference).
+    > 0: the reference is the policy at the start of DAPO training (after the SFT warm-up),
+    kept frozen on every policy rank (one extra copy of the rank's weights) and saved in
+    the checkpoints, so a resumed run keeps it."""
+    kl_estimator: KLEstimator
+    """KL estimator (k1, k2 or k3) used when kl_coef > 0."""
+    entropy_coef: float
+    """Entropy bonus coefficient (0 = off)."""
     rollout_correction: RolloutCorrectionMode
-    """Rollout/train mismatch correction: none, truncated (tis) or masked (mis) weights."""
+    """Rollout/train mismatch correction: none, truncated (tis) or masked (mis) importance
+    weights."""
     rollout_correction_level: RolloutCorrectionLevel
     """Whether the correction weight is per token or per sequence."""
     tis_cap: float
-    """Upper truncation of the TIS weight."""
+    """Upper truncation of the TIS weight exp(old_logprob - rollout_logprob)."""
     mis_low: float
-    """MIS lower bound: weights below it are masked out."""
+    """MIS: tokens (sequences) with a weight below this are masked out."""
     mis_high: float
-    """MIS upper bound: weights above it are masked out."""
-    kl_coef: float
-    """Coefficient of the KL penalty against the reference policy (0 = off)."""
-    kl_estimator: KLEstimator
-    """KL estimator (k1, k2 or k3)."""
-    entropy_coef: float
-    """Entropy bonus coefficient (0 = off)."""
+    """MIS: tokens (sequences) with a weight above this are masked out."""
+
+
+def param_values(params: LossParams) -> dict[str, Any]:
+    """``params``'s ``LossParams`` fields by name (a subclass's own fields left out)."""
+    return {f.name: getattr(params, f.name) for f in fields(LossParams)}
+
+
+@dataclass(frozen=True)
+class LossSpec(LossParams):
+    """The run's loss hyper-parameters, resolved and validated on construction.
+
+    Built once per run (config/run_plan.py ``build_loss_spec``); the code that takes a
+    ``LossSpec`` trusts it and validates nothing again."""
+
+    loss_scale_length: int
+    """Constant length of seq-mean-token-sum-norm (resolved: never None here)."""
 
     def __post_init__(self) -> None:
         # The limits are written once, in spec_problems (validation maps each to its key).
-        raise_first(spec_problems(**{f.name: getattr(self, f.name) for f in fields(self)}))
+        raise_first(spec_problems(self, self.loss_scale_length))
+
+    @classmethod
+    def resolve(cls, params: LossParams, loss_scale_length: int) -> LossSpec:
+        """The spec of ``params`` (a ``LossConfig``, say) with ``loss_scale_length``
+        resolved; raises ValueError on a broken limit."""
+        return cls(**param_values(params), loss_scale_length=loss_scale_length)

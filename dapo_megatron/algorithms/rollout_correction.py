@@ -32,6 +32,7 @@ from dapo_megatron.algorithms.kl import (
 )
 from dapo_megatron.algorithms.loss_spec import (
     ROLLOUT_CORRECTION_LEVELS,
+    LossSpec,
     RolloutCorrectionLevel,
     RolloutCorrectionMode,
     validate_choice,
@@ -70,8 +71,19 @@ def rollout_log_weights(
     Invalid (padding) positions hold 0 (weight 1) at token level, so that garbage there (e.g.
     ``-inf`` logprobs) never produces NaN; they are masked out downstream anyway.
     """
-    _check_inputs(old_logprobs_BT, rollout_logprobs_BT, mask_BT)
     validate_choice("level", level, ROLLOUT_CORRECTION_LEVELS)
+    return level_log_weights(old_logprobs_BT, rollout_logprobs_BT, mask_BT, level)
+
+
+def level_log_weights(
+    old_logprobs_BT: torch.Tensor,
+    rollout_logprobs_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    level: RolloutCorrectionLevel,
+) -> torch.Tensor:
+    """``rollout_log_weights`` trusting ``level`` (a literal, or a ``LossSpec``'s value, which
+    it validated when it was built): the per-micro-batch path validates nothing again."""
+    _check_inputs(old_logprobs_BT, rollout_logprobs_BT, mask_BT)
     dtype = compute_dtype(old_logprobs_BT, rollout_logprobs_BT)
     valid_BT = mask_BT != 0
     diff_BT = old_logprobs_BT.detach().to(dtype) - rollout_logprobs_BT.detach().to(dtype)
@@ -116,13 +128,49 @@ def rollout_correction_weights(
         positions), and the new mask in the input mask's dtype.
     """
     validate_rollout_correction_args(mode, level, tis_cap, mis_low, mis_high)
+    return _correction_weights(
+        old_logprobs_BT, rollout_logprobs_BT, mask_BT, mode, level, tis_cap, mis_low, mis_high
+    )
+
+
+def correction_weights(
+    old_logprobs_BT: torch.Tensor,
+    rollout_logprobs_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    loss: LossSpec,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rollout_correction_weights`` with the settings of ``loss``, trusted (``LossSpec``
+    validated them when it was built): the per-micro-batch path validates nothing again."""
+    return _correction_weights(
+        old_logprobs_BT,
+        rollout_logprobs_BT,
+        mask_BT,
+        loss.rollout_correction,
+        loss.rollout_correction_level,
+        loss.tis_cap,
+        loss.mis_low,
+        loss.mis_high,
+    )
+
+
+def _correction_weights(
+    old_logprobs_BT: torch.Tensor,
+    rollout_logprobs_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    mode: RolloutCorrectionMode,
+    level: RolloutCorrectionLevel,
+    tis_cap: float,
+    mis_low: float,
+    mis_high: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rollout_correction_weights`` with its settings trusted (the tensors are checked)."""
     _check_inputs(old_logprobs_BT, rollout_logprobs_BT, mask_BT)
     dtype = compute_dtype(old_logprobs_BT, rollout_logprobs_BT)
     ones_BT = torch.ones(mask_BT.shape, dtype=dtype, device=mask_BT.device)
     if mode == "none":
         return ones_BT, mask_BT.clone()
 
-    log_w_BT = rollout_log_weights(old_logprobs_BT, rollout_logprobs_BT, mask_BT, level)
+    log_w_BT = level_log_weights(old_logprobs_BT, rollout_logprobs_BT, mask_BT, level)
     if mode == "tis":
         # Truncating in log space means exp never sees more than log(tis_cap): no overflow even
         # for sequence-level weights, which are sums over thousands of tokens.

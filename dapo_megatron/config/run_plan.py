@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size, resolve_arch
@@ -290,32 +290,17 @@ def num_engines(config: DapoMegatronConfig) -> int:
     return engine.num_engines or generation_devices(config) // engine.tensor_parallel_size
 
 
-def loss_spec_fields(config: DapoMegatronConfig) -> dict[str, Any]:
-    """The fields of the run's LossSpec: ``dapo.loss`` with loss_scale_length null resolved
-    to generation.max_response_length (each field is the ``dapo.loss`` key of its name)."""
-    loss = config.dapo.loss
-    length = loss.loss_scale_length
-    return {
-        "clip_ratio_low": loss.clip_ratio_low,
-        "clip_ratio_high": loss.clip_ratio_high,
-        "clip_ratio_c": loss.clip_ratio_c,
-        "loss_agg_mode": loss.loss_agg_mode,
-        "loss_scale_length": config.generation.max_response_length if length is None else length,
-        "rollout_correction": loss.rollout_correction,
-        "rollout_correction_level": loss.rollout_correction_level,
-        "tis_cap": loss.tis_cap,
-        "mis_low": loss.mis_low,
-        "mis_high": loss.mis_high,
-        "kl_coef": loss.kl_coef,
-        "kl_estimator": loss.kl_estimator,
-        "entropy_coef": loss.entropy_coef,
-    }
+def loss_scale_length(config: DapoMegatronConfig) -> int:
+    """``dapo.loss.loss_scale_length``, null resolved to generation.max_response_length."""
+    length = config.dapo.loss.loss_scale_length
+    return config.generation.max_response_length if length is None else length
 
 
 def build_loss_spec(config: DapoMegatronConfig) -> LossSpec:
-    """``dapo.loss`` as a validated LossSpec. Raises ValueError on a bad value (a validated
-    config has none: validate_config reports LossSpec's limits under their keys)."""
-    return LossSpec(**loss_spec_fields(config))
+    """``dapo.loss`` as a validated LossSpec (its fields copied generically, loss_scale_length
+    resolved). Raises ValueError on a bad value (a validated config has none:
+    validate_config reports LossSpec's limits under their keys)."""
+    return LossSpec.resolve(config.dapo.loss, loss_scale_length(config))
 
 
 def total_optimizer_steps(config: DapoMegatronConfig) -> int:

@@ -11,14 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-# The loss's value sets are defined once, beside LossSpec (torch-free), so that a YAML value
-# and a loss argument cannot disagree. LossAggMode is re-exported (tests read it from here).
-from dapo_megatron.algorithms.loss_spec import (
-    KLEstimator,
-    RolloutCorrectionLevel,
-    RolloutCorrectionMode,
-)
+# The loss's keys and value sets are declared once, beside LossSpec (torch-free), so that a
+# YAML value and a loss argument cannot disagree. LossAggMode is re-exported (tests read it
+# from here).
 from dapo_megatron.algorithms.loss_spec import LossAggMode as LossAggMode
+from dapo_megatron.algorithms.loss_spec import LossParams
 
 
 @dataclass
@@ -244,40 +241,14 @@ class GenerationConfig:
     """Engine sizes."""
 
 
-@dataclass
-class LossConfig:
-    """The clipped policy-gradient loss (clip-higher, token-level aggregation)."""
+@dataclass(frozen=True)
+class LossConfig(LossParams):
+    """The clipped policy-gradient loss (clip-higher, token-level aggregation). Its keys are
+    declared once, in algorithms/loss_spec.py ``LossParams`` (the run's ``LossSpec`` extends
+    the same class); only loss_scale_length, resolved before the loss reads it, is its own."""
 
-    clip_ratio_low: float
-    """eps_low: the ratio is clipped below at 1 - clip_ratio_low (DAPO: 0.2)."""
-    clip_ratio_high: float
-    """eps_high: the ratio is clipped above at 1 + clip_ratio_high (DAPO clip-higher: 0.28)."""
-    clip_ratio_c: float | None
-    """Dual-clip bound c > 1 for negative advantages; null disables dual clip."""
-    loss_agg_mode: LossAggMode
-    """Aggregation: token-mean (DAPO token-level loss) or a sequence-mean variant; the
-    normaliser is global over the mini-batch, so micro-batching never changes the loss."""
     loss_scale_length: int | None
     """Constant length for seq-mean-token-sum-norm; null uses generation.max_response_length."""
-    kl_coef: float
-    """Coefficient of the KL penalty against the reference policy (DAPO: 0, no reference).
-    > 0: the reference is the policy at the start of DAPO training (after the SFT warm-up),
-    kept frozen on every policy rank (one extra copy of the rank's weights) and saved in
-    the checkpoints, so a resumed run keeps it."""
-    kl_estimator: KLEstimator
-    """KL estimator used when kl_coef > 0."""
-    entropy_coef: float
-    """Entropy bonus coefficient (0 = off)."""
-    rollout_correction: RolloutCorrectionMode
-    """Rollout/train mismatch correction: truncated (tis) or masked (mis) importance weights."""
-    rollout_correction_level: RolloutCorrectionLevel
-    """Whether the correction weight is per token or per sequence."""
-    tis_cap: float
-    """Upper truncation of the TIS weight exp(old_logprob - rollout_logprob)."""
-    mis_low: float
-    """MIS: tokens (sequences) with a weight below this are masked out."""
-    mis_high: float
-    """MIS: tokens (sequences) with a weight above this are masked out."""
 
 
 @dataclass

@@ -28,7 +28,7 @@ from dapo_megatron.config.parallel import (
 )
 from dapo_megatron.config.rank_groups import expert_layout_warning
 from dapo_megatron.config.refit_transport import refit_transport_problems
-from dapo_megatron.config.run_plan import RunPlan, loss_spec_fields, make_plan, resolve_device
+from dapo_megatron.config.run_plan import RunPlan, loss_scale_length, make_plan, resolve_device
 from dapo_megatron.config.schema import DapoMegatronConfig
 
 
@@ -385,7 +385,7 @@ def _check_dapo(c: _Checker) -> None:
     c.at_least("dapo.max_num_steps", 1)
     # The loss's limits are written once, beside LossSpec (algorithms/loss_spec.py); each one
     # the config breaks is reported here under its dapo.loss key.
-    for name, _, constraint in spec_problems(**loss_spec_fields(c.config)):
+    for name, _, constraint in spec_problems(d.loss, loss_scale_length(c.config)):
         if name == "loss_scale_length" and d.loss.loss_scale_length is None:
             continue  # generation.max_response_length stands in: checked under its own key
         c.require(False, f"dapo.loss.{name}", constraint)

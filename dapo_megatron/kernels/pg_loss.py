@@ -17,12 +17,12 @@ What the Triton path does in torch, and why:
 - the aggregation weight of each token (``loss_agg_mode`` and the global ``normalizer``
   expressed per token, see :mod:`.triton_pg_loss`): O(B) work, no host sync;
 - sequence-level rollout correction: its log weight is a row sum
-  (``rollout_log_weights(level="sequence")``), computed in torch and handed to the kernel as
+  (``level_log_weights(level="sequence")``), computed in torch and handed to the kernel as
   a stride-0 view; token-level TIS/MIS run entirely in the kernel;
 - for ``seq-mean-token-mean`` with MIS, the per-sequence count of MIS-accepted tokens;
 - the optional KL and entropy terms (and their ``kl_sum``/``entropy_sum`` metrics): formed by
   ``algorithms.kl.kl_entropy_terms``, the function ``policy_loss`` adds them with, and
-  aggregated with ``aggregate_loss`` on the same effective mask, which is exact because the
+  aggregated with ``aggregate_terms`` on the same effective mask, which is exact because the
   aggregation is linear in the per-token values. The kernel itself computes only the clipped
   policy-gradient term and the rollout correction.
 """
@@ -37,13 +37,13 @@ import torch
 from dapo_megatron.algorithms.kl import kl_entropy_terms
 from dapo_megatron.algorithms.loss import (
     PolicyLossOutput,
-    aggregate_loss,
+    aggregate_terms,
     expand_advantages,
     policy_loss,
 )
 from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossSpec
-from dapo_megatron.algorithms.rollout_correction import rollout_log_weights
+from dapo_megatron.algorithms.rollout_correction import level_log_weights
 from dapo_megatron.kernels.dispatch import _triton_interpreted, triton_available
 
 PGLossImpl = Literal["auto", "torch", "triton"]
@@ -101,7 +101,7 @@ def _inverse_normalizer(normalizer: torch.Tensor | float, device: torch.device) 
 
 def pg_loss(
     inputs: LossInputs,
-    spec: LossSpec,
+    loss: LossSpec,
     *,
     impl: PGLossImpl = "auto",
     block: int | None = None,
@@ -109,7 +109,8 @@ def pg_loss(
     """DAPO policy loss of one micro-batch; same arguments and result as ``policy_loss``.
 
     Args:
-        inputs, spec: see :func:`dapo_megatron.algorithms.loss.policy_loss`.
+        inputs, loss: see :func:`dapo_megatron.algorithms.loss.policy_loss` (``loss`` is
+            trusted: it validated itself when it was built).
         impl: ``"auto"``, ``"torch"`` or ``"triton"`` (see the module docstring).
         block: tokens per Triton program (power of two; tests use small ones to cover
             several programs); None picks one per device. Ignored by the torch path.
@@ -120,9 +121,9 @@ def pg_loss(
     """
     logprobs_BT = inputs.logprobs_BT
     if resolve_pg_loss_impl(impl, logprobs_BT) == "torch":
-        return policy_loss(inputs, spec)
+        return policy_loss(inputs, loss)
 
-    inputs.check(spec)
+    inputs.check(loss)
     old_logprobs_BT, mask_BT = inputs.old_logprobs_BT, inputs.mask_BT
     rollout_logprobs_BT = inputs.rollout_logprobs_BT
     optional = {
@@ -140,7 +141,7 @@ def pg_loss(
     device = logprobs_BT.device
     advantages_BT = expand_advantages(inputs.advantages, shape)
     valid_BT = mask_BT != 0
-    cfg = PGKernelConfig.from_spec(spec, block=block)
+    cfg = PGKernelConfig(loss, block=block)
     log_w_BT = None
     if cfg.correction != CORR_NONE:
         assert rollout_logprobs_BT is not None  # validated above
@@ -148,7 +149,7 @@ def pg_loss(
             log_w_BT = rollout_logprobs_BT  # the kernel forms old - rollout itself
         else:
             # Row sums: torch. A stride-0 [B, T] view of one log weight per sequence.
-            log_w_BT = rollout_log_weights(
+            log_w_BT = level_log_weights(
                 torch.where(valid_BT, old_logprobs_BT, 0),
                 torch.where(valid_BT, rollout_logprobs_BT, 0),
                 mask_BT,
@@ -159,13 +160,13 @@ def pg_loss(
     # the KL/entropy terms; otherwise it never leaves the kernel.
     extras = inputs.ref_logprobs_BT is not None or inputs.entropy_BT is not None
     effective_BT = valid_BT
-    if spec.rollout_correction == "mis" and (extras or spec.loss_agg_mode == "seq-mean-token-mean"):
+    if loss.rollout_correction == "mis" and (extras or loss.loss_agg_mode == "seq-mean-token-mean"):
         effective_BT = _mis_effective_mask(
-            old_logprobs_BT, rollout_logprobs_BT, mask_BT, log_w_BT, spec
+            old_logprobs_BT, rollout_logprobs_BT, mask_BT, log_w_BT, loss
         )
 
     inv_norm = _inverse_normalizer(inputs.normalizer, device)
-    if spec.loss_agg_mode == "seq-mean-token-mean":
+    if loss.loss_agg_mode == "seq-mean-token-mean":
         lengths_B = effective_BT.sum(dim=-1).clamp(min=1).to(torch.float32)
         scale_B = inv_norm / lengths_B
     else:
@@ -176,23 +177,21 @@ def pg_loss(
         logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, scale_BT, cfg, log_w_BT
     )
     metrics = dict(out.sums, ratio_max=out.ratio_max, ratio_min=out.ratio_min)
-    loss = out.loss
+    total = out.loss
     if extras:
         terms = kl_entropy_terms(
             None,
             torch.where(valid_BT, logprobs_BT, 0),
             valid_BT,
-            spec,
+            loss,
             ref_logprobs_BT=inputs.ref_logprobs_BT,
             entropy_BT=inputs.entropy_BT,
         )
         metrics.update(terms.metric_sums(effective_BT))
         if terms.per_token_BT is not None:
-            extra = aggregate_loss(
-                terms.per_token_BT, effective_BT, spec.loss_agg_mode, inputs.normalizer
-            )
-            loss = loss + extra.to(loss.dtype)
-    return PolicyLossOutput(loss=loss, metrics=metrics)
+            extra = aggregate_terms(terms.per_token_BT, effective_BT, loss, inputs.normalizer)
+            total = total + extra.to(total.dtype)
+    return PolicyLossOutput(loss=total, metrics=metrics)
 
 
 def _mis_effective_mask(
@@ -200,17 +199,17 @@ def _mis_effective_mask(
     rollout_logprobs_BT: torch.Tensor | None,
     mask_BT: torch.Tensor,
     log_w_BT: torch.Tensor | None,
-    spec: LossSpec,
+    loss: LossSpec,
 ) -> torch.Tensor:
     """The loss mask AND the MIS acceptance, computed in torch as the kernel does it."""
-    if spec.rollout_correction_level == "token":
+    if loss.rollout_correction_level == "token":
         assert rollout_logprobs_BT is not None  # validated by the caller
-        log_w_full_BT = rollout_log_weights(old_logprobs_BT, rollout_logprobs_BT, mask_BT, "token")
+        log_w_full_BT = level_log_weights(old_logprobs_BT, rollout_logprobs_BT, mask_BT, "token")
     else:
         assert log_w_BT is not None  # the sequence-level log weight the kernel receives
         log_w_full_BT = log_w_BT
-    log_low = math.log(spec.mis_low) if spec.mis_low > 0 else -math.inf
+    log_low = math.log(loss.mis_low) if loss.mis_low > 0 else -math.inf
     # Compared in fp32, like the kernel, so both agree on tokens at the interval's edge.
     log_w32_BT = log_w_full_BT.float()
-    accepted_BT = (log_w32_BT >= log_low) & (log_w32_BT <= math.log(spec.mis_high))
+    accepted_BT = (log_w32_BT >= log_low) & (log_w32_BT <= math.log(loss.mis_high))
     return (mask_BT != 0) & accepted_BT

@@ -227,44 +227,26 @@ _CORRECTIONS = {"none": CORR_NONE, "tis": CORR_TIS, "mis": CORR_MIS}
 
 @dataclass(frozen=True)
 class PGKernelConfig:
-    """Scalar settings of one fused PG-loss call (validated by the caller: ``from_spec``
-    takes them from a ``LossSpec``, which validated them on construction)."""
+    """Settings of one fused PG-loss call: the run's ``LossSpec`` (trusted: it validated
+    itself on construction) and the launch's block size; the kernel's scalars are read from
+    the spec, never copied."""
 
-    clip_ratio_low: float
-    """eps_low: the ratio is clipped below at ``1 - clip_ratio_low``."""
-    clip_ratio_high: float
-    """eps_high: the ratio is clipped above at ``1 + clip_ratio_high``."""
-    clip_ratio_c: float | None
-    """Dual-clip constant (> 1) for A < 0, or None."""
-    correction: int
-    """CORR_NONE, CORR_TIS or CORR_MIS."""
-    log_w_is_rollout: bool
-    """True: ``log_w`` input holds rollout logprobs (token level, ``log_w = old - rollout``
-    in-kernel); False: it holds the log weight itself (sequence level, from torch)."""
-    tis_cap: float
-    """TIS truncation of the weight (> 0)."""
-    mis_low: float
-    """MIS acceptance interval, low end (>= 0)."""
-    mis_high: float
-    """MIS acceptance interval, high end (> 1)."""
+    loss: LossSpec
+    """The loss's hyper-parameters (clip ratios, rollout correction)."""
     block: int | None = None
     """Tokens per program (power of two); None picks one per device."""
 
-    @classmethod
-    def from_spec(cls, spec: LossSpec, *, block: int | None = None) -> PGKernelConfig:
-        """The kernel's settings for ``spec``. Token-level correction hands the kernel the
-        rollout logprobs; sequence level, the per-sequence log weight computed in torch."""
-        return cls(
-            clip_ratio_low=spec.clip_ratio_low,
-            clip_ratio_high=spec.clip_ratio_high,
-            clip_ratio_c=spec.clip_ratio_c,
-            correction=_CORRECTIONS[spec.rollout_correction],
-            log_w_is_rollout=spec.rollout_correction_level == "token",
-            tis_cap=spec.tis_cap,
-            mis_low=spec.mis_low,
-            mis_high=spec.mis_high,
-            block=block,
-        )
+    @property
+    def correction(self) -> int:
+        """CORR_NONE, CORR_TIS or CORR_MIS."""
+        return _CORRECTIONS[self.loss.rollout_correction]
+
+    @property
+    def log_w_is_rollout(self) -> bool:
+        """True: the ``log_w`` input holds rollout logprobs (token level,
+        ``log_w = old - rollout`` in-kernel); False: it holds the log weight itself
+        (sequence level, computed in torch)."""
+        return self.loss.rollout_correction_level == "token"
 
 
 @dataclass(frozen=True)
@@ -363,26 +345,27 @@ class TritonPGLoss(torch.autograd.Function):
         if mask_BT.dtype == torch.bool:
             mask_BT = mask_BT.view(torch.uint8)  # Triton loads bool pointers as int1
         logw = log_w_BT if log_w_BT is not None else logprobs_BT  # dummy, never read
-        mis_log_low = math.log(cfg.mis_low) if cfg.mis_low > 0 else -math.inf
+        loss = cfg.loss
+        mis_log_low = math.log(loss.mis_low) if loss.mis_low > 0 else -math.inf
         _pg_loss_kernel[(programs,)](
             logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, logw, scale_BT,
             out_BT, grad_BT, sums_PK, ext_P2,
             n_tokens, max(seq_len, 1),
             *_strides(logprobs_BT), *_strides(old_logprobs_BT), *_strides(advantages_BT),
             *_strides(mask_BT), *_strides(logw), *_strides(scale_BT),
-            1.0 - cfg.clip_ratio_low, 1.0 + cfg.clip_ratio_high,
-            cfg.clip_ratio_c if cfg.clip_ratio_c is not None else 0.0,
-            LOG_RATIO_CLAMP, math.log(cfg.tis_cap), mis_log_low, math.log(cfg.mis_high),
-            DUAL=cfg.clip_ratio_c is not None, CORR=cfg.correction,
+            1.0 - loss.clip_ratio_low, 1.0 + loss.clip_ratio_high,
+            loss.clip_ratio_c if loss.clip_ratio_c is not None else 0.0,
+            LOG_RATIO_CLAMP, math.log(loss.tis_cap), mis_log_low, math.log(loss.mis_high),
+            DUAL=loss.clip_ratio_c is not None, CORR=cfg.correction,
             LOGW_IS_ROLLOUT=cfg.log_w_is_rollout, NSUMS=NUM_SUMS, BLOCK=block,
         )  # fmt: skip
         sums_K = sums_PK.sum(dim=0, dtype=torch.float64)
         extrema_2 = torch.stack([ext_P2[:, 0].amax(), ext_P2[:, 1].amin()]).to(torch.float64)
-        loss = sums_K[0].to(torch.float32)
+        total = sums_K[0].to(torch.float32)
         ctx.save_for_backward(grad_BT)
         ctx.lp_dtype = logprobs_BT.dtype
         ctx.mark_non_differentiable(out_BT, sums_K, extrema_2)
-        return loss, out_BT, sums_K, extrema_2
+        return total, out_BT, sums_K, extrema_2
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor, *_: Any) -> tuple[torch.Tensor | None, ...]:
@@ -413,7 +396,7 @@ def triton_pg_loss(
         mask_BT: ``[B, T]`` loss mask, non-zero = valid (any dtype, bool included).
         scale_BT: ``[B, T]`` fp32 aggregation weight of each token (usually a stride-0 view
             of a per-sequence ``[B]`` tensor).
-        cfg: clip and rollout-correction settings.
+        cfg: the loss's settings and the block size.
         log_w_BT: ``[B, T]`` rollout logprobs (``cfg.log_w_is_rollout``) or log importance
             weights; required unless ``cfg.correction == CORR_NONE``.
 

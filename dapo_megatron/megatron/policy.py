@@ -63,7 +63,7 @@ class MegatronPolicy:
         self.config = config = plan.config
         self.dims = plan.dims
         self.arch = arch = plan.arch
-        self.loss_spec = plan.loss
+        self.loss = plan.loss
         self._moe = plan.moe
         policy = config.policy
         initialize_parallel(self.dims, seed=config.run.seed)
@@ -173,7 +173,7 @@ class MegatronPolicy:
 
     def train_step(self, batch: PolicyBatch) -> dict[str, float]:
         """One optimizer step of the DAPO loss on this rank's share of a mini-batch."""
-        if self.loss_spec.kl_coef > 0:
+        if self.loss.kl_coef > 0:
             self.snapshot_reference()  # before the first update: the reference's definition
         return train_step(
             self.model,
@@ -181,7 +181,7 @@ class MegatronPolicy:
             self.scheduler,
             batch,
             self.ctx,
-            self.loss_spec,
+            self.loss,
             micro_batch_size=self.config.policy.train_micro_batch_size,
         )
 
@@ -221,7 +221,7 @@ class MegatronPolicy:
         """
         marker = ckpt.read_marker(Path(path)) or {}
         reference = None
-        if self.loss_spec.kl_coef > 0:
+        if self.loss.kl_coef > 0:
             if marker.get("reference"):
                 reference = self._reference or self._build_reference()
             else:

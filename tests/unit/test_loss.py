@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -541,3 +542,76 @@ def test_gradcheck_against_float64_finite_differences() -> None:
         ).loss  # fmt: skip
 
     assert torch.autograd.gradcheck(fn, (lp, entropy))
+
+
+# --------------------------------------------------------------------------------------------
+# The spec is trusted: no micro-batch validates a hyper-parameter again
+# --------------------------------------------------------------------------------------------
+
+
+def count_validations(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Replace every validator of the loss's hyper-parameters, where each loss module sees
+    it, by a counting wrapper; return the list its calls append their names to."""
+    import dapo_megatron.algorithms.kl as kl_module
+    import dapo_megatron.algorithms.loss as loss_module
+    import dapo_megatron.algorithms.loss_inputs as inputs_module
+    import dapo_megatron.algorithms.loss_spec as spec_module
+    import dapo_megatron.algorithms.rollout_correction as correction_module
+    import dapo_megatron.kernels.pg_loss as pg_loss_module
+
+    calls: list[str] = []
+
+    def counting(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return fn(*args, **kwargs)
+
+        return wrapper
+
+    modules = (
+        spec_module, loss_module, kl_module, correction_module, inputs_module, pg_loss_module
+    )  # fmt: skip
+    for module in modules:
+        for name, fn in list(vars(module).items()):
+            # raise_first: every validate_* and LossSpec.__post_init__ end in it.
+            if callable(fn) and (name.startswith("validate_") or name in VALIDATORS):
+                monkeypatch.setattr(module, name, counting(name, fn))
+    return calls
+
+
+VALIDATORS = ("raise_first", "spec_problems")
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        # Every branch that reads a hyper-parameter: dual clip, TIS, KL, entropy, the norm mode.
+        {"rollout_correction": "tis", "kl_coef": 0.1, "entropy_coef": 0.01, "clip_ratio_c": 3.0},
+        {"rollout_correction": "mis", "rollout_correction_level": "sequence"},
+        {"loss_agg_mode": "seq-mean-token-sum-norm", "loss_scale_length": 4, "kl_estimator": "k2"},
+    ],
+)
+def test_policy_loss_validates_no_hyper_parameter(
+    monkeypatch: pytest.MonkeyPatch, changes: dict[str, Any]
+) -> None:
+    from dapo_megatron.kernels.pg_loss import pg_loss
+
+    loss = spec(**changes)  # validated here, once
+    gen = torch.Generator().manual_seed(0)
+    old = -torch.rand(2, 4, generator=gen, dtype=F64)
+    lp = (old + 0.3 * torch.randn(2, 4, generator=gen, dtype=F64)).requires_grad_()
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+    inputs = LossInputs(
+        lp, old, torch.tensor([1.0, -1.0], dtype=F64), mask,
+        normalizer=loss_denominator(mask, loss.loss_agg_mode, loss_scale_length=loss.loss_scale_length),
+        rollout_logprobs_BT=old + 0.1, ref_logprobs_BT=old - 0.1, entropy_BT=torch.ones(2, 4),
+    )  # fmt: skip
+    calls = count_validations(monkeypatch)
+    expected = policy_loss(inputs, loss)
+    torch_out = pg_loss(inputs, loss, impl="torch")
+    expected.loss.backward()
+    assert calls == []
+    assert torch.equal(torch_out.loss, expected.loss)
+    # The wrappers do see the public keyword helpers, which still validate their arguments.
+    clipped_pg_loss_per_token(lp, old, inputs.advantages, **CLIP)
+    assert calls == ["validate_clip_ratios", "raise_first"]

@@ -20,11 +20,14 @@ from dapo_megatron.algorithms.loss_spec import (
     ROLLOUT_CORRECTION_MODES,
     KLEstimator,
     LossAggMode,
+    LossParams,
     LossSpec,
+    Problem,
     RolloutCorrectionLevel,
     RolloutCorrectionMode,
+    spec_problems,
 )
-from dapo_megatron.config import schema
+from dapo_megatron.config import schema, validate
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.run_plan import build_loss_spec
@@ -238,3 +241,42 @@ def test_loss_spec_and_schema_do_not_import_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert out.stdout.strip() == "False"
+
+
+# --------------------------------------------------------------------------------------------
+# Declared once, validated once
+# --------------------------------------------------------------------------------------------
+
+
+def test_config_and_spec_share_one_declaration() -> None:
+    # dapo.loss and LossSpec extend LossParams: each hyper-parameter is declared there once,
+    # and only loss_scale_length (null in the config, resolved in the spec) is their own.
+    assert issubclass(schema.LossConfig, LossParams) and issubclass(LossSpec, LossParams)
+    shared = [f.name for f in dataclasses.fields(LossParams)]
+    assert [f.name for f in dataclasses.fields(schema.LossConfig)] == [*shared, "loss_scale_length"]
+    assert [f.name for f in dataclasses.fields(LossSpec)] == [*shared, "loss_scale_length"]
+    for cls in (schema.LossConfig, LossSpec):
+        assert set(vars(cls).get("__annotations__", {})) == {"loss_scale_length"}
+
+
+def test_a_bad_loss_value_is_refused_once_at_configuration_time(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[object] = []
+
+    def counting(params: LossParams, length: int) -> list[Problem]:
+        calls.append(params)
+        return spec_problems(params, length)
+
+    monkeypatch.setattr(validate, "spec_problems", counting)
+    with pytest.raises(ConfigError, match=r"dapo\.loss\.clip_ratio_high"):
+        load_config(TINY, ["dapo.loss.clip_ratio_high=-1"])
+    # A limit only spec_problems knows (an int key: the float ranges skip it) is reported
+    # under its key, from one call.
+    calls.clear()
+    with pytest.raises(ConfigError, match=r"dapo\.loss\.loss_scale_length.*must be an int >= 1"):
+        load_config(TINY, ["dapo.loss.loss_scale_length=0"])
+    assert len(calls) == 1
+    calls.clear()
+    load_config(TINY)
+    assert len(calls) == 1
