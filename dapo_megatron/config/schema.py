@@ -25,29 +25,36 @@ class RunConfig:
     name: str
     """Run name, used for the run directory and by loggers."""
     output_dir: str
-    """Run directory (checkpoints, metrics, plots); relative paths are resolved from the
-    current working directory."""
+    """Run directory: checkpoints, metrics.jsonl, plots (relative to the cwd)."""
     seed: int
     """Global seed: data order, sampling, initialisation of a fresh model."""
     max_restarts: int
-    """How many times the controller restarts from the last checkpoint after a worker dies."""
+    """Restarts from the last checkpoint after a worker dies.
+
+    How many times the controller restarts from the last checkpoint after a worker dies."""
     preemption_grace_s: float
-    """After a SIGTERM to dapo-train (a Slurm preemption or time limit, ``kill``): how long
-    the run may take to reach its next safe point (the end of a step), save a checkpoint
-    there and exit with status 143 and a resume line. Past it, the run stops at once
-    without saving (the last checkpoint stays the resume point), so keep it below the time
-    between the signal and the SIGKILL that follows (slurm/ray.sub asks Slurm for SIGTERM
-    300 s before the time limit)."""
+    """After SIGTERM: save at the next step end within this, exit 143.
+
+    After a SIGTERM to dapo-train (a Slurm preemption or time limit, ``kill``): how long the
+    run may take to reach its next safe point (the end of a step), save a checkpoint there
+    and exit with status 143 and a resume line. Past it, the run stops at once without
+    saving (the last checkpoint stays the resume point), so keep it below the time between
+    the signal and the SIGKILL that follows (slurm/ray.sub asks Slurm for SIGTERM 300 s
+    before the time limit)."""
     collective_timeout_s: float
-    """How long a collective of the policy ranks may wait for a peer (a stuck or stopped
-    rank) before it fails; the run then names the rank that did not answer and restarts
-    from the last checkpoint. Generous: a collective also waits out the slowest rank's
-    compute before it, and a checkpoint save."""
+    """A policy collective waiting longer on a peer fails (rank named; restart).
+
+    How long a collective of the policy ranks may wait for a peer (a stuck or stopped rank)
+    before it fails; the run then names the rank that did not answer and restarts from the
+    last checkpoint. Generous: a collective also waits out the slowest rank's compute before
+    it, and a checkpoint save."""
     call_timeout_s: float
-    """How long the controller waits for any one call to its workers (a generation round, a
-    train step, a refit, a save) before it names the worker that did not answer and
-    restarts from the last checkpoint: the backstop for a hang outside a collective. Far
-    above the longest call of a real run."""
+    """A worker call answering later than this fails (worker named; restart).
+
+    How long the controller waits for any one call to its workers (a generation round, a
+    train step, a refit, a save) before it names the worker that did not answer and restarts
+    from the last checkpoint: the backstop for a hang outside a collective. Far above the
+    longest call of a real run."""
 
 
 @dataclass
@@ -55,23 +62,33 @@ class MegatronConfig:
     """Megatron-Core parallel layout and memory settings of the policy."""
 
     tensor_model_parallel_size: int
-    """Tensor parallel size (TP): attention heads and MLP columns split across ranks."""
+    """Tensor parallel size (TP): heads and MLP columns split across ranks.
+
+    Tensor parallel size (TP): attention heads and MLP columns split across ranks."""
     pipeline_model_parallel_size: int
     """Pipeline parallel size (PP): transformer layers split into stages."""
     context_parallel_size: int
-    """Context parallel size (CP): each sequence split across ranks (load-balanced chunks)."""
+    """Context parallel size (CP): each sequence split across ranks.
+
+    Context parallel size (CP): each sequence split across ranks (load-balanced chunks)."""
     sequence_parallel: bool
     """Sequence parallelism (SP) for layer norms and dropout; requires TP > 1."""
     data_parallel_size: int | None
-    """Data parallel size (DP); null derives it as policy world size / (TP * PP * CP)."""
+    """Data parallel size (DP); null: world size / (TP * PP * CP).
+
+    Data parallel size (DP); null derives it as policy world size / (TP * PP * CP)."""
     expert_model_parallel_size: int
-    """Expert parallel size (EP, MoE models only): each rank holds num_experts / EP experts
-    of every layer; EP ranks are carved out of DP x CP (Megatron's expert grid), so EP must
+    """Expert parallel size (EP, MoE only); EP must divide DP * CP.
+
+    Expert parallel size (EP, MoE models only): each rank holds num_experts / EP experts of
+    every layer; EP ranks are carved out of DP x CP (Megatron's expert grid), so EP must
     divide DP * CP. 1 for dense models."""
     use_distributed_optimizer: bool
-    """Shard optimizer states across DP ranks (Megatron's DistributedOptimizer)."""
+    """Shard optimizer states over DP ranks (DistributedOptimizer).
+
+    Shard optimizer states across DP ranks (Megatron's DistributedOptimizer)."""
     recompute_granularity: Literal["none", "selective", "full"]
-    """Activation recomputation: none, selective (attention core) or full layers."""
+    """Activation recomputation: none, selective (attention core) or full."""
 
 
 @dataclass
@@ -79,23 +96,29 @@ class MoeConfig:
     """How the policy trains a mixture-of-experts model (ignored for dense models)."""
 
     aux_loss_coef: float
-    """Coefficient of Megatron's load-balancing loss (``moe_aux_loss_coeff``; 0 turns the
-    loss off: ``moe_router_load_balancing_type`` none). 0 for RL by default, as verl
-    (mbridge) and slime do: the term is not part of the policy objective, and a non-zero
-    value changes the gradient of every router away from the DAPO loss's. With it on, the
-    term is Megatron's per micro-batch mean, summed over micro-batches and data-parallel
-    ranks (its scaling under a per-token policy loss), not averaged."""
+    """Load-balancing loss coefficient; 0 = off, the RL default (verl, slime).
+
+    Coefficient of Megatron's load-balancing loss (``moe_aux_loss_coeff``; 0 turns the loss
+    off: ``moe_router_load_balancing_type`` none). 0 for RL by default, as verl (mbridge)
+    and slime do: the term is not part of the policy objective, and a non-zero value changes
+    the gradient of every router away from the DAPO loss's. With it on, the term is
+    Megatron's per micro-batch mean, summed over micro-batches and data-parallel ranks (its
+    scaling under a per-token policy loss), not averaged."""
     token_dispatcher: Literal["alltoall", "allgather"]
-    """How tokens reach the experts of other expert-parallel ranks: alltoall (each token
-    goes to the ranks of its experts only; Megatron's choice for EP > 1) or allgather
-    (every rank sees every token; simpler, more traffic)."""
+    """How tokens reach other EP ranks' experts: alltoall | allgather.
+
+    How tokens reach the experts of other expert-parallel ranks: alltoall (each token goes
+    to the ranks of its experts only; Megatron's choice for EP > 1) or allgather (every rank
+    sees every token; simpler, more traffic)."""
     routing_replay: bool
-    """Rollout routing replay (R3): the rollout engine records the experts each MoE layer
+    """Rollout routing replay (R3): train with the experts the engine routed to.
+
+    Rollout routing replay (R3): the rollout engine records the experts each MoE layer
     routed every token to, and the policy's logprob and train passes route the same tokens
     to the same experts (Megatron's RouterReplay), so a router's top-k flips between
-    decoding and the trainer's forward cannot widen the train/rollout mismatch. Needs a
-    MoE model and generation.backend=megatron (vLLM 0.32 returns routing only with its
-    Model Runner V2); not with PP > 1 and full recompute."""
+    decoding and the trainer's forward cannot widen the train/rollout mismatch. Needs a MoE
+    model and generation.backend=megatron (vLLM 0.32 returns routing only with its Model
+    Runner V2); not with PP > 1 and full recompute."""
 
 
 @dataclass
@@ -131,7 +154,7 @@ class SchedulerConfig:
     lr_decay_style: Literal["constant", "linear", "cosine"]
     """Shape of the schedule after warm-up."""
     lr_decay_steps: int | None
-    """Steps over which lr decays to min_lr; null uses the run's total optimizer steps."""
+    """Steps over which lr decays to min_lr; null: the run's total steps."""
 
 
 @dataclass
@@ -139,28 +162,36 @@ class PolicyConfig:
     """The trained model and how Megatron runs it."""
 
     model_name_or_path: str
-    """Local Hugging Face checkpoint directory (config.json + safetensors) to train. Its
-    config.json is the architecture; for planning, a hub id (``Org/Name``) is also read
-    from the Hugging Face cache (HF_HUB_CACHE / HF_HOME), or its config.json alone from the
-    hub when online; without a config.json the name names the preset (``Qwen3-8B-Base``,
+    """Local HF checkpoint directory (config.json + safetensors).
+
+    Local Hugging Face checkpoint directory (config.json + safetensors) to train. Its
+    config.json is the architecture; for planning, a hub id (``Org/Name``) is also read from
+    the Hugging Face cache (HF_HUB_CACHE / HF_HOME), or its config.json alone from the hub
+    when online; without a config.json the name names the preset (``Qwen3-8B-Base``,
     ``Qwen/Qwen3-30B-A3B-Instruct``: less -Base/-Instruct/-Chat, a preset name;
     config/model_source.py)."""
     tokenizer_name_or_path: str | None
     """Tokenizer directory; null uses model_name_or_path."""
     model_arch: str | None
-    """Architecture preset (config/model_arch.py PRESETS) of model_name_or_path, used when
-    it has no config.json yet (planning before the download, or the model
-    init_model_if_missing creates); null: the model's config.json, else the preset its name
-    names. A preset that disagrees with the config.json's shapes or with the name's preset
-    is an error. One set in a parent recipe (`defaults:`) that a later layer gave another
-    model_name_or_path does not apply to that model: set both together."""
+    """Architecture preset while there is no config.json; null: the name's.
+
+    Architecture preset (config/model_arch.py PRESETS) of model_name_or_path, used when it
+    has no config.json yet (planning before the download, or the model init_model_if_missing
+    creates); null: the model's config.json, else the preset its name names. A preset that
+    disagrees with the config.json's shapes or with the name's preset is an error. One set
+    in a parent recipe (`defaults:`) that a later layer gave another model_name_or_path does
+    not apply to that model: set both together."""
     init_model_if_missing: bool
-    """Create a randomly initialised checkpoint of model_arch at model_name_or_path when it
+    """Create a random checkpoint of model_arch if the path is absent.
+
+    Create a randomly initialised checkpoint of model_arch at model_name_or_path when it
     does not exist (the tiny CPU recipe); never wanted for real runs."""
     precision: Literal["bf16", "fp16", "fp32"]
-    """Parameter and compute precision of the policy (fp32 master weights for bf16/fp16)."""
+    """Policy parameter/compute precision (fp32 master weights for bf16/fp16)."""
     allow_local_spec: bool
-    """On CUDA, build Megatron's local (pure torch) layers when Transformer Engine does not
+    """No Transformer Engine on CUDA: false = error, true = local unfused layers.
+
+    On CUDA, build Megatron's local (pure torch) layers when Transformer Engine does not
     import, instead of stopping with the import error. The local spec attends unfused
     (slower, and more activation memory than dapo-plan counts); for debugging a machine
     without the gpu extra only. No effect on CPU, where the local spec is the only one."""
@@ -173,19 +204,23 @@ class PolicyConfig:
     scheduler: SchedulerConfig
     """Learning-rate schedule."""
     train_global_batch_size: int
-    """Samples per optimizer step (the mini-batch), summed over data-parallel ranks."""
+    """Samples per optimizer step (the mini-batch), over all DP ranks."""
     train_micro_batch_size: int
     """Samples per forward/backward micro-batch on one data-parallel rank."""
     logprob_micro_batch_size: int
     """Samples per forward-only micro-batch when computing old/reference logprobs."""
     max_tokens_per_microbatch: int | None
-    """Sequence packing: each train/logprob micro-batch concatenates whole sequences (no
+    """Sequence packing: tokens per packed micro-batch; null = padded ones.
+
+    Sequence packing: each train/logprob micro-batch concatenates whole sequences (no
     padding between them, attention kept within each) up to this many tokens; rows are then
     dealt to data-parallel ranks by tokens. Replaces train_micro_batch_size and
     logprob_micro_batch_size; null keeps padded micro-batches of those sizes. Must hold the
     longest sequence, data.max_prompt_length + generation.max_response_length."""
     old_logprob_pass: Literal["auto", "always"]
-    """auto: skip the forward-only old-logprob pass when a rollout batch is trained in ONE
+    """Old-logprob pass: auto skips it when a batch is one optimizer step.
+
+    auto: skip the forward-only old-logprob pass when a rollout batch is trained in ONE
     optimizer step (batch <= train_global_batch_size): the training forward's detached
     logprobs are then exactly the old ones (peers skip it too). always: run it every step."""
     max_total_sequence_length: int
@@ -199,9 +234,11 @@ class EngineConfig:
     tensor_parallel_size: int
     """Tensor parallel size of one generation engine."""
     num_engines: int | None
-    """Number of engines; null fills the generation devices (devices / tensor_parallel_size)."""
+    """Number of engines; null: generation devices / tensor_parallel_size."""
     gpu_memory_utilization: float
-    """Fraction of device memory an engine may use (vLLM); its KV cache takes the rest of it."""
+    """Device memory fraction of an engine (vLLM): weights + KV cache.
+
+    Fraction of device memory an engine may use (vLLM); its KV cache takes the rest of it."""
     max_num_seqs: int
     """Maximum sequences decoded concurrently by one engine."""
     enforce_eager: bool
@@ -213,7 +250,7 @@ class GenerationConfig:
     """Rollout generation."""
 
     backend: Literal["vllm", "megatron"]
-    """Engine: vllm (GPU default; CPU build in CI) or megatron (Megatron-Core inference)."""
+    """Engine: vllm (GPU default; CPU build in CI) or megatron (Megatron-Core)."""
     temperature: float
     """Sampling temperature of training rollouts."""
     top_p: float
@@ -221,20 +258,28 @@ class GenerationConfig:
     top_k: int
     """Top-k sampling of training rollouts (-1 = off)."""
     max_response_length: int
-    """Response generation cap given to the engine, in tokens: Lmax of the overlong shaping."""
+    """Response cap given to the engine, in tokens (DAPO: 16384 + 4096).
+
+    Response generation cap given to the engine, in tokens: Lmax of the overlong shaping."""
     stop_token_ids: list[int] | None
-    """Extra token ids that end a response; null uses the tokenizer's end-of-sequence id."""
+    """Extra token ids that end a response; null: the tokenizer's EOS."""
     refit_transport: Literal["auto", "broadcast", "ipc", "object_store"]
-    """How trained weights reach separate engines: broadcast (bucketed NCCL on GPU, gloo on
+    """How trained weights reach engines: auto | broadcast | ipc | object_store.
+
+    How trained weights reach separate engines: broadcast (bucketed NCCL on GPU, gloo on
     CPU, over a weight-update group of the exporting policy rank and every engine worker),
     ipc (buckets shared through CUDA IPC handles on GPU, shared memory on CPU; engines on
     the policy's nodes), object_store (fallback: the whole model through Ray's object
     store). auto: ipc for colocated engines on GPU, broadcast otherwise."""
     refit_bucket_mb: float
-    """Refit bucket size in MiB: tensors travel in flat buffers of this size (a larger
-    tensor travels alone); the exporter holds at most two buckets at once."""
+    """Refit bucket size in MiB; the exporter holds at most two buckets.
+
+    Refit bucket size in MiB: tensors travel in flat buffers of this size (a larger tensor
+    travels alone); the exporter holds at most two buckets at once."""
     sampling_seeds: Literal["auto", "per_request", "engine"]
-    """vLLM request seeding: per_request (reproducible per prompt, forces vLLM's slow
+    """vLLM request seeding: auto | per_request | engine.
+
+    vLLM request seeding: per_request (reproducible per prompt, forces vLLM's slow
     per-request sampler on GPU), engine (only the engine's seed; batched sampler). auto:
     per_request on CPU, engine on GPU."""
     engine: EngineConfig
@@ -248,7 +293,7 @@ class LossConfig(LossParams):
     the same class); only loss_scale_length, resolved before the loss reads it, is its own."""
 
     loss_scale_length: int | None
-    """Constant length for seq-mean-token-sum-norm; null uses generation.max_response_length."""
+    """seq-mean-token-sum-norm length; null: generation.max_response_length."""
 
 
 @dataclass
@@ -258,7 +303,7 @@ class AdvantageConfig:
     norm_by_std: bool
     """Divide by the group's reward std; false gives r - mean (Dr. GRPO)."""
     leave_one_out: bool
-    """Baseline each sample with the mean of the other samples of its group (RLOO)."""
+    """Baseline each sample with the mean of its group's others (RLOO)."""
     eps: float
     """Added to the std before dividing."""
 
@@ -272,20 +317,30 @@ class SkipPredictedConfig:
     not trained on this visit; kept groups are exactly what dynamic sampling keeps."""
 
     enabled: bool
-    """Skip prompts predicted to give a zero-variance group (needs dynamic sampling)."""
+    """Skip prompts predicted to give a zero-variance group before generating.
+
+    Skip prompts predicted to give a zero-variance group (needs dynamic sampling)."""
     target_zero_var_share: float
-    """Share of zero-variance groups among those generated that the rule aims for: above
-    it the rule skips more, below it less. In [0, 1)."""
+    """Zero-variance share of generated groups the rule aims for.
+
+    Share of zero-variance groups among those generated that the rule aims for: above it the
+    rule skips more, below it less. In [0, 1)."""
     min_generate_prob: float
-    """Exploration floor: every prompt is generated with at least this probability, so a
-    prompt the policy forgets is found again. In (0, 1]."""
+    """Exploration floor: each prompt is generated with at least this probability.
+
+    Exploration floor: every prompt is generated with at least this probability, so a prompt
+    the policy forgets is found again. In (0, 1]."""
     audit_fraction: float
-    """Share of would-be-skipped prompts generated anyway: their outcomes measure the
+    """Share of would-be-skipped prompts generated anyway to check the prediction.
+
+    Share of would-be-skipped prompts generated anyway: their outcomes measure the
     prediction (dynamic_sampling/predicted_zero_var_precision). In [0, 1]."""
     history_len: int
-    """Outcomes remembered per prompt: the longest zero-variance streak that counts."""
+    """Outcomes remembered per prompt (the longest streak that counts)."""
     initial_strength: float
-    """The rule's strength s before any step tuned it (skip probability of a prompt with a
+    """Initial strength s; skip prob. at streak r: (1 - floor)(1 - (1 - s)^r).
+
+    The rule's strength s before any step tuned it (skip probability of a prompt with a
     streak r: (1 - min_generate_prob) * (1 - (1 - s)^r)). In [0, 1]."""
     adapt_rate: float
     """Per step, s moves by adapt_rate x (observed - target) zero-variance share."""
@@ -298,20 +353,30 @@ class DynamicSamplingConfig:
     enabled: bool
     """Filter out groups whose raw metric has zero variance and refill the batch."""
     metric: Literal["acc", "score"]
-    """Raw per-sample metric to filter on: verifier accuracy or the unshaped score (never the
+    """Raw metric filtered on: acc (verifier accuracy) or the unshaped score.
+
+    Raw per-sample metric to filter on: verifier accuracy or the unshaped score (never the
     shaped reward, which would give wrong short answers a positive advantage)."""
     batch_multiplier: float | Literal["auto"]
-    """Prompts generated per round = ceil(multiplier * groups still needed); "auto" sets it
+    """Prompts per round = ceil(multiplier * groups needed), or auto.
+
+    Prompts generated per round = ceil(multiplier * groups still needed); "auto" sets it
     each step from the observed keep rate, bounded by max_batch_multiplier."""
     max_batch_multiplier: float
     """Upper bound of the automatic batch multiplier."""
     max_gen_batches: int
-    """At most this many generation rounds per step, then an error; <= 0 means unlimited."""
+    """At most this many generation rounds per step; <= 0 means unlimited.
+
+    At most this many generation rounds per step, then an error; <= 0 means unlimited."""
     surplus: Literal["carry", "discard"]
-    """What to do with valid groups beyond num_prompts_per_step: carry them to the next step
+    """Valid groups beyond num_prompts_per_step: carry (to next step) | discard.
+
+    What to do with valid groups beyond num_prompts_per_step: carry them to the next step
     (no wasted generation) or discard them (the peers' behaviour)."""
     max_carry_age: int
-    """Synchronous loop (rollout.max_staleness = 0): a carried group generated by policy
+    """K = 0: drop carried groups older than this many policy versions.
+
+    Synchronous loop (rollout.max_staleness = 0): a carried group generated by policy
     version w is dropped once the step's version exceeds w + max_carry_age. With
     rollout.max_staleness = K >= 1 the same bound is K, for carried and fresh groups."""
     skip_predicted: SkipPredictedConfig
@@ -325,7 +390,9 @@ class OverlongBufferConfig:
     enabled: bool
     """Add the length penalty to the scaled reward."""
     length: int
-    """Lcache: the penalty ramps from 0 at max_response_length - length to -penalty_factor at
+    """Lcache: the penalty ramps over the last `length` tokens below the cap.
+
+    Lcache: the penalty ramps from 0 at max_response_length - length to -penalty_factor at
     max_response_length (the response cap)."""
     penalty_factor: float
     """Largest penalty; the penalty always lies in [-penalty_factor, 0]."""
@@ -336,7 +403,9 @@ class RewardScalingConfig:
     """Linear reward scaling applied to the verifier score before shaping."""
 
     enabled: bool
-    """Clamp the score to [source_min, source_max] and map it to [target_min, target_max]."""
+    """Clamp the score to the source range, map it to [target_min, target_max].
+
+    Clamp the score to [source_min, source_max] and map it to [target_min, target_max]."""
     source_min: float
     """Lower end of the verifier score range."""
     source_max: float
@@ -376,33 +445,44 @@ class RolloutConfig:
     """Overlap of rollout generation with training (engines on devices of their own)."""
 
     max_staleness: int
-    """K: a group is trained only if the policy version that generated it is at most K
-    versions behind the version being trained. 0 = the synchronous loop (generate, then
-    train, then refit); K >= 1 keeps the engines generating for the next steps while the
-    policy trains (split mode only: cluster.colocated=false)."""
+    """K: groups train at most K policy versions old; 0 = synchronous.
+
+    K: a group is trained only if the policy version that generated it is at most K versions
+    behind the version being trained. 0 = the synchronous loop (generate, then train, then
+    refit); K >= 1 keeps the engines generating for the next steps while the policy trains
+    (split mode only: cluster.colocated=false)."""
     stale_groups: Literal["drop", "regenerate"]
-    """K >= 1: what happens to a group that arrives more than K versions behind: drop it
+    """K >= 1: groups older than K versions are dropped or regenerated.
+
+    K >= 1: what happens to a group that arrives more than K versions behind: drop it
     (counted), or drop it and generate its prompt again with the current weights."""
     prompts_per_request: int | None
-    """K >= 1: the most prompts one generation request may hold (spread over the engines).
-    A request asks for what the generate-ahead budget lacks (about a step's prompts at the
+    """K >= 1: cap on prompts per engine request; null = no cap.
+
+    K >= 1: the most prompts one generation request may hold (spread over the engines). A
+    request asks for what the generate-ahead budget lacks (about a step's prompts at the
     running keep rate, plus a little headroom); the new weights are queued behind the
     requests in flight, so a cap lets the transfer start sooner and the controller score a
     step's groups as they come, while larger requests batch better. null = no cap."""
     abort_tail: bool
-    """Synchronous loop: a generation round stops once it has the finished groups it
-    needs (at the running keep rate, with headroom; abort_tail_oversample); the prompts
-    whose samples are still running are aborted on the engines instead of waiting for the
-    slowest samples. Aborted groups
-    are not trained (their prompts count as drawn), so prompts with long answers are
-    trained a little less often: see README, rollout efficiency."""
+    """K = 0: abort a round's slowest prompts once it has the groups it needs.
+
+    Synchronous loop: a generation round stops once it has the finished groups it needs (at
+    the running keep rate, with headroom; abort_tail_oversample); the prompts whose samples
+    are still running are aborted on the engines instead of waiting for the slowest samples.
+    Aborted groups are not trained (their prompts count as drawn), so prompts with long
+    answers are trained a little less often: see README, rollout efficiency."""
     abort_tail_oversample: float
-    """With abort_tail: a round draws this many times the finished groups it waits for
-    (those that give the groups it needs at the running keep rate, with 2 standard
-    deviations of headroom); the slowest prompts beyond them are the tail that is cut.
-    >= 1; 1 cuts nothing."""
+    """With abort_tail: prompts drawn per round = this x finished groups awaited.
+
+    With abort_tail: a round draws this many times the finished groups it waits for (those
+    that give the groups it needs at the running keep rate, with 2 standard deviations of
+    headroom); the slowest prompts beyond them are the tail that is cut. >= 1; 1 cuts
+    nothing."""
     partial_rollouts: bool
-    """With abort_tail: keep the aborted samples and continue them in the next round (the
+    """With abort_tail: continue aborted samples next round, not dropping them.
+
+    With abort_tail: keep the aborted samples and continue them in the next round (the
     prompt followed by their tokens so far), as slime does, instead of dropping them. A
     sample continued after a refit holds tokens of two policy versions, each with the
     logprob of the weights that generated it (dapo.loss.rollout_correction=tis corrects
@@ -438,7 +518,9 @@ class ValidationConfig:
     max_prompts: int | None
     """Validate on at most this many prompts; null uses the whole validation set."""
     greedy: bool
-    """Greedy decoding (top_k=1, one sample per prompt) instead of avg@k sampling; the
+    """Greedy accuracy (top_k=1, 1 sample per prompt) instead of avg@k.
+
+    Greedy decoding (top_k=1, one sample per prompt) instead of avg@k sampling; the
     temperature, top_p and num_samples_per_prompt keys are then unused."""
 
 
@@ -463,9 +545,11 @@ class RemainderTaskConfig:
     recipe's cap leaves the longest problems unsolvable on purpose."""
 
     num_train: int
-    """Training problems generated (the problems outside validation, repeated evenly)."""
+    """Training problems generated (those outside validation, repeated).
+
+    Training problems generated (the problems outside validation, repeated evenly)."""
     num_val: int
-    """Validation problems generated (distinct, held out of training; at most half)."""
+    """Validation problems (distinct, held out of training; at most half)."""
     min_dividend: int
     """Smallest dividend n (> max_divisor)."""
     max_dividend: int
@@ -481,20 +565,24 @@ class DataConfig:
     """Training and validation prompts."""
 
     format: Literal["dapo_math", "aime", "gsm8k", "arithmetic", "remainder"]
-    """Dataset layout: DAPO-Math-17k, AIME24, GSM8K (jsonl/parquet) or a synthetic task
+    """Dataset layout: dapo_math | aime | gsm8k | arithmetic | remainder.
+
+    Dataset layout: DAPO-Math-17k, AIME24, GSM8K (jsonl/parquet) or a synthetic task
     (arithmetic: short answers; remainder: worked solutions of 4-130 tokens)."""
     train_path: str | None
-    """Training file (jsonl or parquet); null only for the arithmetic format."""
+    """Training file (jsonl or parquet); null only for arithmetic."""
     val_path: str | None
-    """Validation file; null disables file-based validation (arithmetic generates its own)."""
+    """Validation file; null: no file validation (arithmetic makes its own)."""
     prompt_key: str | None
     """Field holding the prompt; null uses the format's standard field."""
     answer_key: str | None
     """Field holding the ground truth; null uses the format's standard field."""
     max_prompt_length: int
-    """Prompts longer than this many tokens are skipped (and counted, ``[setup] skipped N``).
-    A row far longer than any such prompt (over 64 bytes per token + 64 KiB: a corrupt file
-    or the wrong field) is an error naming the file and the line, found before tokenising."""
+    """Longer prompts (in tokens) are skipped and counted.
+
+    Prompts longer than this many tokens are skipped (and counted, ``[setup] skipped N``). A
+    row far longer than any such prompt (over 64 bytes per token + 64 KiB: a corrupt file or
+    the wrong field) is an error naming the file and the line, found before tokenising."""
     apply_chat_template: bool
     """Wrap prompts with the tokenizer's chat template."""
     shuffle: bool
@@ -510,7 +598,9 @@ class RewardConfig:
     """Verification of responses."""
 
     verifier: Literal["math", "gsm8k", "arithmetic", "remainder"]
-    """Verifier: math (math-verify, "Answer: X" or \\boxed{X}), gsm8k final number, arithmetic,
+    """Verifier: math | gsm8k | arithmetic | remainder.
+
+    Verifier: math (math-verify, "Answer: X" or \boxed{X}), gsm8k final number, arithmetic,
     remainder (the answer line of a worked solution)."""
     timeout_s: float
     """Per-sample verification time limit; a timeout scores 0 and is counted."""
@@ -529,12 +619,14 @@ class ClusterConfig:
     device: Literal["auto", "cuda", "cpu"]
     """auto picks cuda when available, else cpu (gloo)."""
     colocated: bool
-    """Policy and generation engines share all devices (engine asleep while training)."""
+    """Policy and engines share all devices (engine asleep while training)."""
     generation_num_devices: int
     """Split mode only: devices given to generation; the policy gets the rest."""
     ray_address: str | None
-    """Ray cluster to join; null uses RAY_ADDRESS when set (slurm/ray.sub), else starts a
-    local cluster bound to loopback."""
+    """Ray cluster to join; null: RAY_ADDRESS if set, else a local one.
+
+    Ray cluster to join; null uses RAY_ADDRESS when set (slurm/ray.sub), else starts a local
+    cluster bound to loopback."""
 
 
 @dataclass
@@ -552,12 +644,16 @@ class CheckpointingConfig:
     resume: Literal["auto", "never"]
     """auto resumes from the newest complete checkpoint in checkpoint_dir."""
     export_hf: bool
-    """At the end of the run, write the final policy as a Hugging Face checkpoint to
+    """Write the final policy as an HF checkpoint (<run.output_dir>/hf/step_<N>).
+
+    At the end of the run, write the final policy as a Hugging Face checkpoint to
     <run.output_dir>/hf/step_<N> (config.json, safetensors, tokenizer); other steps'
     checkpoints export with ``dapo-export``."""
     allow_data_change: bool = False
-    """Resume even though data.train_path's content differs from the data the checkpoint
-    was trained on (its SHA-256 is recorded in every checkpoint; a change is refused before
+    """Resume although data.train_path's content changed since the checkpoint.
+
+    Resume even though data.train_path's content differs from the data the checkpoint was
+    trained on (its SHA-256 is recorded in every checkpoint; a change is refused before
     anything starts unless this is true). With a different number of prompts the sampler
     starts a new epoch over the new data."""
 

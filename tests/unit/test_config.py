@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
 import json
 import subprocess
 import sys
@@ -56,32 +54,7 @@ def test_every_shipped_yaml_loads_and_validates(path):
     assert loaded.plan.dims.world_size > 0
 
 
-def test_base_yaml_comments_every_key():
-    # Every `key: value` line of the base config carries a comment documenting it.
-    for number, line in enumerate(BASE.read_text().splitlines(), 1):
-        stripped = line.strip()
-        if not stripped or stripped.startswith("#") or stripped.endswith(":"):
-            continue
-        assert "#" in stripped, f"configs/dapo_base.yaml:{number} has no comment: {line!r}"
-
-
-def test_every_schema_field_has_a_docstring():
-    tree = ast.parse(inspect.getsource(schema))
-    missing = []
-    for node in tree.body:
-        if not isinstance(node, ast.ClassDef):
-            continue
-        body = node.body
-        for i, stmt in enumerate(body):
-            if isinstance(stmt, ast.AnnAssign):
-                doc = body[i + 1] if i + 1 < len(body) else None
-                if not (
-                    isinstance(doc, ast.Expr)
-                    and isinstance(doc.value, ast.Constant)
-                    and isinstance(doc.value.value, str)
-                ):
-                    missing.append(f"{node.name}.{stmt.target.id}")
-    assert missing == []
+# Key comments and schema docstrings: tests/unit/test_config_docs.py.
 
 
 def test_base_defines_every_schema_key_once():
