@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,13 +163,23 @@ def as_int(value: Any) -> int:
     return value
 
 
+_MODEL_NAME = re.compile(r"(~|\.{1,2})?/?[\w.+-]+(/[\w.+-]+)*/?")
+"""A hub id (`org/name`) or a path without spaces or a URL scheme: anything else (e.g.
+NeMo RL's placeholder "Follow instructions in https://...") is text, not a model."""
+
+
 def hub_model(key: str, dialect: str) -> ForeignKey:
     """A Hugging Face hub id there; a local directory here (nothing is downloaded): the id
     becomes models/<name>, and a matching architecture preset lets dapo-plan work before
     the checkpoint is there."""
 
     def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
-        name = str(value)
+        if not isinstance(value, str) or not _MODEL_NAME.fullmatch(value):
+            raise Untranslatable(
+                f"{_show(value)!r} is neither a hub id (org/name) nor a path; "
+                "set policy.model_name_or_path by hand"
+            )
+        name = value
         if name.startswith(("/", ".", "~")):
             return Translation((("policy.model_name_or_path", name),), "same meaning")
         base = name.rstrip("/").rsplit("/", 1)[-1]
@@ -299,7 +309,7 @@ IMPACT_TITLES = {
 
 _HARMLESS = re.compile(
     r"(^|[._])(logger|logging|log_dir|log_\w+|wandb\w*|tensorboard\w*|mlflow\w*|swanlab\w*|"
-    r"project_name|experiment_name|run_name|name|tags?|notes|print\w*|profil\w*|nsys\w*|"
+    r"project_name|experiment_name|run_name|tags?|notes|print\w*|profil\w*|nsys\w*|"
     r"debug\w*|timeline\w*|dump\w*|trace\w*|ray_init|runtime_env|num_cpus|"
     r"dataloader_num_workers|num_workers|max_ckpt_to_keep|max_actor_ckpt_to_keep|"
     r"max_critic_ckpt_to_keep|del_local_ckpt_after_load|resume_\w+|resume|hdfs_dir|"
@@ -308,6 +318,9 @@ _HARMLESS = re.compile(
     r"checkpoint_must_save_by|keep_top_k|higher_is_better|metric_name|model_save_format|"
     r"save_optimizer|save_consolidated|validate\w*|use_torch_compile|seed)($|[._])"
 )
+"""No bare `name`: `model_name`, `dataset_name`, `tokenizer.name`, `optimizer.name` and
+`adv_estimator.name` choose what is learned; a run's name is caught by logger, wandb,
+project_name, experiment_name or run_name."""
 _LAYOUT = re.compile(
     r"(parallel|_tp_|tp_size|pp_size|cp_size|ep_size|megatron|fsdp|dtensor|offload|"
     r"micro_batch|max_token_len|token_len_per_gpu|gpu_memory|memory|dtype|precision|"
@@ -356,9 +369,14 @@ KEY_TIERS: dict[str, dict[str, str]] = {
         "policy.logprob_chunk_size": IMPACT_LAYOUT,  # chunked log-prob computation
         "policy.generation_batch_size": IMPACT_LAYOUT,  # HF-backend generation batching
         "policy.tokenizer.use_fastokens": IMPACT_LAYOUT,  # tokenizer implementation
+        "policy.generation.refit_cfg.nixl.backend_name": IMPACT_LAYOUT,  # weight transport
     },
     "rlinf": {
         "actor.calculate_flops": IMPACT_HARMLESS,  # MFU metric
+        "actor.group_name": IMPACT_HARMLESS,  # Ray worker-group names
+        "rollout.group_name": IMPACT_HARMLESS,
+        "inference.group_name": IMPACT_HARMLESS,
+        "reward.group_name": IMPACT_HARMLESS,
         "hydra.": IMPACT_HARMLESS,  # Hydra's own output directory
         "runner.save_interval": IMPACT_HARMLESS,  # checkpoint cadence
         "runner.val_check_interval": IMPACT_HARMLESS,  # validation cadence
@@ -387,6 +405,7 @@ KEY_TIERS: dict[str, dict[str, str]] = {
     },
     "verl": {
         "reward_model.reward_kwargs.overlong_buffer_cfg.log": IMPACT_HARMLESS,  # metrics
+        "actor_rollout_ref.rollout.name": IMPACT_LAYOUT,  # inference engine (vllm, sglang)
     },
 }
 """Dialect -> source key (or subtree ending in ".") -> tier, read before the patterns."""
