@@ -159,15 +159,17 @@ class LossParams:
     clip_ratio_low: float
     """eps_low: the ratio is clipped below at 1 - clip_ratio_low (DAPO: 0.2)."""
     clip_ratio_high: float
-    """eps_high: the ratio is clipped above at 1 + clip_ratio_high (DAPO clip-higher: 0.28)."""
+    """Ratio clipped above at 1 + clip_ratio_high (DAPO clip-higher: 0.28)."""
     clip_ratio_c: float | None
-    """Dual-clip bound c > 1 for negative advantages; None (null) disables dual clip."""
+    """Dual-clip bound c > 1 for negative advantages; null: no dual clip."""
     loss_agg_mode: LossAggMode
-    """Aggregation: token-mean (DAPO token-level loss) or a sequence-mean variant (see
-    ``algorithms.loss.aggregate_loss``); the normaliser is global over the mini-batch, so
-    micro-batching never changes the loss."""
+    """Loss aggregation; token-mean is DAPO's token-level loss.
+
+    The sequence-mean variants are ``algorithms.loss.aggregate_loss``'s; the normaliser is
+    global over the mini-batch, so micro-batching never changes the loss."""
     kl_coef: float
-    """Coefficient of the KL penalty against the reference policy (DAPO: 0, no reference).
+    """KL penalty coefficient against the reference policy (DAPO: 0, none).
+
     > 0: the reference is the policy at the start of DAPO training (after the SFT warm-up),
     kept frozen on every policy rank (one extra copy of the rank's weights) and saved in
     the checkpoints, so a resumed run keeps it."""
@@ -176,8 +178,7 @@ class LossParams:
     entropy_coef: float
     """Entropy bonus coefficient (0 = off)."""
     rollout_correction: RolloutCorrectionMode
-    """Rollout/train mismatch correction: none, truncated (tis) or masked (mis) importance
-    weights."""
+    """Rollout/train mismatch: none, tis (truncated) or mis (masked) weights."""
     rollout_correction_level: RolloutCorrectionLevel
     """Whether the correction weight is per token or per sequence."""
     tis_cap: float

@@ -126,7 +126,7 @@ class OptimizerConfig:
     """Megatron optimizer settings."""
 
     name: Literal["adam", "sgd"]
-    """Optimizer; Megatron's "adam" is AdamW (decoupled weight decay)."""
+    """Optimizer: adam (Megatron's AdamW, decoupled weight decay) or sgd."""
     lr: float
     """Peak learning rate."""
     min_lr: float
@@ -218,7 +218,7 @@ class PolicyConfig:
     logprob_micro_batch_size; null keeps padded micro-batches of those sizes. Must hold the
     longest sequence, data.max_prompt_length + generation.max_response_length."""
     old_logprob_pass: Literal["auto", "always"]
-    """Old-logprob pass: auto skips it when a batch is one optimizer step.
+    """always, or auto: no old-logprob pass when a batch is one optimizer step.
 
     auto: skip the forward-only old-logprob pass when a rollout batch is trained in ONE
     optimizer step (batch <= train_global_batch_size): the training forward's detached
@@ -452,7 +452,7 @@ class RolloutConfig:
     refit); K >= 1 keeps the engines generating for the next steps while the policy trains
     (split mode only: cluster.colocated=false)."""
     stale_groups: Literal["drop", "regenerate"]
-    """K >= 1: groups older than K versions are dropped or regenerated.
+    """K >= 1: a group older than K versions: drop it, or regenerate its prompt.
 
     K >= 1: what happens to a group that arrives more than K versions behind: drop it
     (counted), or drop it and generate its prompt again with the current weights."""
@@ -642,7 +642,9 @@ class CheckpointingConfig:
     keep_last: int
     """Keep only the newest this many complete checkpoints."""
     resume: Literal["auto", "never"]
-    """auto resumes from the newest complete checkpoint in checkpoint_dir."""
+    """auto: resume from the newest complete checkpoint; never: start anew.
+
+    The checkpoints are looked for in checkpoint_dir."""
     export_hf: bool
     """Write the final policy as an HF checkpoint (<run.output_dir>/hf/step_<N>).
 

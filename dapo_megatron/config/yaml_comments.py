@@ -90,6 +90,37 @@ def key_docs(root: type = DapoMegatronConfig, prefix: str = "") -> dict[str, str
     return out
 
 
+def _choices(kind: object) -> tuple[str, ...]:
+    """The string values a ``Literal`` type (possibly inside a union) allows, in order."""
+    if typing.get_origin(kind) is typing.Literal:
+        return tuple(str(v) for v in typing.get_args(kind) if isinstance(v, str))
+    return tuple(c for arg in typing.get_args(kind) for c in _choices(arg))
+
+
+def key_choices(root: type = DapoMegatronConfig, prefix: str = "") -> dict[str, tuple[str, ...]]:
+    """The allowed values of every leaf key whose type is a ``Literal`` of strings."""
+    hints = typing.get_type_hints(root)
+    out: dict[str, tuple[str, ...]] = {}
+    for f in dataclasses.fields(root):
+        kind = hints[f.name]
+        if isinstance(kind, type) and dataclasses.is_dataclass(kind):
+            out.update(key_choices(kind, f"{prefix}{f.name}."))
+        elif choices := _choices(kind):
+            out[f"{prefix}{f.name}"] = choices
+    return out
+
+
+def key_comment(doc: str, choices: tuple[str, ...] = ()) -> str:
+    """A key line's comment: the docstring's summary, followed by the allowed values of a
+    ``Literal`` key unless the summary already names each of them (a reader of the YAML sees
+    what else the key takes without opening the schema)."""
+    text = summary(doc)
+    named = set(re.findall(r"[A-Za-z0-9_.\-]+", text))
+    if choices and not set(choices) <= named:
+        text += f" ({' | '.join(choices)})"
+    return text
+
+
 def summary(doc: str) -> str:
     """The summary line of a docstring, without the final period (YAML comments carry none):
     its first paragraph when a blank line follows it, else its first sentence."""
@@ -120,6 +151,7 @@ def key_lines(text: str, docs: dict[str, str] | None = None) -> list[KeyLine]:
     """Every leaf key line of ``text`` (a YAML file laid out like the base config), with the
     comment its docstring gives it. Raises KeyError for a key the schema lacks."""
     docs = key_docs() if docs is None else docs
+    choices = key_choices()
     stack: list[tuple[int, str]] = []  # (indent, key) of the enclosing sections
     out: list[KeyLine] = []
     for number, line in enumerate(text.splitlines(), 1):
@@ -137,7 +169,7 @@ def key_lines(text: str, docs: dict[str, str] | None = None) -> list[KeyLine]:
             # A section: its own comment (if any) is the file's, not a key's.
             stack.append((indent, match["key"]))
             continue
-        wanted = summary(docs[key])
+        wanted = key_comment(docs[key], choices.get(key, ()))
         if comment:
             code = line[: len(line) - len(rest) + comment.start()] + comment["pad"]
             current: str | None = comment["text"].strip()

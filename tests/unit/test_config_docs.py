@@ -25,11 +25,8 @@ from dapo_megatron.config.yaml_comments import (
 # longer than one comment line allows; owned by another file, shortened there later. The
 # test fails once one fits, so the list only shrinks.
 LONG_SUMMARY_ALLOWED = {
-    "dapo.loss.clip_ratio_high",
-    "dapo.loss.clip_ratio_c",
+    # Its four allowed values, listed after the summary, do not fit one line.
     "dapo.loss.loss_agg_mode",
-    "dapo.loss.kl_coef",
-    "dapo.loss.rollout_correction",
 }
 
 
