@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -37,6 +38,10 @@ def job_env() -> dict[str, str]:
     return dict(os.environ, RAY_AUTH_MODE="disabled", RAY_USAGE_STATS_ENABLED="0")
 
 
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start_and_wait_for(cmd: list[str], path: Path, *, capture: bool) -> subprocess.Popen:
     """Start cmd in its own session and return once `path` exists (or the job ended)."""
     out = subprocess.PIPE if capture else subprocess.DEVNULL
@@ -48,6 +53,10 @@ def start_and_wait_for(cmd: list[str], path: Path, *, capture: bool) -> subproce
         stderr=subprocess.STDOUT if capture else subprocess.DEVNULL,
         text=True,
         start_new_session=True,
+        # A shell that starts the test run in the background (`cmd &`) ignores SIGINT, and
+        # Python keeps an inherited SIG_IGN: the run would then never see a test's Ctrl-C.
+        # Ctrl-C at a terminal reaches a run with the default disposition; so does this one.
+        preexec_fn=_default_sigint,
     )
     deadline = time.monotonic() + 600
     while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
