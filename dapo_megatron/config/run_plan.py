@@ -88,9 +88,9 @@ class RunPlan:
     arch_source: str
     """Where ``arch`` came from, or why it is unknown."""
     run_dir: Path
-    """The run directory (run.output_dir)."""
+    """The run directory (run.output_dir), absolute (against the driver's working directory)."""
     checkpoint_dir: Path
-    """Where checkpoints go: checkpointing.checkpoint_dir, else RUN_DIR/checkpoints."""
+    """Where checkpoints go: checkpointing.checkpoint_dir, else RUN_DIR/checkpoints; absolute."""
     device: Device
     """Device kind of every rank and engine (cluster.device with auto resolved)."""
     policy_world_size: int
@@ -329,10 +329,13 @@ def make_plan(
         dims=dims,
         arch=arch,
         arch_source=arch_source,
-        run_dir=Path(config.run.output_dir),
+        # Absolute, resolved once against the driver's working directory: a Ray worker's
+        # working directory is its raylet's (another directory on another node, or a cluster
+        # started earlier elsewhere), where a relative run directory would name another place.
+        run_dir=Path(config.run.output_dir).absolute(),
         checkpoint_dir=Path(
             config.checkpointing.checkpoint_dir or Path(config.run.output_dir) / "checkpoints"
-        ),
+        ).absolute(),
         device=device,
         policy_world_size=policy_world_size(config),
         generation_devices=generation_devices(config),

@@ -93,6 +93,9 @@ def _overrides(recipe: Path, split: bool) -> list[str]:
     tp, cp = m.tensor_model_parallel_size, m.context_parallel_size
     engine_tp = config.generation.engine.tensor_parallel_size
     nodes, per_node = min(config.cluster.num_nodes, NODES), config.cluster.gpus_per_node
+    if split and nodes * per_node < 2:
+        # A one-GPU recipe split: the engine on a second GPU of the same workstation.
+        per_node = 2
     total = nodes * per_node
     generation = 0
     if split:
@@ -110,6 +113,7 @@ def _overrides(recipe: Path, split: bool) -> list[str]:
     return [
         "cluster.device=cuda",
         f"cluster.num_nodes={nodes}",
+        f"cluster.gpus_per_node={per_node}",
         f"cluster.colocated={str(not split).lower()}",
         f"cluster.generation_num_devices={generation}",
         f"policy.megatron.pipeline_model_parallel_size={pp}",
