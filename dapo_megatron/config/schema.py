@@ -578,7 +578,7 @@ class DataConfig:
     answer_key: str | None
     """Field holding the ground truth; null uses the format's standard field."""
     max_prompt_length: int
-    """Longer prompts (in tokens) are skipped and counted.
+    """Longer prompts are skipped and counted; a corrupt row is an error.
 
     Prompts longer than this many tokens are skipped (and counted, ``[setup] skipped N``). A
     row far longer than any such prompt (over 64 bytes per token + 64 KiB: a corrupt file or
