@@ -33,14 +33,16 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def plan(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunPlan]:
-    model = tmp_path_factory.mktemp("shm") / "model"
+    base = tmp_path_factory.mktemp("shm")
+    model = base / "model"
     create_tiny_model(model, arch=PRESETS["tiny-qwen2-hd32"], seed=0)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(address="local", num_cpus=4, include_dashboard=False, _node_ip_address="127.0.0.1")
     try:
         yield load_config(
             REPO / "recipes" / "dapo-tiny-cpu-vllm.yaml",
-            [f"policy.model_name_or_path={model}"],
+            # A module fixture runs in the checkout: the engine's log goes under tmp.
+            [f"policy.model_name_or_path={model}", f"run.output_dir={base / 'run'}"],
         ).require_plan()
     finally:
         ray.shutdown()
