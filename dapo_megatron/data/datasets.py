@@ -52,7 +52,7 @@ from dapo_megatron.data.file_rows import (
     too_long_error,
 )
 from dapo_megatron.data.hub_datasets import is_hf_uri, resolve_data_path
-from dapo_megatron.data.records import Message, PromptRecord
+from dapo_megatron.data.records import Message, PromptRecord, gsm8k_final_answer
 from dapo_megatron.data.remainder import RemainderTask
 from dapo_megatron.data.remainder import make_train_val_split as remainder_split
 
@@ -123,14 +123,6 @@ _LAYOUTS = {
 }
 
 _MISSING = object()
-
-
-def gsm8k_final_answer(solution: str) -> str | None:
-    """The final answer of a GSM8K solution: the text after the last ``####``, without
-    thousands separators (``"... #### 1,200"`` -> ``"1200"``); None when there is none."""
-    head, sep, tail = solution.rpartition("####")
-    answer = tail.strip().replace(",", "")
-    return answer if sep and answer else None
 
 
 def _lookup(row: dict[str, Any], key: str, where: str) -> Any:

@@ -43,7 +43,7 @@ from typing import Any
 
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.data.hub import fetch_snapshot, hub_cache
-from dapo_megatron.data.records import Message
+from dapo_megatron.data.records import Message, gsm8k_final_answer
 
 HF_SCHEME = "hf://"
 DATA_FILE_PATTERNS = ("*.parquet", "*.jsonl")
@@ -109,9 +109,6 @@ def _dapo_row(row: Mapping[str, Any]) -> HubRow:
 
 
 def _gsm8k_row(row: Mapping[str, Any]) -> HubRow:
-    # Imported here: data/datasets.py imports this module.
-    from dapo_megatron.data.datasets import gsm8k_final_answer
-
     solution = _text(row.get("answer"))
     final = gsm8k_final_answer(solution) if solution else None
     return HubRow(_text(row.get("question")), final, solution)

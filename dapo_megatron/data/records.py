@@ -35,3 +35,11 @@ class PromptRecord:
         if isinstance(self.prompt, str):
             return self.prompt
         return "\n".join(m["content"] for m in self.prompt)
+
+
+def gsm8k_final_answer(solution: str) -> str | None:
+    """The final answer of a GSM8K solution: the text after the last ``####``, without
+    thousands separators (``"... #### 1,200"`` -> ``"1200"``); None when there is none."""
+    head, sep, tail = solution.rpartition("####")
+    answer = tail.strip().replace(",", "")
+    return answer if sep and answer else None
