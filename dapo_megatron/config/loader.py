@@ -79,11 +79,17 @@ class _Loader(yaml.SafeLoader):  # type: ignore[misc]
         return super().construct_mapping(node, deep=deep)
 
 
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+def read_exponent_floats(loader: Any) -> None:
+    """Make a yaml Loader class read `1e-6` as a float, as YAML 1.2 and OmegaConf do (PyYAML's
+    YAML 1.1 resolver wants `1.0e-6` and returns the string otherwise)."""
+    loader.add_implicit_resolver(
+        "tag:yaml.org,2002:float",
+        re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+        list("-+0123456789"),
+    )
+
+
+read_exponent_floats(_Loader)
 
 
 def parse_yaml_value(text: str) -> Any:

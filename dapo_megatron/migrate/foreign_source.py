@@ -21,7 +21,7 @@ import yaml
 
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.foreign_hint import flatten
-from dapo_megatron.config.loader import display_path, parse_yaml_value
+from dapo_megatron.config.loader import display_path, parse_yaml_value, read_exponent_floats
 
 _OVERRIDE_KEY = re.compile(r"^(\+{0,2}|~)([A-Za-z_][\w\-]*(?:\.[\w\-]+)+)$")
 _SHELL_ASSIGN = re.compile(r"^([A-Za-z_]\w*)=(.*)$", re.S)
@@ -49,11 +49,7 @@ class _ForeignLoader(yaml.SafeLoader):  # type: ignore[misc]
     would make of it."""
 
 
-_ForeignLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
-    list("-+0123456789"),
-)
+read_exponent_floats(_ForeignLoader)
 
 
 def _yaml_tree(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
