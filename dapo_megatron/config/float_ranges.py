@@ -123,7 +123,8 @@ def float_keys(config_type: type, prefix: str = "") -> list[str]:
     return keys
 
 
-def _value(config: Any, key: str) -> Any:
+def value_at(config: Any, key: str) -> Any:
+    """The value of the dotted ``key`` in ``config`` (a schema dataclass)."""
     for part in key.split("."):
         config = getattr(config, part)
     return config
@@ -135,7 +136,7 @@ def float_problems(config: Any, sources: dict[str, str]) -> dict[str, str]:
     ``batch_multiplier: auto``, are left to the per-key checks)."""
     problems: dict[str, str] = {}
     for key in float_keys(type(config)):
-        value = _value(config, key)
+        value = value_at(config, key)
         if isinstance(value, bool) or not isinstance(value, int | float):
             continue
         where = f"(set in {sources.get(key, 'configs')})"

@@ -16,7 +16,7 @@ from dapo_megatron.algorithms.shaping_limits import overlong_problems, scaling_p
 from dapo_megatron.config.arch_checks import arch_problems
 from dapo_megatron.config.arithmetic_task import num_distinct_problems
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.float_ranges import float_problems
+from dapo_megatron.config.float_ranges import float_problems, value_at
 from dapo_megatron.config.model_arch import ModelArch, resolve_arch
 from dapo_megatron.config.model_source import preset_applies
 from dapo_megatron.config.parallel import (
@@ -44,10 +44,7 @@ class _Checker:
         self.flagged = set(flagged)
 
     def value(self, key: str) -> Any:
-        node: Any = self.config
-        for part in key.split("."):
-            node = getattr(node, part)
-        return node
+        return value_at(self.config, key)
 
     def require(self, ok: bool, key: str, constraint: str) -> None:
         if not ok and key not in self.flagged:
