@@ -154,7 +154,10 @@ class DynamicSampler(Generic[G]):
         Args:
             num_prompts_per_step: groups per training batch (>= 1).
             batch_multiplier: over-generation factor of each round (>= 1.0).
-            max_gen_batches: at most this many generation rounds per step; <= 0 is unlimited.
+            max_gen_batches: a step generates at most this many full rounds' worth of
+                prompts, ``max_gen_batches * round_prompts()``, in both loops (a
+                synchronous round that needs fewer groups draws fewer prompts, and an
+                overlapped request is smaller than a round); <= 0 is unlimited.
             surplus: what to do with valid groups beyond the batch: "carry" them into later
                 steps or "discard" them.
             max_carry_age: a group is dropped once the step's policy version is more than this
@@ -166,9 +169,7 @@ class DynamicSampler(Generic[G]):
                 keep rate (class docstring), up to this value; ``batch_multiplier`` is the
                 first step's. None keeps ``batch_multiplier`` fixed.
             streaming: groups arrive per request as they complete (overlapped rollouts), not
-                per round: ``max_gen_batches`` then bounds the prompts a step consumes to
-                ``max_gen_batches`` full rounds' worth, ``ceil(batch_multiplier *
-                num_prompts_per_step)`` prompts each (``num_gen_batches`` counts such rounds).
+                per round: ``num_gen_batches`` then counts full rounds' worth of prompts.
 
         Raises:
             ValueError: naming the first bad argument.
@@ -338,9 +339,9 @@ class DynamicSampler(Generic[G]):
                 "the difficulty of the data"
             )
         return DynamicSamplingExhausted(
-            f"Dynamic sampling exhausted after {self._rounds} generation rounds "
-            f"(dapo.dynamic_sampling.max_gen_batches={self.max_gen_batches}): "
-            f"{self._prompts_generated} prompts generated, {len(self._kept)} groups kept "
+            f"Dynamic sampling exhausted: {self._prompts_generated} prompts generated "
+            f"(dapo.dynamic_sampling.max_gen_batches={self.max_gen_batches} full rounds of "
+            f"{self.round_prompts()}, in {self._rounds} rounds), {len(self._kept)} groups kept "
             f"({self._num_carried_in} carried in + {kept_new} new) but "
             f"{self.num_prompts_per_step} needed; observed keep rate {keep_rate:.3f} "
             f"(dapo.dynamic_sampling.batch_multiplier={self.batch_multiplier:g}). Raise "
@@ -358,14 +359,14 @@ class DynamicSampler(Generic[G]):
             raise self._exhausted_error()
 
     def _rounds_exhausted(self) -> bool:
+        # One meaning in both loops: prompts, counted in full rounds (rounds and requests
+        # differ in size; verl's fixed-size generation batches are full rounds).
         if self.max_gen_batches <= 0:
             return False
-        if self.streaming:  # full rounds' worth of prompts, not requests
-            return self._prompts_generated >= self.max_gen_batches * self.round_prompts()
-        return self._rounds >= self.max_gen_batches
+        return self._prompts_generated >= self.max_gen_batches * self.round_prompts()
 
     def round_prompts(self) -> int:
-        """Prompts in one full round at the current multiplier (the streaming unit of
+        """Prompts in one full round at the current multiplier (the unit of
         ``max_gen_batches``)."""
         return max(1, math.ceil(round(self.batch_multiplier * self.num_prompts_per_step, 9)))
 

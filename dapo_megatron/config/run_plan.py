@@ -104,6 +104,11 @@ class RunPlan:
     overlapped: bool
     """Whether rollouts overlap training (rollout.max_staleness >= 1; split mode only): the
     loop, the rollout source, the dynamic sampler and the memory plan all read it here."""
+    max_group_age: int
+    """How many policy versions behind its step a trained group may be: rollout.max_staleness
+    when rollouts overlap (carried and fresh groups alike), else
+    dapo.dynamic_sampling.max_carry_age (null: 1). Validation refuses a max_carry_age that
+    differs from the staleness bound it would be replaced by."""
     refit_transport: RefitTransport
     """generation.refit_transport with auto resolved: the one transport object every
     refit decision asks (config/refit_transport.py)."""
@@ -303,6 +308,14 @@ def build_loss_spec(config: DapoMegatronConfig) -> LossSpec:
     return LossSpec.resolve(config.dapo.loss, loss_scale_length(config))
 
 
+def max_group_age(config: DapoMegatronConfig) -> int:
+    """``RunPlan.max_group_age``: the one staleness bound of a trained group."""
+    if config.rollout.max_staleness >= 1:
+        return config.rollout.max_staleness
+    age = config.dapo.dynamic_sampling.max_carry_age
+    return 1 if age is None else age
+
+
 def total_optimizer_steps(config: DapoMegatronConfig) -> int:
     """Optimizer steps of the whole run (the lr schedule's horizon)."""
     d = config.dapo
@@ -342,6 +355,7 @@ def make_plan(
         num_engines=num_engines(config) if needs_workers else dims.dp,
         needs_engine_workers=needs_workers,
         overlapped=config.rollout.max_staleness >= 1,
+        max_group_age=max_group_age(config),
         refit_transport=choose_refit_transport(gen, config.cluster, device),
         sampling_seeds=(
             gen.sampling_seeds

@@ -272,8 +272,7 @@ def make_dynamic_sampler(plan: RunPlan) -> DynamicSampler[RolloutGroup]:
         batch_multiplier=float(multiplier),
         max_gen_batches=ds.max_gen_batches,
         surplus=ds.surplus,
-        # One bound for carried and (overlapped) fresh groups: K when rollouts overlap.
-        max_carry_age=config.rollout.max_staleness if plan.overlapped else ds.max_carry_age,
+        max_carry_age=plan.max_group_age,
         enabled=ds.enabled,
         group_size=config.dapo.num_generations_per_prompt,
         auto_max_multiplier=ds.max_batch_multiplier if ds.batch_multiplier == "auto" else None,

@@ -20,6 +20,7 @@ from dapo_megatron.controller.context import RunContext
 from dapo_megatron.controller.generation_group import Engines, GenerationGroup
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.rollout_groups import RolloutGroup
+from dapo_megatron.controller.rollout_planner import RolloutPlanner
 from dapo_megatron.controller.rollout_stream import RolloutStream
 
 
@@ -51,12 +52,12 @@ class SyncRollouts:
     (``rollout.max_staleness = 0``). The loop refits the engines itself after training."""
 
     def __init__(self, ctx: RunContext, engines: Engines) -> None:
-        self.ctx = ctx
+        self.planner = RolloutPlanner(ctx)
         self.engines = engines
         self._busy_s = 0.0
 
     def take(self, step: int) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]:
-        groups, stats, metrics = steps.collect_rollouts(self.ctx, self.engines, step)
+        groups, stats, metrics = steps.collect_rollouts(self.planner, self.engines, step)
         self.engines.sleep()  # colocated engines give their memory to the training phase
         self._busy_s += metrics["timing/generate_s"]
         return groups, stats, metrics

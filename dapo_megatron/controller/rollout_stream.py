@@ -14,10 +14,11 @@ so the budget is ``(w + K + 1 - next_step)`` steps' groups, counting the kept an
 groups not yet trained and the groups expected (at the running keep rate) from prompts
 drawn but not yet filtered, each only for the steps its version can still train. When
 that falls short, the next request asks for the shortfall over the keep rate plus two
-binomial standard deviations (``_prompts_for``), capped by ``prompts_per_request``: a
-keep rate of 0.3 draws ~3.3x the prompts, and requests shrink near the end of a step
-instead of overshooting it (a surplus more than K versions old is lost). A step that
-waits with nothing coming always gets a request for what it lacks.
+binomial standard deviations, capped by ``prompts_per_request``
+(``RolloutPlanner.request_size``): a keep rate of 0.3 draws ~3.3x the prompts, and
+requests shrink near the end of a step instead of overshooting it (a surplus more than K
+versions old is lost). A step that waits with nothing coming always gets a request for
+what it lacks.
 
 Weight updates happen between requests, pipelined: when a transfer is queued is the
 ``RefitScheduler``'s decision (controller/refit_scheduler.py), which asks the stream whether
@@ -35,7 +36,6 @@ wait there for the trainer, so the engines' busy time is their own
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from collections import deque
@@ -43,35 +43,17 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import torch
-
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
-from dapo_megatron.algorithms.group_filter import prompts_for_kept
 from dapo_megatron.controller import steps
-from dapo_megatron.controller.context import RunContext, round_seed
+from dapo_megatron.controller.context import RunContext
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.refit_scheduler import RefitScheduler, TransferEngines
 from dapo_megatron.controller.rollout_groups import RolloutGroup
+from dapo_megatron.controller.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 # How often a waiting call wakes to look for an error of the generation thread.
 _POLL_S = 0.5
-# Seeds of overlapped requests live apart from the synchronous rounds' (round_seed).
-_REQUEST_SEED_OFFSET = 20_000
-# The lowest keep rate the budget plans for: below it a step waits for top-up requests
-# rather than the stream drawing ever more prompts ahead.
-_MIN_KEEP = 0.05
-# Standard deviations of the keep count a request plans for (~2% of steps come up short).
-_HEADROOM_SD = 2.0
-
-
-def _prompts_for(groups: float, keep: float) -> float:
-    """Prompts to draw for ``groups`` kept groups at keep rate ``keep``: the expected number
-    plus ``_HEADROOM_SD`` standard deviations of the binomial keep count, so that a step is
-    rarely short. Unlike a synchronous round's headroom (``batch_multiplier: auto``) this
-    stays small: a surplus more than K versions old is lost, while a short step only waits
-    for one more (small) request."""
-    return prompts_for_kept(groups, keep, _HEADROOM_SD)
 
 
 class StreamEngines(TransferEngines, Protocol):
@@ -116,13 +98,11 @@ class RolloutStream:
         config = ctx.config
         self.ctx = ctx
         self.engines = engines
+        self.planner = RolloutPlanner(ctx, pending_prompts=pending_prompts)
         self.max_staleness = config.rollout.max_staleness
         self.regenerate = config.rollout.stale_groups == "regenerate"
-        # None: no cap, a request is the budget's whole shortfall (about a step's prompts).
-        self.request_size: int | None = config.rollout.prompts_per_request
         self._cond = threading.Condition()
         self._completed: deque[_Completed] = deque()
-        self._retry: deque[int] = deque(int(i) for i in pending_prompts)
         self._in_flight: deque[_Request] = deque()  # in engine queue order
         self._scoring: _Request | None = None  # a finished request being scored
         self._in_hand: _Completed | None = None  # popped, not yet given to dynamic sampling
@@ -133,22 +113,11 @@ class RolloutStream:
         self._engine_version = version
         self._next_step = version
         self._waiting = False
-        self._requests = 0
         self._busy_s = 0.0  # the engines' own generation seconds, cumulative
         self._thread = threading.Thread(target=self._run, name="rollout-stream", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ generation thread
-
-    def _keep_estimate(self) -> float:
-        """Expected share of prompts that yield a kept group: the dynamic sampler's running
-        keep rate (before any step, its multiplier's guess), at least ``_MIN_KEEP``."""
-        dynamic = self.ctx.dynamic
-        if not dynamic.enabled:
-            return 1.0
-        ema = dynamic.keep_rate_ema
-        keep = ema if ema is not None else dynamic.num_prompts_per_step / dynamic.round_prompts()
-        return max(keep, _MIN_KEEP)
 
     def _expected_groups(self, keep: float) -> float:
         """Groups the budget counts: groups kept for the next step, carried groups, and
@@ -182,21 +151,17 @@ class RolloutStream:
         """Prompts of the next request (0 = none now).
 
         The budget is ``(w + K + 1 - next_step)`` steps' groups; when the groups expected
-        fall short of it, a request asks for the shortfall (``_prompts_for``: with a
-        little headroom), up to ``prompts_per_request``. So requests shrink near the end
-        of a step instead of overshooting it. A step that waits with nothing coming asks
-        for the groups it still lacks, whatever the budget.
+        fall short of it, a request asks for the shortfall (with a little headroom:
+        ``RolloutPlanner.request_size``), up to ``prompts_per_request``. So requests shrink
+        near the end of a step instead of overshooting it. A step that waits with nothing
+        coming asks for the groups it still lacks, whatever the budget.
         """
         if self._stopping or self._paused or self.refits.holds_requests:
             return 0
         if any(r.version == self._engine_version for r in self._in_flight):
             return 0  # one request per version in flight: the next is sized on its results
-        keep = self._keep_estimate()
-        deficit = self._deficit(keep)
-        if deficit <= 1e-6:
-            return 0
-        size = max(1, math.ceil(_prompts_for(deficit, keep) - 1e-6))
-        return size if self.request_size is None else min(self.request_size, size)
+        keep = self.planner.keep_estimate()
+        return self.planner.request_size(self._deficit(keep), keep)
 
     def _deficit(self, keep: float) -> float:
         """Groups the budget still lacks at the engines' version (``_next_request_size``)."""
@@ -210,20 +175,9 @@ class RolloutStream:
 
     def _start_request(self, size: int) -> _Request:
         """Draw the next ``size`` prompts and submit them (under the lock)."""
-        ctx, config = self.ctx, self.ctx.config
-        indices = [self._retry.popleft() for _ in range(min(size, len(self._retry)))]
-        if len(indices) < size:
-            indices += ctx.draw_prompts(size - len(indices))
-        sampling = SamplingParams.from_generation_config(
-            config.generation,
-            n=config.dapo.num_generations_per_prompt,
-            eos_token_ids=ctx.eos_ids,
-            seed=round_seed(
-                config.run.seed, self._engine_version, _REQUEST_SEED_OFFSET + self._requests
-            ),
-        )
-        self._requests += 1
-        refs = self.engines.submit([ctx.train.input_ids[i] for i in indices], sampling)
+        draw = self.planner.next_request(size, self._engine_version)
+        indices = draw.prompt_indices
+        refs = self.engines.submit([self.ctx.train.input_ids[i] for i in indices], draw.sampling)
         request = _Request(indices, self._engine_version, refs)
         self._in_flight.append(request)
         return request
@@ -244,7 +198,7 @@ class RolloutStream:
 
     def budget_met(self) -> bool:
         """Nothing is left to generate with the engines' current weights (under the lock)."""
-        return self._deficit(self._keep_estimate()) <= 1e-6
+        return self._deficit(self.planner.keep_estimate()) <= 1e-6
 
     def switch_version(self, version: int) -> None:
         """A transfer to ``version`` is queued (under the lock): requests submitted from now
@@ -323,7 +277,7 @@ class RolloutStream:
         the generation thread may re-check its budget."""
         with self._cond:
             self._in_hand = None
-            self._retry.extend(regenerate)
+            self.planner.generate_again(regenerate)
             self._cond.notify_all()
 
     def take(self, step: int) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]:
@@ -341,19 +295,16 @@ class RolloutStream:
             while not dynamic.is_complete():
                 item = self._pop()
                 with self._cond:  # outcomes in completion order, stale ones included
-                    for index, group in zip(item.prompt_indices, item.groups, strict=True):
-                        self.ctx.skipper.record(index, group.scores, item.version)
+                    self.planner.record(item.prompt_indices, item.groups, item.version)
                 if dynamic.is_stale(item.version):
                     stale += len(item.groups)
                     self._release(item.prompt_indices if self.regenerate else ())
                     continue
                 for key, value in item.metrics.items():
                     totals[key] = totals.get(key, 0.0) + value
-                scores = torch.tensor([g.scores for g in item.groups])
-                rewards = torch.tensor([g.rewards for g in item.groups])
                 try:
                     with self._cond:
-                        dynamic.add_round(item.groups, scores, rewards, version=item.version)
+                        self.planner.add(item.groups, item.version)
                 finally:
                     self._release()
         except BaseException:
@@ -407,7 +358,7 @@ class RolloutStream:
         samples are not saved; a resumed run generates them again with its own weights."""
         with self._cond:
             pending = [i for c in self._completed for i in c.prompt_indices]
-            return {"pending_prompts": pending + list(self._retry)}
+            return {"pending_prompts": pending + self.planner.pending_prompts()}
 
     def close(self) -> None:
         """Stop submitting. A request in flight is abandoned with the engines (the thread

@@ -9,7 +9,6 @@ rebuilt after a worker dies; the RunContext is not).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import statistics
 import time
@@ -18,14 +17,14 @@ from typing import Any
 
 import torch
 
-from dapo_megatron.algorithms.dynamic_sampling import DynamicSampler, DynamicSamplingStats
-from dapo_megatron.algorithms.group_filter import prompts_for_kept
+from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
 from dapo_megatron.algorithms.rollout_correction import mismatch_metrics
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.context import RunContext, decode_text, round_seed
 from dapo_megatron.controller.generation_group import Engines
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.rollout_groups import RolloutGroup, build_policy_batch, make_groups
+from dapo_megatron.controller.rollout_planner import RolloutPlanner
 from dapo_megatron.data.datasets import EncodedPrompts
 from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.shared.sampling import Sample, SamplingParams
@@ -78,96 +77,46 @@ def generate_groups(
     return groups, metrics
 
 
-def tail_cut(
-    needed: int, keep_rate: float | None, count: int, oversample: float
-) -> tuple[int, int]:
-    """``rollout.abort_tail``: (prompts to draw, finished groups to wait for) of a round
-    that needs ``needed`` kept groups and would draw ``count`` prompts uncut.
-
-    The round waits for the groups that give ``needed`` kept ones at the running keep rate
-    with 2 standard deviations of headroom (``prompts_for_kept``: a cut round rarely comes
-    up short, which would cost a whole extra round), and draws ``oversample`` times as
-    many prompts: the slowest of them are the tail that is cut. Before a keep rate is
-    known the round is not cut."""
-    if keep_rate is None or keep_rate <= 0.0:
-        return count, count
-    wait = max(1, math.ceil(prompts_for_kept(needed, keep_rate) - 1e-9))
-    return max(wait, math.ceil(round(wait * oversample, 9))), wait
-
-
 def collect_rollouts(
-    ctx: RunContext, engines: Engines, step: int
+    planner: RolloutPlanner, engines: Engines, step: int
 ) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]:
     """Dynamic sampling: generation rounds until num_prompts_per_step groups vary.
 
-    Prompts are drawn through the skip rule (``RunContext.draw_prompts``); with
-    ``rollout.abort_tail`` a round stops once it has the finished groups it expects to
-    need and its unfinished prompts are aborted: they are neither scored nor trained."""
-    config = ctx.config
-    dynamic = ctx.dynamic
-    dynamic.start_step(version=step)
+    The planner decides each round (its prompts through the skip rule, its size, the tail
+    cut, the continuation of a cut round's aborted groups); a round is generated, scored
+    and given to dynamic sampling, which raises once ``max_gen_batches`` is spent."""
+    ctx = planner.ctx
+    ctx.dynamic.start_step(version=step)
     # A step filled entirely from carried groups runs no round: report zeros, not nothing.
     totals = {"timing/generate_s": 0.0, "timing/reward_s": 0.0, "num_generated_tokens": 0.0}
-    if config.rollout.abort_tail:
+    if ctx.config.rollout.abort_tail:
         totals["rollout/num_aborted_groups"] = 0.0
     round_index = 0
-    while not dynamic.is_complete():
-        sampling = SamplingParams.from_generation_config(
-            config.generation,
-            n=config.dapo.num_generations_per_prompt,
-            eos_token_ids=ctx.eos_ids,
-            seed=round_seed(config.run.seed, step, round_index),
-        )
+    while not ctx.dynamic.is_complete():
+        draw = planner.next_round(step, round_index)
         round_index += 1
-        if ctx.partials.pending:  # the samples the last cut round aborted come first
-            metrics = _continue_partials(ctx, engines, sampling, step)
-            for key, value in metrics.items():
-                totals[key] = totals.get(key, 0.0) + value
-            continue
-        count = dynamic.prompts_for_next_round()
-        if config.rollout.abort_tail and dynamic.enabled:
-            needed = dynamic.num_prompts_per_step - dynamic.num_kept_groups
-            count, wait = tail_cut(
-                needed, dynamic.keep_rate_ema, count, config.rollout.abort_tail_oversample
+        if draw.continuation:
+            metrics = _continue_partials(planner, engines, draw.sampling, step)
+        else:
+            groups, finished, aborted, metrics = _generate_finished(
+                ctx, engines, draw.prompt_indices, draw.sampling, step, ctx.train
             )
-            if wait < count:
-                # A fraction: each engine (DP replica) cuts its own share of the prompts.
-                sampling = dataclasses.replace(sampling, finish_after_fraction=wait / count)
-        indices = ctx.draw_prompts(count)
-        groups, finished, aborted, metrics = _generate_finished(
-            ctx, engines, indices, sampling, step, ctx.train
-        )
+            planner.record(finished, groups, step)
+            planner.settle_cut(aborted, step)
+            planner.add(groups)
         for key, value in metrics.items():
             totals[key] = totals.get(key, 0.0) + value
-        for index, group in zip(finished, groups, strict=True):
-            ctx.skipper.record(index, group.scores, step)
-        for index, samples in aborted:
-            if config.rollout.partial_rollouts:
-                ctx.partials.keep(index, samples, step)
-            else:
-                ctx.skipper.forget_pending(index)
-        _add_round(dynamic, groups, sampling.n)  # raises after max_gen_batches rounds
-    groups, stats = dynamic.finish_step()
+    groups, stats = ctx.dynamic.finish_step()
     return groups, stats, {**totals, **ctx.skipper.end_step()}
 
 
-def _add_round(
-    dynamic: DynamicSampler[RolloutGroup],
-    groups: Sequence[RolloutGroup],
-    n: int,
-    version: int | None = None,
-) -> None:
-    scores = torch.tensor([g.scores for g in groups]).reshape(len(groups), n)
-    rewards = torch.tensor([g.rewards for g in groups]).reshape(len(groups), n)
-    dynamic.add_round(groups, scores, rewards, version=version)
-
-
 def _continue_partials(
-    ctx: RunContext, engines: Engines, sampling: SamplingParams, step: int
+    planner: RolloutPlanner, engines: Engines, sampling: SamplingParams, step: int
 ) -> dict[str, float]:
     """``rollout.partial_rollouts``: finish the groups the last cut round aborted (a round
     of their own), score them and give them to dynamic sampling at their oldest token's
     version; groups too old to train are dropped (counted)."""
+    ctx = planner.ctx
     dynamic = ctx.dynamic
     dropped = ctx.partials.drop_stale(step, dynamic.max_carry_age)
     done, metrics = ctx.partials.continue_all(engines, ctx.train.input_ids, sampling, step)
@@ -179,13 +128,13 @@ def _continue_partials(
     by_version: dict[int, list[RolloutGroup]] = {}
     for partial, group in zip(done, groups, strict=True):
         group.version = partial.version  # its oldest token's
-        ctx.skipper.record(partial.prompt_index, group.scores, partial.version)
+        planner.record([partial.prompt_index], [group], partial.version)
         by_version.setdefault(partial.version, []).append(group)
     for version in sorted(by_version):
         if dynamic.is_complete():  # an older version filled the step: the rest is lost
             metrics["rollout/num_partial_groups_dropped"] += len(by_version[version])
         else:
-            _add_round(dynamic, by_version[version], sampling.n, version)
+            planner.add(by_version[version], version)
     return metrics
 
 

@@ -45,7 +45,9 @@ MAX_RESPONSE = "generation.max_response_length"
 LOW_WHY = "same meaning: the ratio is clipped below at 1 - {v}"
 HIGH_WHY = "same meaning: the ratio is clipped at 1 + {v}"
 DUAL_WHY = "same meaning: the dual-clip bound for negative advantages, here {v} (null: off)"
-UNLIMITED_WHY = "same meaning: at most {v} generation rounds per step, <= 0 unlimited"
+UNLIMITED_WHY = (
+    "same meaning: at most {v} full generation rounds' worth of prompts per step, <= 0 unlimited"
+)
 
 
 # ---------------------------------------------------------------------------------------
@@ -110,7 +112,7 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
         "grpo.dynamic_sampling_max_gen_batches",
         f"{DS}.max_gen_batches",
         "converted: NeMo RL counts a round before checking `rounds <= {v}`, so it runs up "
-        "to {v} + 1 rounds; ours runs at most max_gen_batches = {out}",
+        "to {v} + 1 rounds; ours generates at most {out} full rounds' worth of prompts",
         _rounds_plus_one,
     ),
     same(NEMO, "grpo.reward_scaling.enabled", f"{RS}.enabled", "same meaning: clamp, then map"),
@@ -411,9 +413,7 @@ SKYRL_KEYS: tuple[ForeignKey, ...] = (
         "trainer.policy.megatron_config.context_parallel_size",
         "policy.megatron.context_parallel_size",
     ),
-    same(
-        SKYRL, "generator.eval_n_samples_per_prompt", "validation.num_samples_per_prompt"
-    ),
+    same(SKYRL, "generator.eval_n_samples_per_prompt", "validation.num_samples_per_prompt"),
     same(SKYRL, "generator.eval_sampling_params.temperature", "validation.temperature"),
     same(SKYRL, "generator.eval_sampling_params.top_p", "validation.top_p"),
 )
@@ -642,9 +642,7 @@ def _verl_warmup(value: Any, ctx: Mapping[str, Any]) -> Translation:
     updates = (prompts // mini) * epochs
     if steps is None or steps <= 0:
         if not ratio:
-            return Translation(
-                (("policy.scheduler.lr_warmup_steps", 0),), "no warm-up (ratio 0)"
-            )
+            return Translation((("policy.scheduler.lr_warmup_steps", 0),), "no warm-up (ratio 0)")
         total = ctx.get("trainer.total_training_steps")
         if not isinstance(total, int) or total <= 0:
             raise Untranslatable(

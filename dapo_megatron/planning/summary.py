@@ -144,8 +144,12 @@ def format_plan(loaded: LoadedConfig) -> str:
             if plan.first_round_prompts is None
             else f"{plan.first_round_prompts} prompts in round 1"
         )
-        limit = "unlimited" if ds.max_gen_batches <= 0 else f"at most {ds.max_gen_batches}"
-        rows.append(("dyn. sampling", f"{first}, {limit} rounds, surplus {ds.surplus}"))
+        limit = (
+            "unlimited"
+            if ds.max_gen_batches <= 0
+            else f"at most {ds.max_gen_batches} full rounds' worth of prompts"
+        )
+        rows.append(("dyn. sampling", f"{first}, {limit}, surplus {ds.surplus}"))
     else:
         rows.append(("dyn. sampling", "off"))
     width = max(len(k) for k, _ in rows)

@@ -113,5 +113,5 @@ def test_exhausted_dynamic_sampling_is_a_one_line_error(tmp_path):
     )
     assert out.returncode == 1
     assert "dapo.dynamic_sampling.max_gen_batches=2" in out.stderr
-    assert "after 2 generation rounds" in out.stderr
+    assert "max_gen_batches=2 full rounds of 32" in out.stderr
     assert "Traceback" not in out.stderr

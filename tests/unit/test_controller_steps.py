@@ -14,6 +14,7 @@ from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.context import RunContext
 from dapo_megatron.controller.rollout_groups import build_policy_batch, make_groups
+from dapo_megatron.controller.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,7 +71,7 @@ def test_all_equal_groups_exhaust_after_exactly_max_gen_batches_rounds():
         "dapo.dynamic_sampling.batch_multiplier=1.5",
     )
     with pytest.raises(DynamicSamplingExhausted, match="max_gen_batches=3"):
-        steps.collect_rollouts(ctx, engines, step=0)
+        steps.collect_rollouts(RolloutPlanner(ctx), engines, step=0)
     assert engines.rounds == 3  # never a 4th round
 
 
@@ -81,14 +82,14 @@ def test_mixed_groups_carry_surplus_across_steps():
         "dapo.dynamic_sampling.batch_multiplier=4.0",
         "dapo.dynamic_sampling.max_carry_age=2",
     )
-    groups, stats, metrics = steps.collect_rollouts(ctx, engines, step=0)
+    groups, stats, metrics = steps.collect_rollouts(RolloutPlanner(ctx), engines, step=0)
     # One round of ceil(4 * 4) = 16 prompts (0..15): 8 even prompts kept, 4 trained, 4 carried.
     assert engines.rounds == 1 and stats.num_prompts_generated == 16
     assert [g.prompt_ids[0] for g in groups] == [0, 2, 4, 6]
     assert stats.num_carried_groups == 4 and stats.keep_rate == 0.5
     assert metrics["num_generated_tokens"] == 16 * N * 2
     # Next step is served from the carry alone: no generation round at all.
-    groups, stats, metrics = steps.collect_rollouts(ctx, engines, step=1)
+    groups, stats, metrics = steps.collect_rollouts(RolloutPlanner(ctx), engines, step=1)
     assert engines.rounds == 1 and stats.num_gen_batches == 0
     assert [g.prompt_ids[0] for g in groups] == [8, 10, 12, 14]
     assert stats.num_carried_in == 4 and metrics["num_generated_tokens"] == 0.0

@@ -301,7 +301,7 @@ def test_nemo_rl_dapo_example_imports_to_a_runnable_recipe(tmp_path, capsys):
     dry = _cli("train_main", "--config", str(out), "--dry-run", *CPU_MACHINE, run_dir, model)
     assert dry.returncode == 0, dry.stderr
     assert "dry run: configuration, data, model, tokenizer and devices are valid" in dry.stdout
-    assert "1536 prompts in round 1, at most 11 rounds" in dry.stdout
+    assert "1536 prompts in round 1, at most 11 full rounds' worth of prompts" in dry.stdout
     # The recipe's own cluster (2 nodes x 8 GPUs) planned as on GPUs: it fits 80 GiB.
     plan = _cli("plan_main", "--config", str(out), "cluster.device=cuda")
     assert plan.returncode == 0, plan.stdout + plan.stderr

@@ -6,6 +6,7 @@ test_dynamic_sampling_state.py; the group filter and the multiplier rule in test
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -259,7 +260,7 @@ def test_exhaustion_after_max_rounds_message_and_no_extra_round() -> None:
     assert isinstance(info.value, RuntimeError)
     assert "dapo.dynamic_sampling.max_gen_batches=2" in message
     assert "dapo.dynamic_sampling.batch_multiplier=1" in message
-    assert "2 generation rounds" in message
+    assert "in 2 rounds" in message and "2 full rounds of 4" in message
     assert "8 prompts generated" in message
     assert "1 groups kept" in message and "4 needed" in message
     assert "keep rate 0.125" in message  # 1 kept / 8 generated
@@ -318,9 +319,12 @@ def test_non_positive_max_gen_batches_is_unlimited(max_gen_batches: int) -> None
     max_gen_batches=st.integers(1, 4),
     surplus=st.sampled_from(["carry", "discard"]),
 )
-def test_property_never_more_than_max_rounds(
+def test_property_never_more_than_max_gen_batches_full_rounds_of_prompts(
     data: st.DataObject, num_prompts: int, multiplier: float, max_gen_batches: int, surplus: str
 ) -> None:
+    # max_gen_batches counts prompts in full rounds (ceil(multiplier * num_prompts) each):
+    # a round starts only while fewer than that many prompts were generated this step, and
+    # the step stops exhausted once they were (later rounds may be smaller than a full one).
     s = sampler(
         num_prompts_per_step=num_prompts,
         batch_multiplier=multiplier,
@@ -328,9 +332,11 @@ def test_property_never_more_than_max_rounds(
         surplus=surplus,
         max_carry_age=2,
     )
+    full = math.ceil(round(multiplier * num_prompts, 9))
+    budget = max_gen_batches * full
     for step in range(3):
         s.start_step()
-        rounds = 0
+        rounds = generated = 0
         kept_varied = s.num_kept_groups
         exhausted = False
         while not s.is_complete():
@@ -339,8 +345,10 @@ def test_property_never_more_than_max_rounds(
             except DynamicSamplingExhausted:
                 exhausted = True
                 break
+            assert generated < budget
+            assert n <= full
             rounds += 1
-            assert rounds <= max_gen_batches
+            generated += n
             flags = data.draw(st.lists(st.booleans(), min_size=n, max_size=n))
             names = [f"{'v' if f else 'c'}-{step}-{rounds}-{i}" for i, f in enumerate(flags)]
             kept_varied += sum(flags)
@@ -351,14 +359,15 @@ def test_property_never_more_than_max_rounds(
                 break
         event("exhausted" if exhausted else "step completed")
         if exhausted:
-            assert rounds == max_gen_batches
+            assert budget <= generated < budget + full
             assert kept_varied < num_prompts
             assert not s.is_complete()
             with pytest.raises(DynamicSamplingExhausted):
                 s.prompts_for_next_round()
             return
         batch, stats = s.finish_step()
-        assert stats.num_gen_batches == rounds <= max_gen_batches
+        assert stats.num_gen_batches == rounds
+        assert stats.num_prompts_generated == generated < budget + full
         assert len(batch) == num_prompts
         assert all(name.startswith("v") for name in batch)
         assert 0.0 <= stats.keep_rate <= 1.0

@@ -15,6 +15,7 @@ from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.partial_rollouts import PartialRollouts
 from dapo_megatron.controller.rollout_groups import build_policy_batch
+from dapo_megatron.controller.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -96,7 +97,7 @@ def test_aborted_samples_are_continued_after_the_refit_with_per_token_versions()
     engines = VersionedEngines()
     ctx.dynamic._keep_rate_ema = 1.0  # as after a first step where every group varied
     engines.version = 1
-    groups, stats, metrics = steps.collect_rollouts(ctx, engines, step=1)
+    groups, stats, metrics = steps.collect_rollouts(RolloutPlanner(ctx), engines, step=1)
     # Every group is kept: wait for 4 finished of ceil(1.5 x 4) = 6 prompts; 2 kept for later.
     assert engines.calls[0]["prompts"] == [[i] for i in range(6)]
     assert metrics["rollout/num_aborted_groups"] == 2
@@ -105,7 +106,7 @@ def test_aborted_samples_are_continued_after_the_refit_with_per_token_versions()
     state = ctx.partials.state_dict()  # what the checkpoint keeps
 
     engines.version = 2  # the refit after step 1
-    groups, stats, metrics = steps.collect_rollouts(ctx, engines, step=2)
+    groups, stats, metrics = steps.collect_rollouts(RolloutPlanner(ctx), engines, step=2)
     continuation = engines.calls[1]
     assert continuation["n"] == 1 and len(continuation["prompts"]) == 2 * N
     # Each request is the prompt and the sample's first token; its cap is what is left.
@@ -141,9 +142,9 @@ def test_groups_too_old_for_the_staleness_bound_are_dropped():
     ctx, _ = _ctx("dapo.dynamic_sampling.max_carry_age=1")
     engines = VersionedEngines()
     ctx.dynamic._keep_rate_ema = 1.0
-    steps.collect_rollouts(ctx, engines, step=1)
+    steps.collect_rollouts(RolloutPlanner(ctx), engines, step=1)
     assert len(ctx.partials.pending) == 2
-    _, _, metrics = steps.collect_rollouts(ctx, engines, step=3)
+    _, _, metrics = steps.collect_rollouts(RolloutPlanner(ctx), engines, step=3)
     assert metrics["rollout/num_partial_groups_dropped"] == 2  # version 1 at step 3: 2 behind
     assert all(len(c["prompts"][0]) == 1 for c in engines.calls[1:])  # no continuation
 

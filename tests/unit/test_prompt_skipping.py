@@ -21,6 +21,7 @@ from dapo_megatron.algorithms.prompt_skipping import (
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller import steps
+from dapo_megatron.controller.rollout_planner import RolloutPlanner, tail_cut
 from dapo_megatron.shared.sampling import Sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -255,12 +256,12 @@ def _ctx(pattern, *overrides):
 
 
 def test_tail_cut_waits_for_the_kept_groups_with_headroom_and_oversamples():
-    assert steps.tail_cut(4, None, 10, 1.5) == (10, 10)  # no keep rate yet: no cut
+    assert tail_cut(4, None, 10, 1.5) == (10, 10)  # no keep rate yet: no cut
     # keep 0.5: 8 expected + 2 SD of the binomial keep count (2 x sqrt(8 x 0.25) / 0.5 =
     # 5.66): wait for 14 finished groups of ceil(1.5 x 14) = 21 drawn; by hand.
-    assert steps.tail_cut(4, 0.5, 10, 1.5) == (21, 14)
-    assert steps.tail_cut(4, 1.0, 10, 1.5) == (6, 4)  # every group kept: no headroom needed
-    assert steps.tail_cut(4, 1.0, 10, 1.0) == (4, 4)  # oversample 1: nothing to cut
+    assert tail_cut(4, 0.5, 10, 1.5) == (21, 14)
+    assert tail_cut(4, 1.0, 10, 1.5) == (6, 4)  # every group kept: no headroom needed
+    assert tail_cut(4, 1.0, 10, 1.0) == (4, 4)  # oversample 1: nothing to cut
 
 
 def test_aborted_groups_are_neither_scored_nor_trained_and_are_counted():
@@ -270,7 +271,7 @@ def test_aborted_groups_are_neither_scored_nor_trained_and_are_counted():
         "dapo.dynamic_sampling.surplus=discard",
     )
     ctx.dynamic._keep_rate_ema = 1.0  # as after a first step where every group was kept
-    groups, stats, metrics = steps.collect_rollouts(ctx, engines, step=1)
+    groups, stats, metrics = steps.collect_rollouts(RolloutPlanner(ctx), engines, step=1)
     # One round of ceil(1.5 x 4) = 6 prompts, cut once 4 finished.
     assert engines.calls == [(list(range(6)), 4)]
     assert metrics["rollout/num_aborted_groups"] == 2
@@ -296,7 +297,7 @@ def test_skipped_prompts_are_not_generated_and_audits_are_scored():
     totals = {"skipped": 0.0, "audited": 0.0, "generated_saturated": 0}
     for step in range(12):
         before = len(engines.calls)
-        _, stats, metrics = steps.collect_rollouts(ctx, engines, step=step)
+        _, stats, metrics = steps.collect_rollouts(RolloutPlanner(ctx), engines, step=step)
         totals["skipped"] += metrics["dynamic_sampling/num_skipped"]
         totals["audited"] += metrics["dynamic_sampling/num_audited"]
         if step >= 1:

@@ -18,7 +18,8 @@ from fake_context import fake_context
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller.context import RunContext
-from dapo_megatron.controller.rollout_stream import RolloutStream, _prompts_for, _Request
+from dapo_megatron.controller.rollout_planner import prompts_for
+from dapo_megatron.controller.rollout_stream import RolloutStream, _Request
 from dapo_megatron.shared.sampling import Sample
 
 REPO = Path(__file__).resolve().parents[2]
@@ -384,12 +385,12 @@ def test_at_keep_rate_half_requests_track_the_need_without_a_stale_surplus(k):
     assert trained == num_steps * 4
     assert sum(s["metrics"]["rollout/stale_groups_dropped"] for s in steps) == 0
     # Two prompts per trained group at keep 0.5. At most: the first request, for the K + 1
-    # steps version 0 may train (_prompts_for(4 (K + 1), 0.5): 24 prompts at K = 1, 34 at
-    # K = 2), then one request per refit for the one step it opens, ceil(_prompts_for(4,
+    # steps version 0 may train (prompts_for(4 (K + 1), 0.5): 24 prompts at K = 1, 34 at
+    # K = 2), then one request per refit for the one step it opens, ceil(prompts_for(4,
     # 0.5)) = ceil(8 + 2 * sqrt(8 * 0.25) / 0.5) = 14 prompts. The headroom's surplus
     # (3 groups a step here, where the keep rate never varies) is not counted as filling
     # a step it is too old for.
-    first = math.ceil(_prompts_for(4 * (k + 1), 0.5))
+    first = math.ceil(prompts_for(4 * (k + 1), 0.5))
     assert first == [24, 34][k - 1]
     assert 2 * trained <= drawn <= first + num_steps * 14
     assert all(0 <= step - g.version <= k for step, s in enumerate(steps) for g in s["groups"])
@@ -399,10 +400,10 @@ def test_at_keep_rate_half_requests_track_the_need_without_a_stale_surplus(k):
     ("groups", "keep"), [(32, 0.9), (32, 0.5), (32, 0.3), (4, 0.5), (1, 0.9), (256, 0.1)]
 )
 def test_request_headroom_rarely_leaves_a_step_short_and_stays_small(groups, keep):
-    # Independent check with the exact binomial: drawing ceil(_prompts_for(G, p)) prompts,
+    # Independent check with the exact binomial: drawing ceil(prompts_for(G, p)) prompts,
     # the chance of fewer than G kept groups is small, and the headroom over G / p is at
     # most three binomial standard deviations (in prompts).
-    n = math.ceil(_prompts_for(groups, keep))
+    n = math.ceil(prompts_for(groups, keep))
     short = sum(
         math.exp(
             math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1)

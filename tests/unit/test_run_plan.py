@@ -189,3 +189,28 @@ def test_the_refit_transport_is_chosen_once_and_answers_every_refit_question() -
         from dapo_megatron.refit.halves import halves_of
 
         halves_of("object_store")
+
+
+# One staleness bound per run: max_carry_age at K = 0, rollout.max_staleness at K >= 1.
+SPLIT_K = ["cluster.gpus_per_node=3", "cluster.colocated=false", "cluster.generation_num_devices=1"]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "age"),
+    [
+        ([], 1),  # null at K = 0: 1
+        (["dapo.dynamic_sampling.max_carry_age=3"], 3),
+        ([*SPLIT_K, "rollout.max_staleness=2"], 2),  # null at K = 2: K
+        ([*SPLIT_K, "rollout.max_staleness=2", "dapo.dynamic_sampling.max_carry_age=2"], 2),
+    ],
+)
+def test_max_group_age_is_resolved_once(overrides: list[str], age: int) -> None:
+    assert plan_of(*overrides).max_group_age == age
+
+
+def test_a_max_carry_age_that_overlapping_rollouts_would_replace_is_refused() -> None:
+    with pytest.raises(ConfigError) as info:
+        plan_of(*SPLIT_K, "rollout.max_staleness=2", "dapo.dynamic_sampling.max_carry_age=1")
+    message = str(info.value)
+    assert "dapo.dynamic_sampling.max_carry_age" in message
+    assert "rollout.max_staleness=2" in message and "null" in message
