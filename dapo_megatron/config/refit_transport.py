@@ -19,7 +19,8 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Literal
 
 if TYPE_CHECKING:
-    from dapo_megatron.config.schema import ClusterConfig, GenerationConfig
+    from dapo_megatron.config.schema import ClusterConfig
+    from dapo_megatron.config.schema_policy import GenerationConfig
 
 WeightGroupBackend = Literal["nccl", "gloo"]
 

@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.schema import DataConfig
+from dapo_megatron.config.schema_data import DataConfig
 from dapo_megatron.data.arithmetic import make_train_val_split
 from dapo_megatron.data.file_rows import (
     RawRow,

@@ -18,7 +18,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from dapo_megatron.config.schema import DataConfig
+from dapo_megatron.config.schema_data import DataConfig
 
 DATA_STATE_KEY = "data"
 """Key of the fingerprint in the controller's checkpoint state (controller/loop.py)."""

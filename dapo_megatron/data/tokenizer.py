@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.schema import PolicyConfig
+from dapo_megatron.config.schema_policy import PolicyConfig
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast

@@ -18,7 +18,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from dapo_megatron.config.schema import LoggerConfig
+from dapo_megatron.config.schema_run import LoggerConfig
 from dapo_megatron.logging.jsonl import (
     METRICS_FILENAME,
     SFT_METRICS_FILENAME,

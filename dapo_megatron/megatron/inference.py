@@ -16,15 +16,16 @@ One ``generate`` call, for R = prompts x n rows:
    ``0..L-1``. RoPE scores depend only on position DIFFERENCES, so this is exact in exact
    arithmetic and differs from HF at fp32 rounding level (measured in the tests).
 2. decode token by token: sample from the last logits (temperature, top-k, then top-p on
-   the renormalised top-k set), append, stop a row on a stop token or its budget
-   (``max_tokens``, or the context limit ``max_model_len``). Finished rows are dropped
-   from the batch and from the KV cache (compaction every time an eighth of the rows is
-   done), so long-running rows do not pay for finished ones.
+   the renormalised top-k set; token_sampling.py), append, stop a row on a stop token or
+   its budget (``max_tokens``, or the context limit ``max_model_len``). Finished rows are
+   dropped from the batch and from the KV cache (compaction every time an eighth of the
+   rows is done), so long-running rows do not pay for finished ones.
 
 During a call each attention layer's ``_adjust_key_value_for_inference`` is replaced (an
 instance attribute, removed afterwards, like ``policy_step.hidden_state_head``) by one that
-caches keys AFTER RoPE: Megatron's static path caches them before and re-rotates the
-whole cache at every step, an O(T^2) recomputation that dominated CPU decoding.
+caches keys AFTER RoPE (decode_mode.py, with the call's other changes to the model):
+Megatron's static path caches them before and re-rotates the whole cache at every step,
+an O(T^2) recomputation that dominated CPU decoding.
 
 Tensor parallelism: all TP ranks run the loop together on the same prompts; TP rank 0
 samples and broadcasts its tokens and logprobs, so every rank returns identical samples
@@ -55,7 +56,6 @@ and no mask are needed.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -63,141 +63,32 @@ from pathlib import Path
 import torch
 from megatron.core import parallel_state
 from megatron.core.inference.contexts import StaticInferenceContext
-from megatron.core.models.common.embeddings.rope_utils import apply_rotary_pos_emb
-from megatron.core.transformer.dot_product_attention import DotProductAttention
-from megatron.core.transformer.enums import AttnMaskType
 
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.refit_transport import RefitTransport
 from dapo_megatron.device import collectives
-from dapo_megatron.megatron.cp_attention import ContextParallelAttention
+from dapo_megatron.megatron.decode_mode import (
+    compact_cache,
+    honours_padding_mask,
+    rotate_before_caching,
+    sequence_parallel_off,
+)
 from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
 from dapo_megatron.megatron.model import build_model, unwrap_model
 from dapo_megatron.megatron.routing_replay import RoutingLog, RoutingRecorder
 from dapo_megatron.megatron.tail_cut import TailCut
+from dapo_megatron.megatron.token_sampling import sample_next_tokens
 from dapo_megatron.refit.buckets import BucketLayout
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.refit.receiver import EngineReceiver
 from dapo_megatron.refit.stats import TransferStats
 from dapo_megatron.shared.sampling import FinishReason, Sample, SamplingParams
 
-# Module attributes through which Megatron layers decide to split/gather the sequence.
-_SEQUENCE_PARALLEL_ATTRS = (
-    "sequence_parallel",
-    "scatter_to_sequence_parallel",
-    "reduce_scatter_embeddings",
-)
-
 # Drop finished rows from the KV cache once this fraction of its rows is finished: a
 # compaction copies the cache once (about one decode step's attention traffic), so the
 # overhead stays bounded while at most this fraction of every step is wasted.
 _COMPACT_FRACTION = 1 / 8
-
-
-@contextlib.contextmanager
-def _sequence_parallel_off(model: torch.nn.Module) -> Iterator[None]:
-    """Run without sequence parallelism, then restore every flag to its previous value."""
-    saved: list[tuple[object, str, bool]] = [
-        (model.config, "sequence_parallel", model.config.sequence_parallel)
-    ]
-    for module in model.modules():
-        for attr in _SEQUENCE_PARALLEL_ATTRS:
-            value = getattr(module, attr, None)
-            if isinstance(value, bool):
-                saved.append((module, attr, value))
-    try:
-        for owner, attr, _ in saved:
-            setattr(owner, attr, False)
-        yield
-    finally:
-        for owner, attr, value in saved:
-            setattr(owner, attr, value)
-
-
-def _honours_padding_mask(model: torch.nn.Module) -> bool:
-    """True when core attention applies an explicit mask in prefill and decode alike.
-
-    Megatron's local ``DotProductAttention`` masks with the given tensor whenever one is
-    passed (torch softmax path). Transformer Engine drops masks once decoding (its mask
-    type becomes no_mask) and the fused causal softmax kernel ignores them.
-
-    A model built with ``packed=True`` (the policy's own model when colocated) has our
-    ``ContextParallelAttention``, which at CP == 1 hands every unpacked call, so every
-    prefill and decode step here, to an inner ``DotProductAttention``: that module decides.
-    (Judging by the outer type sent such a model down the one-prompt-length-per-batch
-    path: other batches than a plain model's, hence other sampling draws and RoPE offsets,
-    so the colocated rollouts differed from those of a plain model with the same weights.)
-    """
-    core = model.decoder.layers[0].self_attention.core_attention
-    if isinstance(core, ContextParallelAttention) and core._unpacked is not None:
-        core = core._unpacked
-    fused = model.config.masked_softmax_fusion and torch.cuda.is_available()
-    return type(core) is DotProductAttention and not fused
-
-
-def _rotated_kv_cache_step(
-    attention: torch.nn.Module,
-    context: StaticInferenceContext,
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    rotary_pos_emb: tuple[torch.Tensor, torch.Tensor] | None,
-    *_unused: object,
-    **_unused_kwargs: object,
-) -> tuple:
-    """``Attention._adjust_key_value_for_inference`` with RoPE applied BEFORE caching.
-
-    Megatron's static path caches un-rotated keys and rotates the whole cache
-    ``[0, end)`` again at every decode step: O(T) extra work per step, O(T^2) per response,
-    which dominated CPU decoding. Here the new queries and keys are rotated once at their
-    positions ``[start, end)`` with Megatron's own ``apply_rotary_pos_emb`` (the same
-    arithmetic per key), the rotated keys are cached, and ``rotary_pos_emb=None`` tells
-    the caller that RoPE is done. Cache layout and context bookkeeping are Megatron's.
-    Shapes: query [sq, b, np, hn], key/value [sq, b, ng, hn]; returns the cached
-    key/value [end, b, ng, hn].
-    """
-    if attention.layer_number not in context.key_value_memory_dict:
-        context.key_value_memory_dict[attention.layer_number] = tuple(
-            attention._allocate_memory(
-                context.max_sequence_length, context.max_batch_size, t.shape[-1], t.dtype
-            )
-            for t in (key, value)
-        )
-    key_memory, value_memory = context.key_value_memory_dict[attention.layer_number]
-    start, end = context.sequence_len_offset, context.sequence_len_offset + key.shape[0]
-    rows = slice(context.batch_size_offset, context.batch_size_offset + key.shape[1])
-    if end > key_memory.shape[0]:
-        raise ValueError(f"KV cache holds {key_memory.shape[0]} positions, step needs {end}")
-    if rotary_pos_emb is not None:
-        q_freqs, k_freqs = rotary_pos_emb
-        cp_group = attention.pg_collection.cp
-        query = apply_rotary_pos_emb(query, q_freqs[start:end], attention.config, cp_group=cp_group)
-        key = apply_rotary_pos_emb(key, k_freqs[start:end], attention.config, cp_group=cp_group)
-    key_memory[start:end, rows] = key
-    value_memory[start:end, rows] = value
-    # The prompt pass keeps the layer's causal mask type; decode steps see every cached key.
-    mask_type = attention.attn_mask_type if start == 0 else AttnMaskType.no_mask
-    return query, key_memory[:end, rows], value_memory[:end, rows], None, mask_type, None
-
-
-@contextlib.contextmanager
-def _rotate_before_caching(model: torch.nn.Module) -> Iterator[None]:
-    """Install ``_rotated_kv_cache_step`` on every attention layer of ``model`` (instance
-    attributes, removed on exit: the class's method serves training and other users)."""
-    if model.config.flash_decode:  # flash decoding rotates before caching by itself
-        yield
-        return
-    layers = [layer.self_attention for layer in model.decoder.layers]
-    for attention in layers:
-        attention._adjust_key_value_for_inference = functools.partial(
-            _rotated_kv_cache_step, attention
-        )
-    try:
-        yield
-    finally:
-        for attention in layers:
-            del attention._adjust_key_value_for_inference
 
 
 @dataclass
@@ -216,49 +107,6 @@ class _Decoded:
     """[B] bool: still running when the call stopped (``finish_after_fraction``)."""
     routing: RoutingLog | None = None
     """The experts of every fed token (routing replay only)."""
-
-
-def sample_next_tokens(
-    logits_BV: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row; returns (tokens [B] int64, logprobs [B] fp32).
-
-    The logprob is ``log_softmax(logits / temperature)`` at the sampled token, over the
-    whole vocabulary (before truncation). Truncation: top-k keeps the k largest logits
-    (ties at the k-th value kept), then top-p keeps the smallest prefix of the remaining
-    tokens, by decreasing probability, whose renormalised mass reaches top_p. top_k=1 is
-    the argmax and draws nothing from the generator.
-
-    Args:
-        logits_BV: fp32 logits over the real vocabulary (padding rows already removed).
-        sampling: temperature, top_k, top_p.
-        generator: the call's random generator, on the logits' device.
-    """
-    scaled = logits_BV / sampling.temperature
-    logp = torch.log_softmax(scaled, dim=-1)
-    vocab = scaled.shape[-1]
-    if sampling.top_k == 1:
-        tokens = scaled.argmax(dim=-1)
-    else:
-        if 1 < sampling.top_k < vocab:
-            kth = scaled.topk(sampling.top_k, dim=-1).values[:, -1:]
-            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-        probs = torch.softmax(scaled, dim=-1)
-        if sampling.top_p < 1.0:
-            sorted_probs, order = probs.sort(dim=-1, descending=True)
-            mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-            # A token is dropped when the more likely ones already reach top_p; the first
-            # token is never dropped (mass_before == 0 < top_p).
-            drop_sorted = mass_before >= sampling.top_p
-            drop = torch.empty_like(drop_sorted).scatter_(-1, order, drop_sorted)
-            probs = probs.masked_fill(drop, 0.0)
-        # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) picks i with probability
-        # p_i / sum(p), for any unnormalised p; unlike multinomial it needs no host sync.
-        # The clamp keeps a zero draw (possible in fp32) from turning 0/0 into a NaN winner.
-        race = torch.empty_like(probs).exponential_(generator=generator)
-        race.clamp_(min=torch.finfo(race.dtype).tiny)
-        tokens = (probs / race).argmax(dim=-1)
-    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
 class MegatronGenerationBackend:
@@ -312,7 +160,7 @@ class MegatronGenerationBackend:
         self._shares_policy_model = shares_policy_model
         self._max_batch_size = max_batch_size
         self._max_model_len = max_model_len or arch.max_position_embeddings
-        self._padding_mask_ok = _honours_padding_mask(self._model)
+        self._padding_mask_ok = honours_padding_mask(self._model)
         self._recorder = RoutingRecorder.of(self._model)
         # The group whose ranks must run their forwards in lockstep (see the module doc).
         self._lockstep_group = (
@@ -492,7 +340,7 @@ class MegatronGenerationBackend:
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad(), _sequence_parallel_off(model), _rotate_before_caching(model):
+            with torch.no_grad(), sequence_parallel_off(model), rotate_before_caching(model):
                 yield
         finally:
             model.train(was_training)
@@ -605,7 +453,7 @@ class MegatronGenerationBackend:
                 break
             if len(rows) - num_alive >= max(1, int(len(rows) * _COMPACT_FRACTION)):
                 keep = alive.nonzero().squeeze(1)
-                _compact_cache(context, keep)
+                compact_cache(context, keep)
                 rows, alive, next_tok = rows[keep], alive[keep], next_tok[keep]
                 pad_BK = None if pad_BK is None else pad_BK[keep]
             logits = self._forward(model, next_tok[:, None], prompt_len + step, pad_BK, context)
@@ -634,19 +482,6 @@ class MegatronGenerationBackend:
             group=parallel_state.get_tensor_model_parallel_group(),
         )
         return packed[:, 0].long(), packed[:, 1].float()
-
-
-def _compact_cache(context: StaticInferenceContext, keep: torch.Tensor) -> None:
-    """Keep only the cache rows ``keep`` (their filled positions) in every layer."""
-    filled = context.sequence_len_offset
-    for layer, (keys, values) in context.key_value_memory_dict.items():
-        compacted = []
-        for memory in (keys, values):
-            new = memory.new_empty(memory.shape[0], len(keep), *memory.shape[2:])
-            new[:filled] = memory[:filled, keep]
-            compacted.append(new)
-        context.key_value_memory_dict[layer] = tuple(compacted)
-    context.max_batch_size = len(keep)
 
 
 def _to_sample(decoded: _Decoded, row: int, with_logprobs: bool) -> Sample:

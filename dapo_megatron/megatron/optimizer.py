@@ -9,7 +9,7 @@ from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
 
-from dapo_megatron.config.schema import OptimizerConfig, SchedulerConfig
+from dapo_megatron.config.schema_policy import OptimizerConfig, SchedulerConfig
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 

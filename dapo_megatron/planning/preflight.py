@@ -46,7 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.schema import ClusterConfig, DapoMegatronConfig, PolicyConfig
+from dapo_megatron.config.schema import ClusterConfig, DapoMegatronConfig
+from dapo_megatron.config.schema_policy import PolicyConfig
 from dapo_megatron.data.datasets import check_data_files
 from dapo_megatron.data.hub import fetch_model, is_hub_model_id
 from dapo_megatron.data.hub_datasets import is_hf_uri, resolve_data_path

@@ -14,7 +14,7 @@ import torch
 
 from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.config.schema import OptimizerConfig, SchedulerConfig
+from dapo_megatron.config.schema_policy import OptimizerConfig, SchedulerConfig
 
 SEQ, MICRO_BATCHES = 16, 2
 TOTAL_STEPS, SAVE_AT = 4, 2

@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from dapo_megatron.config.arithmetic_task import num_distinct_problems
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.model_arch import PRESETS, arch_from_hf_config
-from dapo_megatron.config.schema import ArithmeticTaskConfig, DataConfig, RemainderTaskConfig
+from dapo_megatron.config.schema_data import ArithmeticTaskConfig, DataConfig, RemainderTaskConfig
 from dapo_megatron.data import tiny_model as tiny_model_module
 from dapo_megatron.data.arithmetic import make_problems, make_train_val_split
 from dapo_megatron.data.datasets import (

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.schema import LoggerConfig
+from dapo_megatron.config.schema_run import LoggerConfig
 from dapo_megatron.logging import (
     METRIC_KEYS,
     MetricsLogger,
@@ -95,7 +95,7 @@ def test_jsonl_survives_sigkill(tmp_path):
         f"""
         import os, signal
         from pathlib import Path
-        from dapo_megatron.config.schema import LoggerConfig
+        from dapo_megatron.config.schema_run import LoggerConfig
         from dapo_megatron.logging import MetricsLogger
         cfg = LoggerConfig(None, False, False, "p", False, None, False, False)
         logger = MetricsLogger(cfg, run_dir=Path({str(tmp_path)!r}), run_name="k", resume=False)

@@ -1,0 +1,353 @@
+"""verl's keys in the table (recipe/dapo/*.sh, trainer/config/ppo_trainer.yaml), with their
+converters; dialect_keys.py joins the tables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dapo_megatron.migrate.dialects import (
+    ForeignKey,
+    Translation,
+    Untranslatable,
+    as_int,
+    choice,
+    custom,
+    hub_model,
+    kl_coef,
+    kl_estimator,
+    kl_switch,
+    mapped,
+    policy_mini_batch,
+    same,
+    same_agg,
+    sampling_top_k,
+)
+from dapo_megatron.migrate.shared_keys import (
+    CLIP_C,
+    CLIP_HIGH,
+    CLIP_LOW,
+    DS,
+    DUAL_WHY,
+    HIGH_WHY,
+    LOW_WHY,
+    MAX_RESPONSE,
+    OB,
+    UNLIMITED_WHY,
+    VERL,
+)
+
+
+def _verl_gen_batch(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    gen = as_int(value)
+    prompts = ctx.get("data.train_batch_size")
+    if not isinstance(prompts, int) or isinstance(prompts, bool) or prompts <= 0:
+        raise Untranslatable(
+            "verl generates gen_batch_size prompts every round; ours generates "
+            "batch_multiplier x the groups still missing: set "
+            "dapo.dynamic_sampling.batch_multiplier = gen_batch_size / data.train_batch_size "
+            "(e.g. 1536 / 512 = 3)"
+        )
+    ratio = gen / prompts
+    return Translation(
+        ((f"{DS}.batch_multiplier", max(1.0, ratio)),),
+        f"approximately: round 1 draws {gen} = {ratio:g} x {prompts} prompts in both; verl's "
+        f"later rounds draw {gen} again, ours {ratio:g} x the groups still missing",
+    )
+
+
+def _verl_metric(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value in ("acc", "score"):
+        return Translation(((f"{DS}.metric", value),), "same meaning: the raw metric")
+    if value in ("seq_reward", "seq_final_reward"):
+        return Translation(
+            ((f"{DS}.metric", "score"),),
+            f"not the same: verl's {value} includes the overlong penalty; ours filters on "
+            f"the raw score (never the shaped reward, which would keep groups whose answers "
+            f"were all wrong but of different lengths)",
+        )
+    raise Untranslatable(f"{value!r}: ours filters on acc or the raw score only")
+
+
+def _verl_overlong_enable(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if not isinstance(value, bool):
+        raise Untranslatable(f"{value!r}: expected true or false")
+    return Translation(((f"{OB}.enabled", value),), "same meaning")
+
+
+def _verl_save_freq(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    n = as_int(value)
+    if n <= 0:
+        return Translation((("checkpointing.enabled", False),), f"{n}: verl never saves")
+    return Translation(
+        (("checkpointing.enabled", True), ("checkpointing.save_period", n)), "same meaning"
+    )
+
+
+def _verl_warmup(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """verl's warm-up counts trainer steps; ours, optimizer steps (one per mini-batch)."""
+    steps = ctx.get(f"{VERL_ACTOR}.optim.lr_warmup_steps", -1)
+    ratio = ctx.get(f"{VERL_ACTOR}.optim.lr_warmup_steps_ratio", 0.0)
+    prompts = ctx.get("data.train_batch_size")
+    mini = ctx.get(f"{VERL_ACTOR}.ppo_mini_batch_size")
+    epochs = ctx.get(f"{VERL_ACTOR}.ppo_epochs", 1)
+    if not (
+        isinstance(prompts, int)
+        and isinstance(mini, int)
+        and isinstance(epochs, int)
+        and min(prompts, mini, epochs) > 0
+    ):
+        raise Untranslatable(
+            "needs data.train_batch_size, ppo_mini_batch_size and ppo_epochs to convert "
+            "trainer steps to optimizer steps"
+        )
+    updates = (prompts // mini) * epochs
+    if steps is None or steps <= 0:
+        if not ratio:
+            return Translation((("policy.scheduler.lr_warmup_steps", 0),), "no warm-up (ratio 0)")
+        total = ctx.get("trainer.total_training_steps")
+        if not isinstance(total, int) or total <= 0:
+            raise Untranslatable(
+                f"lr_warmup_steps_ratio {ratio} x verl's total trainer steps, which this "
+                "importer cannot know (trainer.total_training_steps is not set)"
+            )
+        steps = int(ratio * total)
+    return Translation(
+        (("policy.scheduler.lr_warmup_steps", steps * updates),),
+        f"converted: {steps} trainer steps x {updates} optimizer steps each "
+        f"({prompts} // {mini} prompts x {epochs} epochs)",
+    )
+
+
+def _verl_warmup_style(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value is None:
+        return Translation((), "null: lr_scheduler_type decides")
+    if value == "constant":
+        return Translation((("policy.scheduler.lr_decay_style", "constant"),), "same meaning")
+    raise Untranslatable(f"{value!r}: only constant is carried (cosine's floor differs)")
+
+
+def _verl_epochs(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if as_int(value) != 1:
+        raise Untranslatable(f"{value} passes over each batch; ours makes one")
+    return Translation((), "one pass, as here")
+
+
+def _verl_val_temperature(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value == 0 or ctx.get(f"{VERL_ROLLOUT}.val_kwargs.do_sample") is False:
+        return Translation((("validation.greedy", True),), "greedy validation")
+    return Translation((("validation.temperature", value),), "same meaning")
+
+
+def _one_file(value: Any, ctx: Mapping[str, Any]) -> Any:
+    if isinstance(value, list):
+        if len(value) != 1:
+            raise Untranslatable(f"{len(value)} files; ours reads one")
+        value = value[0]
+    if not isinstance(value, str):
+        raise Untranslatable(f"{value!r}: expected a path")
+    return value
+
+
+VERL_ACTOR = "actor_rollout_ref.actor"
+VERL_ROLLOUT = "actor_rollout_ref.rollout"
+
+VERL_KEYS: tuple[ForeignKey, ...] = (
+    same(VERL, f"{VERL_ACTOR}.clip_ratio_low", CLIP_LOW, LOW_WHY),
+    same(VERL, f"{VERL_ACTOR}.clip_ratio_high", CLIP_HIGH, HIGH_WHY),
+    same(VERL, f"{VERL_ACTOR}.clip_ratio_c", CLIP_C, DUAL_WHY),
+    same_agg(VERL, f"{VERL_ACTOR}.loss_agg_mode"),
+    same(VERL, "algorithm.filter_groups.enable", f"{DS}.enabled"),
+    custom(
+        VERL,
+        "algorithm.filter_groups.metric",
+        f"{DS}.metric",
+        "acc and score: same; seq_reward and seq_final_reward (shaped) become score: ours "
+        "filters on the raw score, never the shaped reward",
+        _verl_metric,
+    ),
+    same(
+        VERL,
+        "algorithm.filter_groups.max_num_gen_batches",
+        f"{DS}.max_gen_batches",
+        UNLIMITED_WHY + " (verl raises once `rounds >= {v}` and more are needed)",
+    ),
+    custom(
+        VERL,
+        "data.gen_batch_size",
+        f"{DS}.batch_multiplier",
+        "no exact equivalent: verl generates {v} prompts every round; converted to "
+        "{v} / data.train_batch_size x the groups still missing",
+        _verl_gen_batch,
+    ),
+    custom(
+        VERL,
+        "reward_model.overlong_buffer.enable",
+        f"{OB}.enabled",
+        "same meaning",
+        _verl_overlong_enable,
+    ),
+    same(VERL, "reward_model.overlong_buffer.len", f"{OB}.length"),
+    same(
+        VERL,
+        "reward_model.overlong_buffer.penalty_factor",
+        f"{OB}.penalty_factor",
+        "same ramp; verl's penalty is not clamped at -{v} (it reaches it at "
+        "data.max_response_length), ours stays in [-{v}, 0]",
+    ),
+    same(VERL, f"{VERL_ROLLOUT}.n", "dapo.num_generations_per_prompt"),
+    same(VERL, "data.train_batch_size", "dapo.num_prompts_per_step"),
+    same(VERL, "data.max_prompt_length", "data.max_prompt_length"),
+    same(VERL, "data.max_response_length", MAX_RESPONSE),
+    hub_model("actor_rollout_ref.model.path", VERL),
+    same(VERL, f"{VERL_ACTOR}.optim.lr", "policy.optimizer.lr"),
+    policy_mini_batch(VERL, f"{VERL_ACTOR}.ppo_mini_batch_size", f"{VERL_ROLLOUT}.n"),
+    same(
+        VERL,
+        f"{VERL_ACTOR}.entropy_coeff",
+        "dapo.loss.entropy_coef",
+        "same meaning: the loss subtracts {v} x entropy",
+    ),
+    kl_switch(VERL, f"{VERL_ACTOR}.use_kl_loss"),
+    kl_coef(VERL, f"{VERL_ACTOR}.kl_loss_coef", f"{VERL_ACTOR}.use_kl_loss"),
+    kl_estimator(VERL, f"{VERL_ACTOR}.kl_loss_type"),
+    same(VERL, f"{VERL_ROLLOUT}.temperature", "generation.temperature"),
+    same(VERL, f"{VERL_ROLLOUT}.top_p", "generation.top_p"),
+    mapped(VERL, f"{VERL_ROLLOUT}.top_k", "generation.top_k", "0: -1 (off)", sampling_top_k),
+    same(
+        VERL,
+        f"{VERL_ROLLOUT}.tensor_model_parallel_size",
+        "generation.engine.tensor_parallel_size",
+    ),
+    same(
+        VERL,
+        f"{VERL_ROLLOUT}.gpu_memory_utilization",
+        "generation.engine.gpu_memory_utilization",
+    ),
+    same(
+        VERL,
+        f"{VERL_ACTOR}.megatron.tensor_model_parallel_size",
+        "policy.megatron.tensor_model_parallel_size",
+    ),
+    same(
+        VERL,
+        f"{VERL_ACTOR}.megatron.pipeline_model_parallel_size",
+        "policy.megatron.pipeline_model_parallel_size",
+    ),
+    same(
+        VERL,
+        f"{VERL_ACTOR}.megatron.context_parallel_size",
+        "policy.megatron.context_parallel_size",
+    ),
+    same(VERL, "trainer.nnodes", "cluster.num_nodes"),
+    same(VERL, "trainer.n_gpus_per_node", "cluster.gpus_per_node"),
+    same(VERL, "trainer.total_training_steps", "dapo.max_num_steps"),
+    custom(
+        VERL,
+        "trainer.save_freq",
+        "checkpointing.save_period (or enabled)",
+        "<= 0: never save (verl ray_trainer.py saves only when save_freq > 0): "
+        "checkpointing.enabled false",
+        _verl_save_freq,
+    ),
+    mapped(
+        VERL,
+        "trainer.test_freq",
+        "validation.val_period",
+        "<= 0: never validate during training: 0",
+        lambda v, ctx: max(0, as_int(v)),
+    ),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.optim.lr_warmup_steps",
+        "policy.scheduler.lr_warmup_steps",
+        "converted: verl steps its scheduler once per trainer step (engine_workers.py, "
+        "update_lr_scheduler), ours once per optimizer step: x train_batch_size / "
+        "ppo_mini_batch_size x ppo_epochs; <= 0 uses lr_warmup_steps_ratio",
+        _verl_warmup,
+    ),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.optim.lr_warmup_steps_ratio",
+        "policy.scheduler.lr_warmup_steps",
+        "read with lr_warmup_steps (used when that is <= 0): ratio x total trainer steps, "
+        "converted to optimizer steps",
+        _verl_warmup,
+    ),
+    choice(
+        VERL,
+        f"{VERL_ACTOR}.optim.lr_scheduler_type",
+        "policy.scheduler.lr_decay_style",
+        {"constant": "constant"},
+    ),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.optim.warmup_style",
+        "policy.scheduler.lr_decay_style",
+        "deprecated name of lr_scheduler_type (null: that key decides)",
+        _verl_warmup_style,
+    ),
+    same(VERL, f"{VERL_ACTOR}.optim.weight_decay", "policy.optimizer.weight_decay"),
+    same(VERL, f"{VERL_ACTOR}.optim.clip_grad", "policy.optimizer.clip_grad"),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.ppo_epochs",
+        "(none: one pass)",
+        "1: one pass over the batch, as here; more passes have no counterpart",
+        _verl_epochs,
+    ),
+    choice(
+        VERL,
+        f"{VERL_ACTOR}.megatron.dtype",
+        "policy.precision",
+        {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"},
+    ),
+    custom(
+        VERL,
+        "reward_model.reward_kwargs.overlong_buffer_cfg.enable",
+        f"{OB}.enabled",
+        "same meaning",
+        _verl_overlong_enable,
+    ),
+    same(VERL, "reward_model.reward_kwargs.overlong_buffer_cfg.len", f"{OB}.length"),
+    custom(
+        VERL,
+        "reward.reward_kwargs.overlong_buffer_cfg.enable",
+        f"{OB}.enabled",
+        "same meaning",
+        _verl_overlong_enable,
+    ),
+    same(VERL, "reward.reward_kwargs.overlong_buffer_cfg.len", f"{OB}.length"),
+    same(
+        VERL,
+        "reward.reward_kwargs.overlong_buffer_cfg.penalty_factor",
+        f"{OB}.penalty_factor",
+        "same ramp; verl's penalty is not clamped at -{v}, ours stays in [-{v}, 0]",
+    ),
+    same(
+        VERL,
+        "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor",
+        f"{OB}.penalty_factor",
+        "same ramp; verl's penalty is not clamped at -{v}, ours stays in [-{v}, 0]",
+    ),
+    same(VERL, f"{VERL_ROLLOUT}.val_kwargs.n", "validation.num_samples_per_prompt"),
+    custom(
+        VERL,
+        f"{VERL_ROLLOUT}.val_kwargs.temperature",
+        "validation.temperature",
+        "same meaning while val_kwargs.do_sample is true; 0 or do_sample false: greedy",
+        _verl_val_temperature,
+    ),
+    same(VERL, f"{VERL_ROLLOUT}.val_kwargs.top_p", "validation.top_p"),
+    mapped(
+        VERL,
+        f"{VERL_ROLLOUT}.val_kwargs.do_sample",
+        "validation.greedy",
+        "false: greedy validation (true here)",
+        lambda v, ctx: not v,
+    ),
+    mapped(VERL, "data.train_files", "data.train_path", "one file: same meaning", _one_file),
+    mapped(VERL, "data.val_files", "data.val_path", "one file: same meaning", _one_file),
+    same(VERL, "trainer.val_before_train", "validation.val_at_start"),
+    same(VERL, "trainer.default_local_dir", "checkpointing.checkpoint_dir"),
+)
