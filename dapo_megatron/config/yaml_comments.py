@@ -1,7 +1,8 @@
 """The comments of configs/dapo_base.yaml, generated from the schema's docstrings.
 
-Each configuration key is documented once: by the docstring of its field in
-config/schema.py (or, for ``dapo.loss``, algorithms/loss_spec.py ``LossParams``). The
+Each configuration key is documented once: by the docstring of its field in the schema
+(config/schema.py and its sections, config/schema_run.py, schema_policy.py, schema_dapo.py,
+schema_data.py; for ``dapo.loss``, algorithms/loss_spec.py ``LossParams``). The
 trailing ``# ...`` comment of every key line of the base YAML is that docstring's summary
 line, its first sentence; this module computes them and rewrites the file, and
 tests/unit/test_config_docs.py fails whenever the file and the docstrings disagree.

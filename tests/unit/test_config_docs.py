@@ -9,7 +9,7 @@ from __future__ import annotations
 import ast
 import inspect
 
-from dapo_megatron.config import schema
+from dapo_megatron.config import schema, schema_dapo, schema_data, schema_policy, schema_run
 from dapo_megatron.config.loader import all_keys
 from dapo_megatron.config.yaml_comments import (
     BASE_YAML,
@@ -31,9 +31,13 @@ LONG_SUMMARY_ALLOWED = {
 
 
 def test_every_schema_field_has_a_docstring() -> None:
-    tree = ast.parse(inspect.getsource(schema))
     missing = []
-    for node in tree.body:
+    nodes = [
+        node
+        for module in (schema, schema_run, schema_policy, schema_dapo, schema_data)
+        for node in ast.parse(inspect.getsource(module)).body
+    ]
+    for node in nodes:
         if not isinstance(node, ast.ClassDef):
             continue
         body = node.body
