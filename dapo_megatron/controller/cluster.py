@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -96,6 +97,27 @@ def gcs_address() -> str | None:
         return None
 
 
+# Ray's own INFO lines ("Started a local Ray instance.", "Connecting to existing Ray
+# cluster") are not the run's: the console shows the plan, progress and errors only.
+_RAY_LOG = logging.WARNING
+
+
+class _TokenAuthDefaultNote(logging.Filter):
+    """Drops Ray's note that it enabled token authentication on a new local cluster, its
+    default when RAY_AUTH_MODE is unset (ray/_private/authentication/
+    authentication_token_setup.py, ``enable_token_auth_by_default``): nothing is wrong and
+    the protection stays on. Setting RAY_AUTH_MODE=token ourselves would not do: Ray then
+    skips the refresh of the driver's cached mode, and the driver cannot reach its GCS."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+logging.getLogger("ray._private.authentication.authentication_token_setup").addFilter(
+    _TokenAuthDefaultNote()
+)
+
+
 def start_ray(cluster: ClusterConfig, *, device: Device, num_cpus: int | None = None) -> None:
     """Join RAY_ADDRESS / cluster.ray_address, or start a small local cluster on loopback
     (``device``: the run plan's resolved device kind) whose node processes live in their
@@ -105,7 +127,9 @@ def start_ray(cluster: ClusterConfig, *, device: Device, num_cpus: int | None = 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = cluster.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
-        ray.init(address=address, include_dashboard=False, log_to_driver=True)
+        ray.init(
+            address=address, include_dashboard=False, log_to_driver=True, logging_level=_RAY_LOG
+        )
         return
     with _node_processes_in_own_session():
         _init_local(num_cpus=num_cpus, device=device)
@@ -116,6 +140,7 @@ def _init_local(*, num_cpus: int | None, device: Device) -> None:
         address="local",  # never a stale cluster file from an earlier session
         num_cpus=num_cpus,
         include_dashboard=False,
+        logging_level=_RAY_LOG,
         object_store_memory=256 * 1024 * 1024 if device == "cpu" else None,
         _node_ip_address="127.0.0.1",
         # Ray starts workers at nice 15 by default, below the driver: on a machine with

@@ -16,9 +16,10 @@ pytestmark = pytest.mark.functional
 
 def _run(tmp_path: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
     cmd = train_command(tmp_path, tmp_path / "model", "logger.progress_bar=false", *overrides)
-    return subprocess.run(
-        cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=job_env()
-    )
+    # Ray's authentication default, as a user's launch has it (job_env opts out): the console
+    # must stay ours either way.
+    env = {k: v for k, v in job_env().items() if k != "RAY_AUTH_MODE"}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 
 
 def test_three_steps_of_the_tiny_recipe(tmp_path):
@@ -87,6 +88,9 @@ def _check_console(run_dir: Path, stdout: str, stderr: str) -> None:
     assert [line.split()[2] for line in sft] == ["10/40", "20/40", "30/40", "40/40"], console
     assert "step 3/3 " in console and "val_acc=" in console
     assert "{" not in console  # no Python dict in the summary
+    # No log line of Ray's own ("... INFO worker.py:2038 -- Started a local Ray instance.",
+    # the token-authentication WARNING).
+    assert not re.search(r"^\d{4}-\d\d-\d\d .*\b(INFO|WARNING)\b", console, re.M), console
     summary = stdout[stdout.index("dapo-train: finished") :].splitlines()
     assert summary[0].startswith("dapo-train: finished 3/3 steps in ")
     assert summary[1].startswith("  validation accuracy  ") and "before training" in summary[1]
