@@ -1,5 +1,5 @@
 """A RunContext over one-token prompts ``[i]``, for controller tests without Ray, Megatron
-or a real tokenizer (import: ``fake_context``)."""
+or a real tokenizer (import: ``unit.fake_context``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Rounds and samplers the DynamicSampler tests share (test_dynamic_sampling*.py)."""
+"""Rounds and samplers the DynamicSampler tests share (algorithms/test_dynamic_sampling.py;
+import: ``unit.sampler_rounds``)."""
 
 from __future__ import annotations
 

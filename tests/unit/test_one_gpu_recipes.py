@@ -3,7 +3,7 @@
 
 The dry run happens on this (CPU) machine: only the machine's facts are patched (a CUDA
 device is visible, Transformer Engine is installed); every other check stays real. As in
-test_dialects.py's dry runs of GPU recipes, the model is one the run would create
+migrate/test_import_config.py's dry runs of GPU recipes, the model is one the run would create
 (policy.init_model_if_missing, under tmp_path: the recipes' models/ directories are not in
 the checkout) and the data synthetic (the DAPO-Math parquet files are not either).
 """

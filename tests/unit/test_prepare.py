@@ -1,12 +1,17 @@
 """dapo-prepare and dry runs of recipes that name hub inputs, against the fake hub of
-test_hub_data.py (never the network; the HF cache and every output in tmp_path)."""
+unit/fake_hub.py (never the network; the HF cache and every output in tmp_path)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from test_hub_data import (
+
+from dapo_megatron.cli import train_main
+from dapo_megatron.data import hub
+from dapo_megatron.data.tiny_model import create_tiny_model
+from dapo_megatron.prepare import main as prepare_main
+from unit.fake_hub import (
     COMMIT,
     REAL_OFFLINE_REASON,
     FakeHub,
@@ -14,11 +19,6 @@ from test_hub_data import (
     add_model,
     fake_hub,  # noqa: F401 - the fixture
 )
-
-from dapo_megatron.cli import train_main
-from dapo_megatron.data import hub
-from dapo_megatron.data.tiny_model import create_tiny_model
-from dapo_megatron.prepare import main as prepare_main
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = REPO / "recipes" / "dapo-tiny-cpu.yaml"

@@ -8,7 +8,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from fake_context import fake_context
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
 from dapo_megatron.config.loader import load_config
@@ -20,6 +19,7 @@ from dapo_megatron.controller.rollout_planner import (
     prompts_for,
 )
 from dapo_megatron.shared.sampling import Sample
+from unit.fake_context import fake_context
 
 REPO = Path(__file__).resolve().parents[3]
 N = 4

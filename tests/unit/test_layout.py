@@ -1,0 +1,59 @@
+"""tests/unit mirrors the package: tests/unit/<package>/test_<module>.py holds the tests of
+dapo_megatron/<package>/<module>.py (or of the sub-package <module>/), and
+tests/unit/bench/test_<script>.py those of bench/<script>.py. A module renamed without its
+tests fails here, naming the test file. A test file at the top of tests/unit is one of
+TOP_LEVEL, each with the reason it has no package.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+UNIT = Path(__file__).resolve().parent
+REPO = UNIT.parents[1]
+PACKAGE = REPO / "dapo_megatron"
+
+TOP_LEVEL = {
+    "test_cli.py": "dapo_megatron/cli.py, a module at the top of the package",
+    "test_prepare.py": "dapo_megatron/prepare.py, a module at the top of the package",
+    "test_layers.py": "the import contracts between all the package's layers",
+    "test_te_abi.py": "one check across config/run_plan.py, megatron/model.py and "
+    "scripts/setup_gpu.sh",
+    "test_one_gpu_recipes.py": "the one-GPU recipes end to end: dapo-plan and a dry run",
+    "test_recipe_launch_lines.py": "the recipes' launch lines against slurm/ray.sub",
+    "test_checkout_guard.py": "tests/checkout_guard.py, a helper of the test suite",
+    "test_shm_hygiene.py": "tests/shm_hygiene.py, a helper of the test suite",
+    "test_layout.py": "this layout",
+}
+
+# Directories of tests/unit whose tests mirror something other than dapo_megatron/<dir>.
+MIRRORS = {"bench": REPO / "bench"}
+
+
+def test_every_test_file_names_its_module() -> None:
+    stale = []
+    for path in sorted(UNIT.rglob("test_*.py")):
+        rel = path.relative_to(UNIT)
+        if len(rel.parts) == 1:
+            continue
+        first, *middle = rel.parts[:-1]
+        module = rel.name.removeprefix("test_").removesuffix(".py")
+        base = MIRRORS.get(first, PACKAGE / first)
+        where = base.joinpath(*middle, module)
+        if not (where.with_suffix(".py").is_file() or (where / "__init__.py").is_file()):
+            shown = where.relative_to(REPO)
+            stale.append(f"tests/unit/{rel}: no {shown}.py or {shown}/")
+    assert stale == []
+
+
+def test_top_level_test_files_are_the_listed_ones() -> None:
+    top = {p.name for p in UNIT.glob("test_*.py")}
+    assert top - set(TOP_LEVEL) == set(), "put these under tests/unit/<package>/"
+    assert set(TOP_LEVEL) - top == set(), "listed but gone: drop them from TOP_LEVEL"
+
+
+def test_every_test_directory_is_a_package() -> None:
+    # tests/unit is the package `unit` (tests/ is on sys.path): test files in different
+    # directories may share a basename (unit.config.test_x, unit.data.test_x).
+    directories = {p.parent for p in UNIT.rglob("test_*.py")} | {UNIT}
+    assert sorted(str(d) for d in directories if not (d / "__init__.py").is_file()) == []
