@@ -11,7 +11,8 @@ Each case builds its broken input for real in a temporary directory (a truncated
 safetensors file, invalid UTF-8, a 50 MB line, ...). The faults that need a running job
 (a second process on a live run directory, Ctrl-C, exhausted restarts, a damaged newest
 checkpoint, a full disk) are exercised by tests/functional/test_clean_exits.py,
-tests/unit/test_run_dir.py, tests/unit/test_checkpoint_verify.py and
+tests/unit/storage/test_run_dir.py,
+tests/unit/storage/test_checkpoint_dirs.py and
 tests/distributed/test_checkpoint.py.
 """
 

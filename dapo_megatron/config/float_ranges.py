@@ -6,7 +6,7 @@ wrong bound. Both then crash a run mid-way (`int(inf)` when a round is sized, a 
 `inf` handed to a collective), after the steps since the last checkpoint are lost. So every
 float key has a declared range here, and `float_problems` refuses a value that is not finite
 or lies outside it, naming the key, before workers start. A float key without an entry is an
-error of this table (tests/unit/test_float_ranges.py walks the schema), so a new key cannot
+error of this table (tests/unit/config/test_float_ranges.py walks the schema), so a new key cannot
 skip the rule.
 
 The ranges are what a value can mean, not what is sensible: the per-key checks in

@@ -16,7 +16,7 @@ megatron-core 0.16.1 that decide which ranks form a group:
 
 We pass ``expert_tensor_parallel_size = tensor_model_parallel_size``
 (megatron/distributed.py, megatron/model.py), which is also Megatron's default when it is
-None. tests/unit/test_rank_groups.py pins this mirror against the upstream RankGenerator
+None. tests/unit/config/test_rank_groups.py pins this mirror against the upstream RankGenerator
 for many layouts.
 """
 

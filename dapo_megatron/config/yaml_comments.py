@@ -5,7 +5,7 @@ Each configuration key is documented once: by the docstring of its field in the 
 schema_data.py; for ``dapo.loss``, algorithms/loss_spec.py ``LossParams``). The
 trailing ``# ...`` comment of every key line of the base YAML is that docstring's summary
 line, its first sentence; this module computes them and rewrites the file, and
-tests/unit/test_config_docs.py fails whenever the file and the docstrings disagree.
+tests/unit/config/test_yaml_comments.py fails whenever the file and the docstrings disagree.
 
     python -m dapo_megatron.config.yaml_comments          # rewrite configs/dapo_base.yaml
     python -m dapo_megatron.config.yaml_comments --check  # exit 1 if it would change

@@ -7,7 +7,7 @@ DP groups with the default backend, so on a GPU run they are NCCL groups, while 
 twin in CI runs them on gloo, which accepts whatever it is handed: a CPU tensor sent to an
 NCCL group passes every CPU test and fails on the first GPU run. So no code outside this
 module (and ``refit/``, whose groups it builds itself) calls a ``torch.distributed``
-collective; ``tests/unit/test_collectives.py`` holds that as a static guard.
+collective; ``tests/unit/device/test_collectives.py`` holds that as a static guard.
 
 Placement rule (``device_types``, ``device_for``):
 

@@ -11,7 +11,7 @@ angle from the ``[max_s, 1, 1, d]`` table and reuses them for q and k, across la
 re-runs of the same pack (activation recompute). Applying them is Megatron's own elementwise
 arithmetic (``_apply_rotary_pos_emb_bshd`` on the ``[t, 1, h, d]`` view), and a gathered
 cos equals the cos of the gathered angle, so the result is bit-identical to Megatron's
-function (tests/unit/test_rope_thd.py compares them).
+function (tests/distributed/test_packed_attention.py compares them).
 
 ``install()`` puts it in place of Megatron's function. ``rope_utils.apply_rotary_pos_emb``
 (what ``Attention.forward`` calls) looks the name up in its module at call time, so

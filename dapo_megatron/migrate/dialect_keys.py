@@ -4,7 +4,7 @@ skyrl_keys.py, rlinf_keys.py, verl_keys.py; the builders are in dialects.py), th
 defaults, and the lookups `foreign_key`, `all_foreign_keys` and `explain_foreign`.
 
 docs/MIGRATING.md is this table rendered (`python -m dapo_megatron.migrate.import_config
---table`); tests/unit/test_dialects.py checks the two agree.
+--table`); tests/unit/migrate/test_dialects.py checks the two agree.
 """
 
 from __future__ import annotations

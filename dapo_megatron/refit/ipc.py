@@ -40,7 +40,7 @@ from dapo_megatron.refit.stats import TransferStats
 # .reduce_tensor returns for rebuild_cuda_tensor (torch/multiprocessing/reductions.py:
 # rebuild_cuda_tensor's 7th parameter, storage_device, the first value of
 # storage._share_cuda_()); the same in torch 2.11 and 2.13. tests/unit/
-# test_ipc_rebuild_signature.py fails, naming the parameter, if the installed torch moves it.
+# refit/test_ipc.py fails, naming the parameter, if the installed torch moves it.
 _STORAGE_DEVICE_ARG = 6
 
 

@@ -1,7 +1,7 @@
 """dapo_megatron.device.collectives on two real gloo ranks: every wrapper, results on every rank.
 
 The device choice itself (NCCL -> CUDA) is tested with a faked backend in
-tests/unit/test_collectives.py; this checks the wrappers' semantics across processes.
+tests/unit/device/test_collectives.py; this checks the wrappers' semantics across processes.
 """
 
 from __future__ import annotations

@@ -57,3 +57,21 @@ def test_every_test_directory_is_a_package() -> None:
     # directories may share a basename (unit.config.test_x, unit.data.test_x).
     directories = {p.parent for p in UNIT.rglob("test_*.py")} | {UNIT}
     assert sorted(str(d) for d in directories if not (d / "__init__.py").is_file()) == []
+
+
+def test_every_test_file_the_code_and_docs_name_exists() -> None:
+    # A docstring that names a test file ("... compares them") must point at a file: tests
+    # move with the modules they test, and a stale pointer hides where the check went.
+    import re
+
+    pattern = re.compile(r"tests/[a-z_/]+/test_[a-z0-9_]+\.py")
+    texts = [REPO / "README.md", *PACKAGE.rglob("*.py"), *(REPO / "scripts").glob("*")]
+    texts += [*(REPO / "docs").rglob("*.md"), *(REPO / "tests").rglob("*.py")]
+    missing = sorted(
+        f"{path.relative_to(REPO)}: {ref}"
+        for path in texts
+        if path.is_file()
+        for ref in pattern.findall(path.read_text(encoding="utf-8", errors="replace"))
+        if not (REPO / ref).is_file()
+    )
+    assert missing == []
