@@ -37,6 +37,8 @@ setup(
             "pytest>=8",
             "hypothesis>=6.100",
             "pytest-timeout>=2.3",
+            # scripts/test.sh runs the suite on 2 workers (-n): CI time is a budget.
+            "pytest-xdist>=3.5",
             "ruff>=0.6",
             "mypy==2.4.1",
         ],

@@ -25,11 +25,21 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 _shm_before: set[str] = set()
 
 
+def _xdist_worker(session: pytest.Session) -> bool:
+    """True in a pytest-xdist worker (scripts/test.sh runs the suite on two): only the
+    controlling process, which starts before and ends after every worker, cleans up, or a
+    worker that finishes first would remove the files of a test another worker still runs."""
+    return hasattr(session.config, "workerinput")
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
-    _shm_before.update(shm_hygiene.ours())
+    if not _xdist_worker(session):
+        _shm_before.update(shm_hygiene.ours())
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _xdist_worker(session):
+        return
     removed = shm_hygiene.remove_leftovers(_shm_before)
     if removed:
         print(f"\n[shm] removed {len(removed)} shared-memory file(s) left by killed processes")
