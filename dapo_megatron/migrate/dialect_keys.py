@@ -91,9 +91,14 @@ def inactive_keys(dialect: str, flat: Mapping[str, Any]) -> dict[str, str]:
     """Source keys that are not live there (key -> why): NeMo RL reads policy.megatron_cfg
     only with megatron_cfg.enabled true, and then neither dtensor_cfg nor policy.optimizer
     / policy.scheduler (the Megatron worker builds its optimizer from megatron_cfg); RLinf
-    reads actor.model's Megatron layout only with actor.training_backend megatron."""
+    reads actor.model's Megatron layout only with actor.training_backend megatron. NeMo
+    RL's reward_shaping.max_response_length is read only by the shaping (reward_functions.py)
+    and caps nothing while grpo.reward_shaping.enabled is not true; ours is the engine's cap."""
     dead: dict[str, str] = {}
     if dialect == NEMO:
+        shaping = "grpo.reward_shaping.max_response_length"
+        if shaping in flat and flat.get("grpo.reward_shaping.enabled") is not True:
+            dead[shaping] = "not live: grpo.reward_shaping.enabled is not true"
         megatron = flat.get("policy.megatron_cfg.enabled") is True
         for key in flat:
             if megatron and key.startswith(

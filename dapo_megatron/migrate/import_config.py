@@ -178,20 +178,24 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
                     f"conflicts with {first.source} (both set {ours}): kept {_scalar(first.value)}"
                 )
                 result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
-    _derive(chosen)
+    _derive(chosen, result.skipped, dialect)
     order = {k: i for i, k in enumerate(all_keys())}
     result.settings = sorted(chosen.values(), key=lambda s: order[s.key])
     result.kept_ours = [k for k in OURS_THAT_MATTER if k not in chosen]
     return result
 
 
-def _derive(chosen: dict[str, ImportedSetting]) -> None:
+def _derive(chosen: dict[str, ImportedSetting], skipped: list[Skipped], dialect: str) -> None:
     """Our keys that follow from translated ones: the trainer's sequence cap is prompt +
-    response when the source gives only the two lengths (verl, SkyRL, RLinf)."""
+    response when the source gives only the two lengths (verl, SkyRL, RLinf); never in
+    place of a source's own cap that was refused (NeMo RL's, when the lengths exceed it)."""
     total = "policy.max_total_sequence_length"
     prompt = chosen.get("data.max_prompt_length")
     response = chosen.get("generation.max_response_length")
-    if total not in chosen and prompt is not None and response is not None:
+    refused = any(
+        (fk := foreign_key(s.key, dialect)) is not None and fk.ours == total for s in skipped
+    )
+    if total not in chosen and not refused and prompt is not None and response is not None:
         chosen[total] = ImportedSetting(
             total,
             prompt.value + response.value,

@@ -4,13 +4,15 @@ docs/guides/dapo.md), with their converters; dialect_keys.py joins the tables.""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from dapo_megatron.migrate.dialects import (
     ForeignKey,
+    Translation,
     Untranslatable,
     as_int,
     choice,
+    custom,
     hub_model,
     mapped,
     same,
@@ -56,6 +58,229 @@ def _nemo_token_level(value: Any, ctx: Mapping[str, Any]) -> str:
     if value is False:
         return "seq-mean-token-mean"
     raise Untranslatable(f"{value!r}: expected true or false")
+
+
+# ---------------------------------------------------------------------------------------
+# The learning-rate schedule. Both NeMo RL policy workers step their scheduler once per
+# train() call, i.e. once per GRPO step, after all of that step's optimizer steps
+# (megatron_policy_worker.py `scheduler.step(increment=gbs)`, with Megatron Bridge's
+# lr_warmup_steps = lr_warmup_iters x global batch; dtensor_policy_worker(_v2).py
+# `scheduler.step()` after the global-batch loop). Ours steps once per optimizer step
+# (megatron/policy_step.py). The two count alike only when a GRPO step is one optimizer
+# step; otherwise NeMo RL holds one lr over a step's optimizer steps while ours ramps.
+# (NeMo RL's Megatron worker also ticks after a step its optimizer skipped for a non-finite
+# gradient; ours does not: the schedules part only after such a step.)
+
+_SCHED = "policy.megatron_cfg.scheduler"
+_LINEAR_LR = "torch.optim.lr_scheduler.LinearLR"
+_CONSTANT_LR = "torch.optim.lr_scheduler.ConstantLR"
+_TORCH_DEFAULTS: dict[str, dict[str, float]] = {
+    _LINEAR_LR: {"start_factor": 1 / 3, "end_factor": 1.0, "total_iters": 5},
+    _CONSTANT_LR: {"factor": 1 / 3, "total_iters": 5},
+}
+"""The torch schedulers carried, with torch's defaults for the kwargs a config omits."""
+_BATCH_KEYS = (
+    "grpo.num_prompts_per_step",
+    "grpo.num_generations_per_prompt",
+    "policy.train_global_batch_size",
+)
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_int(ctx: Mapping[str, Any], key: str) -> int | None:
+    value = ctx.get(key)
+    return value if _is_int(value) and value > 0 else None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _optimizer_steps_per_grpo_step(ctx: Mapping[str, Any]) -> tuple[int, str]:
+    """A GRPO step trains num_prompts_per_step x num_generations_per_prompt samples in
+    global batches of train_global_batch_size, in NeMo RL as here: (that many optimizer
+    steps, the sum in words)."""
+    prompts, n, batch = (_positive_int(ctx, k) for k in _BATCH_KEYS)
+    if prompts is None or n is None or batch is None:
+        raise Untranslatable(
+            "NeMo RL counts it in GRPO steps, ours in optimizer steps: converting needs "
+            + ", ".join(_BATCH_KEYS)
+        )
+    if (prompts * n) % batch:
+        raise Untranslatable(
+            f"{prompts} x {n} samples per GRPO step is not a whole number of "
+            f"train_global_batch_size {batch} batches"
+        )
+    return prompts * n // batch, f"{prompts} x {n} samples / train_global_batch_size {batch}"
+
+
+def _warmup_steps(iters: int, ctx: Mapping[str, Any]) -> tuple[int, str]:
+    """A warm-up of `iters` GRPO steps in our optimizer steps, with the note; refused when a
+    GRPO step is several optimizer steps (NeMo RL's staircase is not our ramp)."""
+    if iters < 0:
+        raise Untranslatable(f"{iters}: a warm-up length cannot be negative")
+    if iters == 0:
+        return 0, "no warm-up, as here"
+    k, per_step = _optimizer_steps_per_grpo_step(ctx)
+    if k != 1:
+        raise Untranslatable(
+            f"NeMo RL steps its lr schedule once per GRPO step and a GRPO step is {k} "
+            f"optimizer steps ({per_step}): it keeps one lr over those {k}, ours ramps at "
+            f"every optimizer step; policy.scheduler.lr_warmup_steps={iters * k} ramps over "
+            "the same span (set it by hand if a ramp will do)"
+        )
+    return iters, f"same count: {iters} GRPO steps, each one optimizer step ({per_step})"
+
+
+def _megatron_warmup(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    iters = as_int(value)
+    if ctx.get(f"{_SCHED}.lr_warmup_fraction") is not None:
+        raise Untranslatable(
+            "lr_warmup_fraction is set, and Megatron Bridge warms up over that fraction of "
+            "the decay steps instead"
+        )
+    decay = ctx.get(f"{_SCHED}.lr_decay_iters")
+    if decay is None:
+        decay = ctx.get("grpo.max_num_steps")  # Bridge's train_iters is at most this
+    if iters > 0 and _is_int(decay) and iters >= decay:
+        raise Untranslatable(
+            f"{iters} >= {decay} decay steps: Megatron Bridge shortens such a warm-up to end "
+            "before the decay does; ours keeps it"
+        )
+    steps, note = _warmup_steps(iters, ctx)
+    return Translation((("policy.scheduler.lr_warmup_steps", steps),), note)
+
+
+def _megatron_decay_style(value: Any, ctx: Mapping[str, Any]) -> str:
+    if value == "constant":
+        return "constant"
+    raise Untranslatable(
+        f"{value!r}: only constant is carried; NeMo RL decays over GRPO steps "
+        "(lr_decay_iters, null: its train_iters), ours over optimizer steps"
+    )
+
+
+def _megatron_decay_iters(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    style = ctx.get(f"{_SCHED}.lr_decay_style")
+    if style == "constant":
+        return Translation((), "not read: lr_decay_style is constant")
+    raise Untranslatable(f"read with lr_decay_style {style!r}, which is not carried")
+
+
+def _torch_entries(value: Any) -> tuple[list[tuple[str, dict[str, Any]]], Any]:
+    """NeMo RL's list form of policy.scheduler: (name, kwargs with torch's defaults) per
+    scheduler, and the milestones entry (SequentialLR's)."""
+    if not isinstance(value, list) or not value:
+        raise Untranslatable(
+            f"{value!r}: only NeMo RL's list of torch schedulers and milestones is carried"
+        )
+    schedulers: list[tuple[str, dict[str, Any]]] = []
+    milestones = None
+    for entry in value:
+        if isinstance(entry, dict) and set(entry) == {"milestones"}:
+            milestones = entry["milestones"]
+            continue
+        name = entry.get("name") if isinstance(entry, dict) else None
+        kwargs = entry.get("kwargs") if isinstance(entry, dict) else None
+        known = _TORCH_DEFAULTS.get(str(name))
+        if (
+            known is None
+            or not isinstance(kwargs, dict)
+            or set(entry) != {"name", "kwargs"}
+            or set(kwargs) - set(known)
+        ):
+            raise Untranslatable(
+                f"{entry!r}: only a LinearLR warm-up followed by ConstantLR(factor 1) is carried"
+            )
+        schedulers.append((str(name), {**known, **kwargs}))
+    wanted = len(schedulers) - 1
+    if not (
+        isinstance(milestones, list)
+        and len(milestones) == wanted
+        and all(_is_int(m) for m in milestones)
+    ):
+        raise Untranslatable(
+            f"milestones {milestones!r}: SequentialLR needs {wanted} (one per scheduler after "
+            "the first)"
+        )
+    return schedulers, milestones
+
+
+def _torch_schedule(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """LinearLR(start_factor s, end_factor 1, total_iters N), then ConstantLR(factor 1) from
+    a milestone >= N: lr goes from s x lr to lr over N scheduler steps, then stays. ConstantLR
+    with factor 1 alone: no warm-up."""
+    schedulers, milestones = _torch_entries(value)
+    for name, kw in schedulers[1:]:
+        if name != _CONSTANT_LR or kw["factor"] != 1:
+            raise Untranslatable(
+                f"{name.rsplit('.', 1)[-1]}({kw}) after the first scheduler changes the lr "
+                "after warm-up; only ConstantLR(factor 1) is carried"
+            )
+    (name, kw) = schedulers[0]
+    constant = ("policy.scheduler.lr_decay_style", "constant")
+    if name == _CONSTANT_LR:
+        if kw["factor"] != 1:
+            raise Untranslatable(
+                f"ConstantLR(factor {kw['factor']}) for {kw['total_iters']} steps, then the "
+                "full lr: no counterpart here"
+            )
+        return Translation((("policy.scheduler.lr_warmup_steps", 0), constant), "no warm-up")
+    start, end, iters = kw["start_factor"], kw["end_factor"], as_int(kw["total_iters"])
+    if not (_is_number(start) and 0 < start <= 1) or end != 1:
+        raise Untranslatable(
+            f"LinearLR from {start} to {end} x lr: only a warm-up ending at the full lr "
+            "(end_factor 1, 0 < start_factor <= 1) is carried"
+        )
+    if milestones and milestones[0] < iters:
+        raise Untranslatable(
+            f"milestone {milestones[0]} ends the {iters}-step LinearLR early (the lr jumps "
+            "to its peak); ours has no such jump"
+        )
+    lr = ctx.get("policy.optimizer.kwargs.lr")
+    if not _is_number(lr):
+        raise Untranslatable("needs policy.optimizer.kwargs.lr: it starts at start_factor x lr")
+    steps, note = _warmup_steps(iters if start < 1 else 0, ctx)
+    init = start * lr
+    return Translation(
+        (
+            ("policy.scheduler.lr_warmup_steps", steps),
+            ("policy.scheduler.lr_warmup_init", init),
+            constant,
+        ),
+        f"LinearLR warm-up from {start} x lr = {init}: {note}; then constant",
+    )
+
+
+# ---------------------------------------------------------------------------------------
+# Lengths. NeMo RL's engine ends a response at its context, vLLM's max_model_len (by default
+# policy.max_total_sequence_length), less the prompt: vllm_worker.py passes max_new_tokens
+# and vLLM stops at max_model_len, vllm_worker_async.py takes min(max_new_tokens,
+# max_model_len - prompt). Ours caps every response at generation.max_response_length and
+# needs max_total_sequence_length >= data.max_prompt_length + that cap.
+
+
+def _total_length(value: Any, ctx: Mapping[str, Any]) -> int:
+    total = as_int(value)
+    prompt = ctx.get("data.max_input_seq_length")
+    response = ctx.get("policy.generation.max_new_tokens")
+    if not (_is_int(prompt) and _is_int(response)) or total >= prompt + response:
+        return total
+    context = ctx.get("policy.generation.vllm_cfg.max_model_len")
+    context = context if _is_int(context) else total
+    example = f", e.g. policy.generation.max_new_tokens={total - prompt}" if total > prompt else ""
+    raise Untranslatable(
+        f"data.max_input_seq_length {prompt} + policy.generation.max_new_tokens {response} "
+        f"= {prompt + response} > {total}: NeMo RL's engine ends each response at its "
+        f"context ({context} tokens, vLLM's max_model_len) less the prompt, a cap that "
+        "differs per prompt; ours caps every response at generation.max_response_length and "
+        "needs max_total_sequence_length >= prompt + response. Re-import with NeMo RL "
+        "overrides that fit, max_input_seq_length + max_new_tokens <= "
+        f"max_total_sequence_length{example}"
+    )
 
 
 NEMO_KEYS: tuple[ForeignKey, ...] = (
@@ -142,14 +367,29 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
     same(NEMO, "policy.train_global_batch_size", "policy.train_global_batch_size"),
     same(NEMO, "policy.train_micro_batch_size", "policy.train_micro_batch_size"),
     same(NEMO, "policy.logprob_batch_size", "policy.logprob_micro_batch_size"),
-    same(NEMO, "policy.max_total_sequence_length", "policy.max_total_sequence_length"),
+    mapped(
+        NEMO,
+        "policy.max_total_sequence_length",
+        "policy.max_total_sequence_length",
+        "same meaning when data.max_input_seq_length + policy.generation.max_new_tokens "
+        "fit in it; else refused: NeMo RL's engine then ends each response at its context "
+        "(vLLM's max_model_len, by default this length) less the prompt, a cap per prompt; "
+        "ours has one response cap",
+        _total_length,
+    ),
     choice(
         NEMO,
         "policy.precision",
         "policy.precision",
         {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"},
     ),
-    same(NEMO, "policy.generation.max_new_tokens", MAX_RESPONSE),
+    same(
+        NEMO,
+        "policy.generation.max_new_tokens",
+        MAX_RESPONSE,
+        "same meaning: the engine's response cap (prompt + response must fit in "
+        "max_total_sequence_length, checked there)",
+    ),
     same(NEMO, "policy.generation.temperature", "generation.temperature"),
     same(NEMO, "policy.generation.top_p", "generation.top_p"),
     mapped(NEMO, "policy.generation.top_k", "generation.top_k", "null: -1 (off)", sampling_top_k),
@@ -188,6 +428,47 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
     same(NEMO, "policy.megatron_cfg.optimizer.lr", "policy.optimizer.lr"),
     same(NEMO, "policy.megatron_cfg.optimizer.min_lr", "policy.optimizer.min_lr"),
     same(NEMO, "policy.optimizer.kwargs.lr", "policy.optimizer.lr"),
+    custom(
+        NEMO,
+        "policy.scheduler",
+        "policy.scheduler.lr_warmup_steps (+ lr_warmup_init, lr_decay_style)",
+        "LinearLR(start_factor, end_factor 1, total_iters) then ConstantLR(factor 1) from a "
+        "milestone >= total_iters: lr_warmup_steps = total_iters, lr_warmup_init = "
+        "start_factor x lr, constant after. NeMo RL steps it once per GRPO step: carried "
+        "only when a GRPO step is one optimizer step (num_prompts_per_step x "
+        "num_generations_per_prompt = train_global_batch_size); other schedules refused",
+        _torch_schedule,
+    ),
+    custom(
+        NEMO,
+        f"{_SCHED}.lr_warmup_iters",
+        "policy.scheduler.lr_warmup_steps",
+        "NeMo RL steps Megatron's schedule once per GRPO step, ours once per optimizer "
+        "step: the same count when a GRPO step is one optimizer step (num_prompts_per_step "
+        "x num_generations_per_prompt = train_global_batch_size), else refused (NeMo RL "
+        "keeps one lr over a step's optimizer steps)",
+        _megatron_warmup,
+    ),
+    same(
+        NEMO,
+        f"{_SCHED}.lr_warmup_init",
+        "policy.scheduler.lr_warmup_init",
+        "same meaning: the lr the warm-up starts from",
+    ),
+    mapped(
+        NEMO,
+        f"{_SCHED}.lr_decay_style",
+        "policy.scheduler.lr_decay_style",
+        "constant only (a decay runs over GRPO steps there, optimizer steps here)",
+        _megatron_decay_style,
+    ),
+    custom(
+        NEMO,
+        f"{_SCHED}.lr_decay_iters",
+        "(none: not read with a constant lr)",
+        "not read while `lr_decay_style` is constant; refused otherwise",
+        _megatron_decay_iters,
+    ),
     same(NEMO, "policy.optimizer.kwargs.weight_decay", "policy.optimizer.weight_decay"),
     same(NEMO, "policy.max_grad_norm", "policy.optimizer.clip_grad"),
     same(NEMO, "data.max_input_seq_length", "data.max_prompt_length"),

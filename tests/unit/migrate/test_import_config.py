@@ -149,10 +149,12 @@ def test_nemo_rl_megatron_recipe_values():
     assert v["dapo.dynamic_sampling.enabled"] is False
     assert v["dapo.overlong_filtering"] is False
     assert v["generation.max_response_length"] == 4096
-    assert v["policy.max_total_sequence_length"] == 4096
+    # 4096 prompt + 4096 response > 4096: refused (test_nemo_keys.py), never derived
+    assert "policy.max_total_sequence_length" not in v
     skipped = {s.key: s for s in result.skipped}
     assert skipped["policy.optimizer.kwargs.lr"].impact == "harmless"  # not live
-    # Megatron's warm-up changes what is learned: never filed under "layout"
+    # Megatron's warm-up changes what is learned: never filed under "layout"; refused here
+    # (64 x 32 samples / 512 = 4 optimizer steps per GRPO step, test_nemo_keys.py)
     assert skipped["policy.megatron_cfg.scheduler.lr_warmup_iters"].impact == "algorithm"
 
 
@@ -162,7 +164,7 @@ def test_nemo_rl_dapo_recipe_values():
     assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.28)
     assert v["dapo.dynamic_sampling.enabled"] is True
     assert v["dapo.overlong_buffer.enabled"] is True and v["dapo.overlong_buffer.length"] == 2048
-    assert v["policy.max_total_sequence_length"] == 16384
+    assert "policy.max_total_sequence_length" not in v  # 2048 + 16384 > 16384: refused
 
 
 def test_verl_dapo_7b_megatron_layout_and_lr():
@@ -236,7 +238,7 @@ def test_nemo_rl_dapo_cp2_recipe_inherits_the_dapo_recipe():
     assert v["dapo.dynamic_sampling.max_gen_batches"] == 11  # 10: NeMo RL runs 10 + 1 rounds
     assert v["dapo.overlong_buffer.enabled"] is True and v["dapo.overlong_buffer.length"] == 2048
     assert v["generation.max_response_length"] == 14336
-    assert v["policy.max_total_sequence_length"] == 16384
+    assert "policy.max_total_sequence_length" not in v  # 2048 + 16384 > 16384: refused
     assert (v["cluster.num_nodes"], v["cluster.gpus_per_node"]) == (16, 4)
     assert v["generation.engine.tensor_parallel_size"] == 2
 
@@ -253,7 +255,7 @@ def test_nemo_rl_grpo_recipes():
     assert v["policy.megatron.tensor_model_parallel_size"] == 1
     assert v["dapo.loss.kl_coef"] == 0.01
     assert (v["dapo.num_prompts_per_step"], v["dapo.num_generations_per_prompt"]) == (32, 16)
-    assert v["policy.max_total_sequence_length"] == 512
+    assert "policy.max_total_sequence_length" not in v  # 512 + 512 > 512: refused
 
 
 @pytest.mark.parametrize(

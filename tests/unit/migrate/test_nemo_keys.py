@@ -1,0 +1,282 @@
+"""NeMo RL's learning-rate warm-up and sequence lengths (migrate/nemo_keys.py).
+
+What NeMo RL does was read from its code at the commit of tests/data/foreign/README.md:
+both policy workers step the lr schedule once per train() call, i.e. once per GRPO step
+(megatron_policy_worker.py `scheduler.step(increment=gbs)` against Megatron Bridge's
+lr_warmup_steps = lr_warmup_iters x global batch; dtensor_policy_worker(_v2).py
+`scheduler.step()` after the loop over global batches), and its engine ends a response at
+vLLM's max_model_len (by default policy.max_total_sequence_length) less the prompt
+(vllm_worker.py, vllm_worker_async.py). The real configs are read as the command reads them
+(interpolations resolved); the expected values are worked out by hand in the comments.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dapo_megatron.migrate.dialect_keys import foreign_key
+from dapo_megatron.migrate.dialects import Untranslatable
+from dapo_megatron.migrate.foreign_source import (
+    apply_foreign_overrides,
+    read_source,
+    resolve_interpolations,
+)
+from dapo_megatron.migrate.import_config import ImportResult, translate
+from dapo_megatron.migrate.import_config import main as import_main
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "foreign" / "nemo-rl"
+LLM = "recipes/llm/"
+TOTAL = "policy.max_total_sequence_length"
+WARMUP = "policy.scheduler.lr_warmup_steps"
+INIT = "policy.scheduler.lr_warmup_init"
+STYLE = "policy.scheduler.lr_decay_style"
+
+
+def _import(name: str, *overrides: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """(our settings, skipped source key -> reason) of a real NeMo RL config, as
+    dapo-import-config reads it (overrides applied, then interpolations resolved)."""
+    flat = read_source(DATA / name, {})
+    apply_foreign_overrides(flat, list(overrides))
+    resolve_interpolations(flat)
+    result: ImportResult = translate("nemo-rl", flat)
+    return {s.key: s.value for s in result.settings}, {s.key: s.reason for s in result.skipped}
+
+
+# ---------------------------------------------------------------------------------------
+# Warm-up on the real files
+
+
+def test_dtensor_linear_warmup_of_the_base_config():
+    # grpo_math_1B.yaml: DTensor (megatron_cfg.enabled false), LinearLR(0.1 -> 1.0 over 50)
+    # then ConstantLR(1.0), milestone 50; 32 prompts x 16 samples = 512 = one global batch:
+    # one optimizer step per GRPO step, so 50 steps from 0.1 x 5e-6.
+    v, skipped = _import("grpo_math_1B.yaml")
+    assert (v[WARMUP], v[INIT], v[STYLE]) == (50, 0.1 * 5.0e-6, "constant")
+    # Megatron's schedule is not live there: listed, not translated
+    assert skipped["policy.megatron_cfg.scheduler.lr_warmup_iters"].startswith("not live")
+
+
+@pytest.mark.parametrize(
+    "name, warmup, init",
+    [
+        # lr_warmup_iters 50 (recipe), lr_warmup_init 5e-7 (base); 32 x 16 = 512 = one batch
+        ("grpo-llama3.2-1b-instruct-1n8g-megatron.yaml", 50, 5.0e-7),
+        # lr_warmup_iters 13 (base), lr_warmup_init 5e-8 (recipe); 32 x 16 = 512
+        ("grpo-dapomath17k-dsv3-megatron.yaml", 13, 5.0e-8),
+    ],
+)
+def test_megatron_warmup_iters_are_optimizer_steps_at_one_batch_per_step(name, warmup, init):
+    v, skipped = _import(LLM + name)
+    assert (v[WARMUP], v[INIT], v[STYLE]) == (warmup, init, "constant")
+    # constant lr: lr_decay_iters (1000) is not read, and is not left over either
+    assert "policy.megatron_cfg.scheduler.lr_decay_iters" not in skipped
+    assert skipped["policy.scheduler"].startswith("not live")  # the DTensor list
+
+
+@pytest.mark.parametrize(
+    "name, key, k, ramp",
+    [
+        # Megatron, 64 prompts x 32 samples / 512 = 4 optimizer steps per GRPO step; 50 x 4
+        ("grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml", "policy.megatron_cfg.scheduler.lr_warmup_iters", 4, 200),
+        # DTensor, 512 x 16 / 512 = 16; LinearLR over 10 GRPO steps: 160
+        ("dapo-qwen2.5-7b.v2.yaml", "policy.scheduler", 16, 160),
+        ("dapo-qwen2.5-7b-16n4g-fsdp2cp2.v2.yaml", "policy.scheduler", 16, 160),
+        # DTensor, 128 x 8 / 64 = 16; the base's LinearLR over 50: 800
+        ("grpo-deepscaler-1.5b-8K.yaml", "policy.scheduler", 16, 800),
+    ],
+)  # fmt: skip
+def test_warmup_is_refused_when_a_grpo_step_is_several_optimizer_steps(name, key, k, ramp):
+    v, skipped = _import(LLM + name)
+    assert WARMUP not in v  # never our default passed off as theirs: named instead
+    assert f"a GRPO step is {k} optimizer steps" in skipped[key]
+    assert f"policy.scheduler.lr_warmup_steps={ramp}" in skipped[key]
+
+
+def test_translated_warmup_gives_nemo_rls_lr_at_every_step():
+    """grpo_math_1B's torch schedule, built as NeMo RL builds it (SequentialLR over its list,
+    stepped once per GRPO step), against ours built from the translation (Megatron's
+    scheduler, stepped once per optimizer step): one optimizer step per GRPO step."""
+    torch = pytest.importorskip("torch")
+    from dapo_megatron.config.schema_policy import OptimizerConfig, SchedulerConfig
+    from dapo_megatron.megatron.optimizer import build_scheduler
+
+    flat = read_source(DATA / "grpo_math_1B.yaml", {})
+    resolve_interpolations(flat)
+    v = {s.key: s.value for s in translate("nemo-rl", flat).settings}
+    lr = flat["policy.optimizer.kwargs.lr"]
+    theirs_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    lrs = torch.optim.lr_scheduler
+    chain, milestones = [], []
+    for entry in flat["policy.scheduler"]:
+        if "milestones" in entry:
+            milestones = entry["milestones"]
+        else:
+            cls = getattr(lrs, entry["name"].rsplit(".", 1)[-1])
+            chain.append(cls(theirs_opt, **entry["kwargs"]))
+    theirs = lrs.SequentialLR(theirs_opt, chain, milestones)
+
+    ours_opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    opt = OptimizerConfig("adam", v["policy.optimizer.lr"], 0.0, 0.0, 0.9, 0.999, 1e-8, 1.0)
+    sched = SchedulerConfig(v[WARMUP], v[INIT], v[STYLE], None)
+    ours = build_scheduler(ours_opt, opt, sched, total_optimizer_steps=200)
+    for step in range(120):
+        got, want = ours_opt.param_groups[0]["lr"], theirs_opt.param_groups[0]["lr"]
+        assert got == pytest.approx(want, rel=1e-12), step
+        theirs_opt.step()
+        theirs.step()
+        ours.step(increment=1)
+
+
+# ---------------------------------------------------------------------------------------
+# Warm-up: small inline cases
+
+
+ONE_BATCH = {
+    "grpo.num_prompts_per_step": 32,
+    "grpo.num_generations_per_prompt": 16,
+    "policy.train_global_batch_size": 512,
+    "policy.optimizer.kwargs.lr": 1.0e-6,
+}
+
+
+def _linear(start: float, end: float, iters: int, milestone: int) -> list[dict[str, Any]]:
+    return [
+        {"name": "torch.optim.lr_scheduler.LinearLR",
+         "kwargs": {"start_factor": start, "end_factor": end, "total_iters": iters}},
+        {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 1.0, "total_iters": 10**10}},
+        {"milestones": [milestone]},
+    ]  # fmt: skip
+
+
+def test_a_later_milestone_keeps_the_same_schedule():
+    # LinearLR stays at end_factor 1 after its 10 steps, so switching at 20 changes nothing
+    fk = foreign_key("policy.scheduler", "nemo-rl")
+    assert fk is not None
+    got = dict(fk.convert(_linear(0.5, 1.0, 10, 20), ONE_BATCH).settings)
+    assert got == {WARMUP: 10, INIT: 0.5e-6, STYLE: "constant"}
+    constant = [
+        {"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 1.0}},
+        {"milestones": []},
+    ]
+    assert dict(fk.convert(constant, ONE_BATCH).settings) == {WARMUP: 0, STYLE: "constant"}
+
+
+@pytest.mark.parametrize(
+    "schedule, phrase",
+    [
+        (_linear(0.1, 1.0, 10, 5), "milestone 5 ends the 10-step LinearLR early"),
+        (_linear(0.1, 0.5, 10, 10), "end_factor 1"),
+        ([{"name": "torch.optim.lr_scheduler.CosineAnnealingLR", "kwargs": {"T_max": 100}}, {"milestones": []}],
+         "only a LinearLR warm-up"),
+        (_linear(0.1, 1.0, 10, 10)[:2], "SequentialLR needs 1"),
+        ([{"name": "torch.optim.lr_scheduler.ConstantLR", "kwargs": {"factor": 0.5, "total_iters": 5}}, {"milestones": []}],
+         "ConstantLR(factor 0.5)"),
+        ({"name": "torch.optim.lr_scheduler.LinearLR"}, "only NeMo RL's list"),
+    ],
+)  # fmt: skip
+def test_other_torch_schedules_are_refused(schedule, phrase):
+    fk = foreign_key("policy.scheduler", "nemo-rl")
+    assert fk is not None
+    with pytest.raises(Untranslatable) as info:
+        fk.convert(schedule, ONE_BATCH)
+    assert phrase in str(info.value)
+
+
+def test_megatron_warmup_refusals_and_no_warmup():
+    fk = foreign_key("policy.megatron_cfg.scheduler.lr_warmup_iters", "nemo-rl")
+    assert fk is not None
+    four = {**ONE_BATCH, "grpo.num_prompts_per_step": 128}  # 128 x 16 / 512 = 4
+    assert dict(fk.convert(0, four).settings) == {WARMUP: 0}  # no warm-up: same at any k
+    cases = [
+        (50, {**ONE_BATCH, "policy.megatron_cfg.scheduler.lr_warmup_fraction": 0.1}, "lr_warmup_fraction"),
+        (50, {**ONE_BATCH, "policy.megatron_cfg.scheduler.lr_decay_iters": 50}, "shortens"),
+        (50, {"grpo.num_prompts_per_step": 32}, "converting needs"),
+        (50, {**ONE_BATCH, "policy.train_global_batch_size": 300}, "not a whole number"),
+    ]  # fmt: skip
+    for value, ctx, phrase in cases:
+        with pytest.raises(Untranslatable) as info:
+            fk.convert(value, ctx)
+        assert phrase in str(info.value)
+    style = foreign_key("policy.megatron_cfg.scheduler.lr_decay_style", "nemo-rl")
+    iters = foreign_key("policy.megatron_cfg.scheduler.lr_decay_iters", "nemo-rl")
+    assert style is not None and iters is not None
+    with pytest.raises(Untranslatable, match="only constant"):
+        style.convert("cosine", {})
+    linear = {"policy.megatron_cfg.scheduler.lr_decay_style": "linear"}
+    with pytest.raises(Untranslatable, match="not carried"):
+        iters.convert(1000, linear)
+
+
+# ---------------------------------------------------------------------------------------
+# Lengths
+
+
+@pytest.mark.parametrize(
+    "name, total, prompt, response",
+    [
+        ("grpo_math_1B.yaml", 512, 512, 512),  # both `${policy.max_total_sequence_length}`
+        (LLM + "grpo-llama3.2-1b-instruct-1n8g-megatron.yaml", 512, 512, 512),
+        (LLM + "grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml", 4096, 4096, 4096),
+        (LLM + "dapo-qwen2.5-7b.v2.yaml", 16384, 2048, 16384),
+        (LLM + "grpo-deepscaler-1.5b-8K.yaml", 8192, 8192, 8192),
+        (LLM + "grpo-dapomath17k-dsv3-megatron.yaml", 16384, 16384, 16384),
+    ],
+)
+def test_lengths_that_do_not_fit_are_refused_naming_the_three_keys(name, total, prompt, response):
+    """Every real NeMo RL config lets the engine cut responses at its context: max_new_tokens
+    is the whole length, so a short prompt may generate more than a long one. Ours has one
+    response cap: refused, and the cap is not derived from prompt + response instead."""
+    v, skipped = _import(name)
+    assert TOTAL not in v
+    reason = skipped[TOTAL]
+    for part in (
+        f"data.max_input_seq_length {prompt}",
+        f"policy.generation.max_new_tokens {response}",
+        f"= {prompt + response} > {total}",
+        "max_input_seq_length + max_new_tokens <= max_total_sequence_length",
+    ):
+        assert part in reason
+    fix = f"policy.generation.max_new_tokens={total - prompt}"
+    assert (fix in reason) == (total > prompt)
+
+
+def test_lengths_made_to_fit_import_as_nemo_rl_runs_them():
+    # The DAPO recipe with the fix its refusal names: 2048 + 14336 = 16384, so every response
+    # stops at 14336 there as here, and reward_shaping.max_response_length (14336) agrees.
+    v, skipped = _import(LLM + "dapo-qwen2.5-7b.v2.yaml", "policy.generation.max_new_tokens=14336")
+    assert (v[TOTAL], v["data.max_prompt_length"], v["generation.max_response_length"]) == (
+        16384, 2048, 14336,
+    )  # fmt: skip
+    assert TOTAL not in skipped and "policy.generation.max_new_tokens" not in skipped
+    # the base config: its lengths are interpolations of max_total_sequence_length
+    v, skipped = _import(
+        "grpo_math_1B.yaml", "data.max_input_seq_length=256", "policy.generation.max_new_tokens=256"
+    )
+    assert (v[TOTAL], v["data.max_prompt_length"], v["generation.max_response_length"]) == (
+        512, 256, 256,
+    )  # fmt: skip
+
+
+def test_lengths_inline_and_on_the_command_line(tmp_path, capsys):
+    fk = foreign_key(TOTAL, "nemo-rl")
+    assert fk is not None
+    fits = {"data.max_input_seq_length": 1024, "policy.generation.max_new_tokens": 3072}
+    assert dict(fk.convert(4096, fits).settings) == {TOTAL: 4096}
+    assert dict(fk.convert(4096, {}).settings) == {TOTAL: 4096}  # lengths not given: as is
+    with pytest.raises(Untranslatable, match=r"1024 \+ .* 4096 = 5120 > 4096"):
+        fk.convert(4096, {**fits, "policy.generation.max_new_tokens": 4096})
+
+    source = tmp_path / "grpo.yaml"
+    source.write_text(
+        "policy:\n  max_total_sequence_length: 4096\n  generation: {max_new_tokens: 4096}\n"
+        "data: {max_input_seq_length: 1024}\n"
+    )
+    out = tmp_path / "r.yaml"
+    assert import_main(["--from", "nemo-rl", str(source), "-o", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert not out.exists()
+    assert TOTAL in captured.err
+    assert "max_new_tokens=3072" in captured.out  # the fix, in the printed summary
