@@ -17,6 +17,7 @@ from dapo_megatron.migrate.dialects import (
     mapped,
     same,
     sampling_top_k,
+    warmup_in_optimizer_steps,
 )
 from dapo_megatron.migrate.shared_keys import (
     AGG,
@@ -120,19 +121,9 @@ def _optimizer_steps_per_grpo_step(ctx: Mapping[str, Any]) -> tuple[int, str]:
 def _warmup_steps(iters: int, ctx: Mapping[str, Any]) -> tuple[int, str]:
     """A warm-up of `iters` GRPO steps in our optimizer steps, with the note; refused when a
     GRPO step is several optimizer steps (NeMo RL's staircase is not our ramp)."""
-    if iters < 0:
-        raise Untranslatable(f"{iters}: a warm-up length cannot be negative")
-    if iters == 0:
-        return 0, "no warm-up, as here"
-    k, per_step = _optimizer_steps_per_grpo_step(ctx)
-    if k != 1:
-        raise Untranslatable(
-            f"NeMo RL steps its lr schedule once per GRPO step and a GRPO step is {k} "
-            f"optimizer steps ({per_step}): it keeps one lr over those {k}, ours ramps at "
-            f"every optimizer step; policy.scheduler.lr_warmup_steps={iters * k} ramps over "
-            "the same span (set it by hand if a ramp will do)"
-        )
-    return iters, f"same count: {iters} GRPO steps, each one optimizer step ({per_step})"
+    return warmup_in_optimizer_steps(
+        NEMO, "GRPO step", iters, lambda: _optimizer_steps_per_grpo_step(ctx)
+    )
 
 
 def _megatron_warmup(value: Any, ctx: Mapping[str, Any]) -> Translation:
@@ -261,24 +252,44 @@ def _torch_schedule(value: Any, ctx: Mapping[str, Any]) -> Translation:
 # and vLLM stops at max_model_len, vllm_worker_async.py takes min(max_new_tokens,
 # max_model_len - prompt). Ours caps every response at generation.max_response_length and
 # needs max_total_sequence_length >= data.max_prompt_length + that cap.
+#
+# Prompts. NeMo RL's data processors (data/processors.py: math_data_processor,
+# math_hf_data_processor and the others alike, called for every row by
+# data/datasets/processed_dataset.py, which drops none) test `length >= max_seq_length`, with
+# max_seq_length = data.max_input_seq_length (data/utils.py): such a prompt stays in the data
+# as a stub, each message cut to at most 4 tokens, with loss_multiplier 0 (the sample mask of
+# the loss), so it is generated from and never trained. Ours drops a prompt longer than
+# data.max_prompt_length before training (data/datasets.py encode_prompts). The longest
+# prompt either trains is max_input_seq_length - 1 tokens.
+
+
+def _prompt_limit(value: Any, ctx: Mapping[str, Any]) -> int:
+    n = as_int(value)
+    if n < 2:
+        raise Untranslatable(
+            f"{n}: NeMo RL turns every prompt (>= {n} tokens) into a stub it never trains"
+        )
+    return n - 1
 
 
 def _total_length(value: Any, ctx: Mapping[str, Any]) -> int:
     total = as_int(value)
     prompt = ctx.get("data.max_input_seq_length")
     response = ctx.get("policy.generation.max_new_tokens")
-    if not (_is_int(prompt) and _is_int(response)) or total >= prompt + response:
+    if not (_is_int(prompt) and _is_int(response)) or total >= prompt - 1 + response:
         return total
+    longest = prompt - 1  # the longest prompt NeMo RL generates from for training
     context = ctx.get("policy.generation.vllm_cfg.max_model_len")
     context = context if _is_int(context) else total
-    example = f", e.g. policy.generation.max_new_tokens={total - prompt}" if total > prompt else ""
+    example = f", e.g. policy.generation.max_new_tokens={total - longest}" if total > prompt else ""
     raise Untranslatable(
-        f"data.max_input_seq_length {prompt} + policy.generation.max_new_tokens {response} "
-        f"= {prompt + response} > {total}: NeMo RL's engine ends each response at its "
-        f"context ({context} tokens, vLLM's max_model_len) less the prompt, a cap that "
-        "differs per prompt; ours caps every response at generation.max_response_length and "
-        "needs max_total_sequence_length >= prompt + response. Re-import with NeMo RL "
-        "overrides that fit, max_input_seq_length + max_new_tokens <= "
+        f"data.max_input_seq_length {prompt} trains prompts of up to {longest} tokens; "
+        f"{longest} + policy.generation.max_new_tokens {response} = {longest + response} > "
+        f"{total}: NeMo RL's engine ends each response at its context ({context} tokens, "
+        "vLLM's max_model_len) less the prompt, a cap that differs per prompt; ours caps "
+        "every response at generation.max_response_length and needs "
+        "max_total_sequence_length >= prompt + response. Re-import with NeMo RL overrides "
+        "that fit, max_input_seq_length - 1 + max_new_tokens <= "
         f"max_total_sequence_length{example}"
     )
 
@@ -371,8 +382,8 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
         NEMO,
         "policy.max_total_sequence_length",
         "policy.max_total_sequence_length",
-        "same meaning when data.max_input_seq_length + policy.generation.max_new_tokens "
-        "fit in it; else refused: NeMo RL's engine then ends each response at its context "
+        "same meaning when the longest prompt NeMo RL trains (data.max_input_seq_length - "
+        "1 tokens) + policy.generation.max_new_tokens fit in it; else refused: NeMo RL's engine then ends each response at its context "
         "(vLLM's max_model_len, by default this length) less the prompt, a cap per prompt; "
         "ours has one response cap",
         _total_length,
@@ -471,7 +482,18 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
     ),
     same(NEMO, "policy.optimizer.kwargs.weight_decay", "policy.optimizer.weight_decay"),
     same(NEMO, "policy.max_grad_norm", "policy.optimizer.clip_grad"),
-    same(NEMO, "data.max_input_seq_length", "data.max_prompt_length"),
+    mapped(
+        NEMO,
+        "data.max_input_seq_length",
+        "data.max_prompt_length",
+        "converted to {v} - 1: NeMo RL keeps a prompt of {v} tokens or more in its data as a "
+        "stub (each message cut to at most 4 tokens, loss_multiplier 0: generated from, never "
+        "trained; processors.py), ours drops a prompt longer than {out} before training. The "
+        "same prompts can be trained, but the number of prompts used can differ: a NeMo RL "
+        "step spends slots of num_prompts_per_step on stubs, ours has that many trainable "
+        "prompts, so steps cover the data at different rates",
+        _prompt_limit,
+    ),
     same(
         NEMO,
         "grpo.overlong_filtering",

@@ -4,7 +4,7 @@ converters; dialect_keys.py joins the tables."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from dapo_megatron.migrate.dialects import (
     ForeignKey,
@@ -22,6 +22,7 @@ from dapo_megatron.migrate.dialects import (
     same,
     same_agg,
     sampling_top_k,
+    warmup_in_optimizer_steps,
 )
 from dapo_megatron.migrate.shared_keys import (
     CLIP_C,
@@ -84,39 +85,98 @@ def _verl_save_freq(value: Any, ctx: Mapping[str, Any]) -> Translation:
     )
 
 
-def _verl_warmup(value: Any, ctx: Mapping[str, Any]) -> Translation:
-    """verl's warm-up counts trainer steps; ours, optimizer steps (one per mini-batch)."""
-    steps = ctx.get(f"{VERL_ACTOR}.optim.lr_warmup_steps", -1)
-    ratio = ctx.get(f"{VERL_ACTOR}.optim.lr_warmup_steps_ratio", 0.0)
-    prompts = ctx.get("data.train_batch_size")
-    mini = ctx.get(f"{VERL_ACTOR}.ppo_mini_batch_size")
-    epochs = ctx.get(f"{VERL_ACTOR}.ppo_epochs", 1)
-    if not (
-        isinstance(prompts, int)
-        and isinstance(mini, int)
-        and isinstance(epochs, int)
-        and min(prompts, mini, epochs) > 0
-    ):
-        raise Untranslatable(
-            "needs data.train_batch_size, ppo_mini_batch_size and ppo_epochs to convert "
-            "trainer steps to optimizer steps"
-        )
-    updates = (prompts // mini) * epochs
-    if steps is None or steps <= 0:
-        if not ratio:
-            return Translation((("policy.scheduler.lr_warmup_steps", 0),), "no warm-up (ratio 0)")
-        total = ctx.get("trainer.total_training_steps")
-        if not isinstance(total, int) or total <= 0:
-            raise Untranslatable(
-                f"lr_warmup_steps_ratio {ratio} x verl's total trainer steps, which this "
-                "importer cannot know (trainer.total_training_steps is not set)"
-            )
-        steps = int(ratio * total)
-    return Translation(
-        (("policy.scheduler.lr_warmup_steps", steps * updates),),
-        f"converted: {steps} trainer steps x {updates} optimizer steps each "
-        f"({prompts} // {mini} prompts x {epochs} epochs)",
+# ---------------------------------------------------------------------------------------
+# The lr warm-up. verl steps its lr schedule once per trainer step, after all of that step's
+# optimizer steps (one per mini-batch: data.train_batch_size / ppo_mini_batch_size x
+# ppo_epochs): fsdp_workers.py and megatron_workers.py `update_actor` call
+# `update_policy` (dp_actor.py / megatron_actor.py, one optimizer.step() per mini-batch) and
+# then step the scheduler once; engine_workers.py `update_actor` sets update_lr_scheduler on
+# the last mini-batch only. verl-recipe's dapo_ray_trainer.py `fit` calls update_actor once
+# per global step. Ours steps once per optimizer step (megatron/policy_step.py), so the
+# counts agree only at one optimizer step per trainer step (dialects.py
+# warmup_in_optimizer_steps). The ramp is the same shape: linear from 0 (verl's
+# lr_warmup_init, 0.0 in optim/megatron.yaml, our default too) in Megatron's
+# OptimizerParamScheduler; min(1, step / N) x lr in torch_functional.py
+# get_constant_schedule_with_warmup (FSDP).
+#
+# lr_warmup_steps <= 0 defers to lr_warmup_steps_ratio x total trainer steps (int();
+# engine/fsdp/transformer_impl.py `_build_lr_scheduler`, utils/megatron/optimizer.py
+# get_megatron_optimizer_param_scheduler), except in the legacy FSDP worker (fsdp_workers.py
+# `_build_model_optimizer`), where only a negative value does (0: no warm-up); Megatron
+# multiplies the ratio by optim.lr_decay_steps when that is set. The total
+# is trainer.total_training_steps when set, else len(dataloader) x total_epochs
+# (ray_trainer.py `_create_dataloader`), which this importer cannot know.
+
+
+def _verl_updates_per_step(ctx: Mapping[str, Any]) -> tuple[int, str]:
+    """(Optimizer steps per trainer step, in words): one per mini-batch per epoch."""
+    keys = (
+        "data.train_batch_size",
+        f"{VERL_ACTOR}.ppo_mini_batch_size",
+        f"{VERL_ACTOR}.ppo_epochs",
     )
+    prompts, mini, epochs = (ctx.get(k) for k in keys)
+    if not (_positive_int(prompts) and _positive_int(mini) and _positive_int(epochs)):
+        raise Untranslatable(
+            "verl counts it in trainer steps, ours in optimizer steps: converting needs "
+            + ", ".join(keys)
+        )
+    if prompts % mini:
+        raise Untranslatable(
+            f"data.train_batch_size {prompts} is not a whole number of ppo_mini_batch_size "
+            f"{mini} mini-batches"
+        )
+    words = f"train_batch_size {prompts} / ppo_mini_batch_size {mini} x ppo_epochs {epochs}"
+    return prompts // mini * epochs, words
+
+
+def _positive_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
+
+
+def _warmup(trainer_steps: int, ctx: Mapping[str, Any]) -> Translation:
+    steps, note = warmup_in_optimizer_steps(
+        VERL, "trainer step", trainer_steps, lambda: _verl_updates_per_step(ctx)
+    )
+    return Translation((("policy.scheduler.lr_warmup_steps", steps),), note)
+
+
+def _verl_warmup_steps(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value is not None and as_int(value) > 0:
+        return _warmup(value, ctx)
+    return Translation((), f"{_shown(value)}: lr_warmup_steps_ratio decides")
+
+
+def _verl_warmup_ratio(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    steps = ctx.get(f"{VERL_ACTOR}.optim.lr_warmup_steps", -1)
+    if steps is not None and as_int(steps) > 0:
+        return Translation((), f"not read: lr_warmup_steps {steps} decides")
+    if value is None or value == 0:
+        return _warmup(0, ctx)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise Untranslatable(f"{value!r}: expected a fraction of the training steps")
+    if steps == 0:
+        raise Untranslatable(
+            f"lr_warmup_steps 0 with ratio {value}: verl's legacy FSDP worker then has no "
+            "warm-up, its Megatron and engine workers warm up over the ratio; set "
+            "lr_warmup_steps to -1 (the ratio) or the ratio to 0 (none)"
+        )
+    if ctx.get(f"{VERL_ACTOR}.optim.lr_decay_steps") is not None:
+        raise Untranslatable(
+            "optim.lr_decay_steps is set: verl's Megatron worker takes the ratio of it, "
+            "its FSDP workers of the total trainer steps; set lr_warmup_steps instead"
+        )
+    total = ctx.get("trainer.total_training_steps")
+    if not _positive_int(total):
+        raise Untranslatable(
+            f"lr_warmup_steps_ratio {value} x verl's total trainer steps, which this "
+            "importer cannot know (trainer.total_training_steps is not set)"
+        )
+    return _warmup(int(value * total), ctx)
+
+
+def _shown(value: Any) -> str:
+    return "null" if value is None else str(value)
 
 
 def _verl_warmup_style(value: Any, ctx: Mapping[str, Any]) -> Translation:
@@ -241,7 +301,13 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     ),
     same(VERL, "trainer.nnodes", "cluster.num_nodes"),
     same(VERL, "trainer.n_gpus_per_node", "cluster.gpus_per_node"),
-    same(VERL, "trainer.total_training_steps", "dapo.max_num_steps"),
+    same(
+        VERL,
+        "trainer.total_training_steps",
+        "dapo.max_num_steps",
+        "same unit: trainer steps, one policy update each (verl-recipe dapo_ray_trainer.py "
+        "fit counts global_steps), as ours",
+    ),
     custom(
         VERL,
         "trainer.save_freq",
@@ -261,18 +327,23 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         VERL,
         f"{VERL_ACTOR}.optim.lr_warmup_steps",
         "policy.scheduler.lr_warmup_steps",
-        "converted: verl steps its scheduler once per trainer step (engine_workers.py, "
-        "update_lr_scheduler), ours once per optimizer step: x train_batch_size / "
-        "ppo_mini_batch_size x ppo_epochs; <= 0 uses lr_warmup_steps_ratio",
-        _verl_warmup,
+        "verl steps its lr schedule once per trainer step, after all of that step's "
+        "optimizer steps (fsdp_workers.py / megatron_workers.py update_actor; "
+        "engine_workers.py on the last mini-batch), ours once per optimizer step: the same "
+        "count when a trainer step is one optimizer step (train_batch_size = "
+        "ppo_mini_batch_size, ppo_epochs 1), else refused (verl keeps one lr over a step's "
+        "optimizer steps); <= 0: lr_warmup_steps_ratio decides",
+        _verl_warmup_steps,
     ),
     custom(
         VERL,
         f"{VERL_ACTOR}.optim.lr_warmup_steps_ratio",
         "policy.scheduler.lr_warmup_steps",
-        "read with lr_warmup_steps (used when that is <= 0): ratio x total trainer steps, "
-        "converted to optimizer steps",
-        _verl_warmup,
+        "read when lr_warmup_steps <= 0: int(ratio x trainer.total_training_steps) trainer "
+        "steps, carried as lr_warmup_steps is; refused with lr_warmup_steps 0 (verl's "
+        "workers disagree), with optim.lr_decay_steps (Megatron's base), or without "
+        "total_training_steps",
+        _verl_warmup_ratio,
     ),
     choice(
         VERL,

@@ -228,27 +228,29 @@ def test_megatron_warmup_refusals_and_no_warmup():
 def test_lengths_that_do_not_fit_are_refused_naming_the_three_keys(name, total, prompt, response):
     """Every real NeMo RL config lets the engine cut responses at its context: max_new_tokens
     is the whole length, so a short prompt may generate more than a long one. Ours has one
-    response cap: refused, and the cap is not derived from prompt + response instead."""
+    response cap: refused, and the cap is not derived from prompt + response instead. The
+    longest prompt NeMo RL trains is max_input_seq_length - 1 tokens (see below)."""
     v, skipped = _import(name)
     assert TOTAL not in v
     reason = skipped[TOTAL]
     for part in (
-        f"data.max_input_seq_length {prompt}",
+        f"data.max_input_seq_length {prompt} trains prompts of up to {prompt - 1} tokens",
         f"policy.generation.max_new_tokens {response}",
-        f"= {prompt + response} > {total}",
-        "max_input_seq_length + max_new_tokens <= max_total_sequence_length",
+        f"= {prompt - 1 + response} > {total}",
+        "max_input_seq_length - 1 + max_new_tokens <= max_total_sequence_length",
     ):
         assert part in reason
-    fix = f"policy.generation.max_new_tokens={total - prompt}"
+    fix = f"policy.generation.max_new_tokens={total - prompt + 1}"
     assert (fix in reason) == (total > prompt)
 
 
 def test_lengths_made_to_fit_import_as_nemo_rl_runs_them():
-    # The DAPO recipe with the fix its refusal names: 2048 + 14336 = 16384, so every response
-    # stops at 14336 there as here, and reward_shaping.max_response_length (14336) agrees.
+    # The DAPO recipe with lengths that fit: prompts of up to 2047 tokens + 14336 <= 16384, so
+    # every response stops at 14336 there as here, and reward_shaping.max_response_length
+    # (14336) agrees.
     v, skipped = _import(LLM + "dapo-qwen2.5-7b.v2.yaml", "policy.generation.max_new_tokens=14336")
     assert (v[TOTAL], v["data.max_prompt_length"], v["generation.max_response_length"]) == (
-        16384, 2048, 14336,
+        16384, 2047, 14336,
     )  # fmt: skip
     assert TOTAL not in skipped and "policy.generation.max_new_tokens" not in skipped
     # the base config: its lengths are interpolations of max_total_sequence_length
@@ -256,7 +258,7 @@ def test_lengths_made_to_fit_import_as_nemo_rl_runs_them():
         "grpo_math_1B.yaml", "data.max_input_seq_length=256", "policy.generation.max_new_tokens=256"
     )
     assert (v[TOTAL], v["data.max_prompt_length"], v["generation.max_response_length"]) == (
-        512, 256, 256,
+        512, 255, 256,
     )  # fmt: skip
 
 
@@ -266,7 +268,8 @@ def test_lengths_inline_and_on_the_command_line(tmp_path, capsys):
     fits = {"data.max_input_seq_length": 1024, "policy.generation.max_new_tokens": 3072}
     assert dict(fk.convert(4096, fits).settings) == {TOTAL: 4096}
     assert dict(fk.convert(4096, {}).settings) == {TOTAL: 4096}  # lengths not given: as is
-    with pytest.raises(Untranslatable, match=r"1024 \+ .* 4096 = 5120 > 4096"):
+    assert dict(fk.convert(4095, fits).settings) == {TOTAL: 4095}  # 1023 + 3072
+    with pytest.raises(Untranslatable, match=r"1023 \+ .* 4096 = 5119 > 4096"):
         fk.convert(4096, {**fits, "policy.generation.max_new_tokens": 4096})
 
     source = tmp_path / "grpo.yaml"
@@ -279,4 +282,57 @@ def test_lengths_inline_and_on_the_command_line(tmp_path, capsys):
     captured = capsys.readouterr()
     assert not out.exists()
     assert TOTAL in captured.err
-    assert "max_new_tokens=3072" in captured.out  # the fix, in the printed summary
+    assert "max_new_tokens=3073" in captured.out  # the fix, in the printed summary
+
+
+# ---------------------------------------------------------------------------------------
+# The prompt limit. NeMo RL's data processors (processors.py, math_hf_data_processor and the
+# others) turn a prompt of `length >= max_seq_length` (data.max_input_seq_length) tokens into
+# a stub with loss_multiplier 0: generated from, never trained. Ours drops a prompt longer
+# than data.max_prompt_length (data/datasets.py encode_prompts).
+
+PROMPT = "data.max_input_seq_length"
+
+
+@pytest.mark.parametrize(
+    "name, limit",
+    [
+        ("grpo_math_1B.yaml", 512),  # `${policy.max_total_sequence_length}`
+        (LLM + "dapo-qwen2.5-7b.v2.yaml", 2048),
+        (LLM + "grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml", 4096),
+    ],
+)
+def test_prompt_limit_of_the_real_files_is_the_longest_prompt_nemo_rl_trains(name, limit):
+    flat = read_source(DATA / name, {})
+    resolve_interpolations(flat)
+    result = translate("nemo-rl", flat)
+    setting = next(s for s in result.settings if s.key == "data.max_prompt_length")
+    assert (setting.source, setting.value) == (PROMPT, limit - 1)
+    assert "the number of prompts used can differ" in setting.note  # said, not hidden
+    assert f"keeps a prompt of {limit} tokens or more in its data as a stub" in setting.note
+
+
+class _WordTokenizer:
+    """One token per word: enough for encode_prompts' length rule."""
+
+    def __call__(self, texts: list[str], add_special_tokens: bool) -> dict[str, Any]:
+        return {"input_ids": [[1] * len(t.split()) for t in texts]}
+
+
+def test_translated_limit_keeps_exactly_the_prompts_nemo_rl_trains():
+    from dapo_megatron.data.datasets import encode_prompts
+    from dapo_megatron.data.records import PromptRecord
+
+    fk = foreign_key(PROMPT, "nemo-rl")
+    assert fk is not None
+    for limit in (2, 6, 9):
+        ours = dict(fk.convert(limit, {}).settings)["data.max_prompt_length"]
+        records = [PromptRecord(" ".join(["w"] * n), "") for n in range(1, 12)]
+        kept = encode_prompts(
+            records, _WordTokenizer(), apply_chat_template=False, max_prompt_length=ours
+        )  # type: ignore[arg-type]
+        trained_there = [r for r in records if not len(r.text.split()) >= limit]
+        assert kept.records == trained_there, limit
+    for bad in (1, 0, -5):
+        with pytest.raises(Untranslatable, match="stub it never trains"):
+            fk.convert(bad, {})
