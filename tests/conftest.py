@@ -5,6 +5,7 @@ runs/ (the main job's, which CI runs before the tests)."""
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -43,6 +44,26 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     removed = shm_hygiene.remove_leftovers(_shm_before)
     if removed:
         print(f"\n[shm] removed {len(removed)} shared-memory file(s) left by killed processes")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """A test module must leave no Ray connected in the pytest process once its fixtures are
+    torn down: the next module's ``ray.init`` would fail ("called ray.init twice"), and
+    which module runs next depends on the order (the suite runs on two workers). A call
+    such as ``ray.get_runtime_context()`` starts a local cluster silently when none is
+    connected; this names the module that left one behind."""
+    if nextitem is not None and nextitem.module is item.module:
+        return  # module-scoped fixtures may hold a cluster across the module's tests
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        ray.shutdown()
+        pytest.fail(
+            f"{item.nodeid}: Ray is still initialized in the pytest process after this "
+            "module's tests (shut it down in the fixture that started it, or find the call "
+            "that started it implicitly)",
+            pytrace=False,
+        )
 
 
 # --- The checkout's run directories are the user's, never a test's -----------------------

@@ -90,7 +90,10 @@ def _node_processes_in_own_session() -> Iterator[None]:
 
 
 def gcs_address() -> str | None:
-    """host:port of the connected cluster's GCS (None when Ray does not say)."""
+    """host:port of the connected cluster's GCS (None when Ray does not say, or when not
+    connected: ``ray.get_runtime_context`` would start a local cluster of its own)."""
+    if not ray.is_initialized():
+        return None
     try:
         return str(ray.get_runtime_context().gcs_address) or None
     except Exception:  # not connected, or an attribute Ray renamed: no probe then
