@@ -5,6 +5,7 @@ runs/ (the main job's, which CI runs before the tests)."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 
@@ -12,6 +13,14 @@ import pytest
 import shm_hygiene
 import torch
 from checkout_guard import CHECKOUT_RUNS, runs_changes, runs_snapshot
+
+# Ray fixes its authentication mode when it is imported; with RAY_AUTH_MODE unset, an
+# in-process ray.init switches this process to token mode (and writes RAY_AUTH_MODE=token
+# into os.environ), so a later test that sets "disabled" after ray was imported runs a
+# driver and a cluster that disagree, and the cluster's workers are refused. Decided once
+# here, before any test module imports ray. Runs of dapo-train pass their own environment
+# (tests/functional/tiny_job.py; test_tiny_run.py runs with Ray's default mode).
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
