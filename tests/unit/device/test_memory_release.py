@@ -18,20 +18,6 @@ from dapo_megatron.device import memory_release
 ZERO = {"reserved_before": 0, "reserved_after": 0, "released": 0}
 
 
-@pytest.fixture
-def cuda_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """torch.cuda on a GPU machine, recording every call that does work; CUDA state
-    initialised unless a test patches ``is_initialized`` again."""
-    calls: list[str] = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
-    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 1 << 30)
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: calls.append("sync"))
-    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
-    monkeypatch.setattr(memory_release.gc, "collect", lambda *a: calls.append("gc") or 0)
-    return calls
-
-
 def test_a_process_without_cuda_state_calls_nothing(
     cuda_calls: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

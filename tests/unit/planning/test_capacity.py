@@ -3,7 +3,6 @@ capacity and the safety margin."""
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -11,8 +10,6 @@ import pytest
 from dapo_megatron import cli
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.config.model_arch import PRESETS
-from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.planning.capacity import (
     CARDS,
     DEFAULT_GPU_MEM_GIB,
@@ -21,7 +18,8 @@ from dapo_megatron.planning.capacity import (
     reported_cuda_gib,
 )
 from dapo_megatron.planning.memory import Phase, memory_inputs, plan_memory
-from dapo_megatron.planning.memory_terms import GIB, NO_OVERHEADS, MemoryInputs
+from dapo_megatron.planning.memory_terms import GIB
+from unit.planning.tiny_inputs import tiny_inputs
 
 REPO = Path(__file__).resolve().parents[3]
 ONE_GPU = REPO / "recipes" / "dapo-qwen3-1.7b-1n1g-tp1pp1cp1.yaml"
@@ -119,48 +117,27 @@ def test_phase_verdicts_around_the_margin():
     assert over.over and over.verdict == "DOES NOT FIT in 10 GiB"
 
 
-def _tiny(**change) -> MemoryInputs:
-    base = MemoryInputs(
-        arch=PRESETS["tiny-qwen2"],
-        dims=ParallelDims(tp=2, pp=1, cp=1, dp=2, sequence_parallel=True),
-        precision="bf16",
-        optimizer="adam",
-        distributed_optimizer=True,
-        recompute="none",
-        micro_batch_size=2,
-        logprob_micro_batch_size=2,
-        seq_len=32,
-        micro_batches=4,
-        gpu_mem_gib=80.0,
-        on_gpu=True,
-        colocated=True,
-        engine=None,
-        overheads=NO_OVERHEADS,
-    )
-    return dataclasses.replace(base, **change)
-
-
 def test_a_plan_eating_into_the_margin_does_not_fit():
     # No overheads, no engine: the train phase is the peak, P bytes (hand-derived in
     # planning/test_memory.py). A 1 MiB margin on a GPU of P + 0.5 MiB: under the GPU, inside
     # the margin; on P + 1 MiB it fits exactly.
-    peak = plan_memory(_tiny(margin_gib=0.0)).phases[0].peak
+    peak = plan_memory(tiny_inputs(margin_gib=0.0)).phases[0].peak
     margin = MIB / GIB
-    within = plan_memory(_tiny(margin_gib=margin, gpu_mem_gib=peak + margin / 2))
+    within = plan_memory(tiny_inputs(margin_gib=margin, gpu_mem_gib=peak + margin / 2))
     assert not within.fits and within.within_margin
     assert within.reason.startswith("train phase needs")
     assert "within the 0.0 GiB safety margin" in within.reason
-    exact = plan_memory(_tiny(margin_gib=margin, gpu_mem_gib=peak + margin))
+    exact = plan_memory(tiny_inputs(margin_gib=margin, gpu_mem_gib=peak + margin))
     assert exact.fits
-    over = plan_memory(_tiny(margin_gib=margin, gpu_mem_gib=peak * 0.99))
+    over = plan_memory(tiny_inputs(margin_gib=margin, gpu_mem_gib=peak * 0.99))
     assert not over.fits and not over.within_margin
 
 
 def test_margin_defaults_to_the_rule_on_gpu_and_zero_on_cpu():
-    assert _tiny().margin == pytest.approx(4.0)  # 5 % of 80
-    assert _tiny(gpu_mem_gib=22.0).margin == 2.0
-    assert _tiny(on_gpu=False).margin == 0.0  # host memory: informative numbers only
-    assert _tiny(margin_gib=1.5).margin == 1.5
+    assert tiny_inputs().margin == pytest.approx(4.0)  # 5 % of 80
+    assert tiny_inputs(gpu_mem_gib=22.0).margin == 2.0
+    assert tiny_inputs(on_gpu=False).margin == 0.0  # host memory: informative numbers only
+    assert tiny_inputs(margin_gib=1.5).margin == 1.5
 
 
 def test_a_gpu_recipe_just_inside_the_margin_exits_1(capsys):

@@ -36,6 +36,7 @@ from dapo_megatron.planning.refit_memory import (
     largest_gathered_parameter,
     largest_hf_tensor,
 )
+from unit.planning.tiny_inputs import tiny_inputs
 
 REPO = Path(__file__).resolve().parents[3]
 RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
@@ -105,25 +106,8 @@ def test_padded_vocab_rows_sit_on_the_last_tp_rank():
 
 
 def _tiny_inputs(**change) -> MemoryInputs:
-    base = MemoryInputs(
-        arch=PRESETS["tiny-qwen2"],
-        dims=ParallelDims(tp=2, pp=1, cp=1, dp=2, sequence_parallel=True),
-        precision="bf16",
-        optimizer="adam",
-        distributed_optimizer=True,
-        recompute="none",
-        micro_batch_size=2,
-        logprob_micro_batch_size=2,
-        seq_len=32,
-        micro_batches=4,
-        gpu_mem_gib=80.0,
-        on_gpu=True,
-        colocated=True,
-        engine=None,
-        overheads=NO_OVERHEADS,
-        margin_gib=0.0,  # hand-derived bytes against exact fits (planning/test_capacity.py)
-    )
-    return dataclasses.replace(base, **change)
+    # No margin: hand-derived bytes against exact fits (planning/test_capacity.py).
+    return tiny_inputs(**{"margin_gib": 0.0, **change})
 
 
 def test_hand_derived_bytes_of_a_small_layout():
@@ -774,27 +758,6 @@ def test_a_moe_recipe_ships():
 # Terms outside the allocator, and vLLM's start-up check
 
 
-def _tiny(**change) -> MemoryInputs:
-    base = MemoryInputs(
-        arch=PRESETS["tiny-qwen2"],
-        dims=ParallelDims(tp=2, pp=1, cp=1, dp=2, sequence_parallel=True),
-        precision="bf16",
-        optimizer="adam",
-        distributed_optimizer=True,
-        recompute="none",
-        micro_batch_size=2,
-        logprob_micro_batch_size=2,
-        seq_len=32,
-        micro_batches=4,
-        gpu_mem_gib=80.0,
-        on_gpu=True,
-        colocated=True,
-        engine=None,
-        overheads=NO_OVERHEADS,
-    )
-    return dataclasses.replace(base, **change)
-
-
 OVERHEADS = Overheads(
     cuda_context_gib=0.5,
     nccl_gib=1.0,
@@ -814,7 +777,7 @@ def _phase_terms(inputs: MemoryInputs) -> dict[str, dict[str, float]]:
 
 def test_colocated_phases_count_both_processes_and_the_engine_start():
     # tiny-qwen2 at TP2 DP2 (world 4), colocated vLLM at 0.5 of 80 GiB.
-    inputs = _tiny(overheads=OVERHEADS, engine=ENGINE)
+    inputs = tiny_inputs(overheads=OVERHEADS, engine=ENGINE)
     s = stage_memory(inputs, 0)
     terms = _phase_terms(inputs)
     for phase in ("train", "logprob"):
@@ -845,15 +808,15 @@ def test_colocated_phases_count_both_processes_and_the_engine_start():
 
 
 def test_one_gpu_world_has_no_nccl_and_a_cpu_run_no_cuda_context():
-    one = _tiny(overheads=OVERHEADS, engine=ENGINE, dims=ParallelDims(1, 1, 1, 1, False))
+    one = tiny_inputs(overheads=OVERHEADS, engine=ENGINE, dims=ParallelDims(1, 1, 1, 1, False))
     assert "policy NCCL" not in _phase_terms(one)["generation"]
-    cpu = _tiny(overheads=OVERHEADS, engine=ENGINE, on_gpu=False)
+    cpu = tiny_inputs(overheads=OVERHEADS, engine=ENGINE, on_gpu=False)
     for terms in _phase_terms(cpu).values():
         assert not {"policy CUDA context", "policy NCCL", "engine CUDA context"} & set(terms)
 
 
 def test_split_engine_gpu_holds_its_context_next_to_its_budget():
-    inputs = _tiny(overheads=OVERHEADS, engine=ENGINE, colocated=False)
+    inputs = tiny_inputs(overheads=OVERHEADS, engine=ENGINE, colocated=False)
     terms = _phase_terms(inputs)
     assert "engine start" not in terms  # alone on its GPU: the same sum as generation
     assert terms["generation"] == {"engine CUDA context": 0.5, "engine budget": 40.0}
@@ -863,7 +826,7 @@ def test_split_engine_gpu_holds_its_context_next_to_its_budget():
 def test_engine_budget_too_large_to_start_names_vllms_check():
     # 0.9 x 80 GiB = 72 GiB cannot be free next to a 7B policy's weights, grads and main
     # params: the engine start phase fails (vLLM's own error at start-up).
-    inputs = _tiny(
+    inputs = tiny_inputs(
         arch=PRESETS["qwen2.5-7b"],
         dims=ParallelDims(tp=1, pp=1, cp=1, dp=8, sequence_parallel=False),
         overheads=OVERHEADS,
