@@ -383,7 +383,8 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
         "policy.max_total_sequence_length",
         "policy.max_total_sequence_length",
         "same meaning when the longest prompt NeMo RL trains (data.max_input_seq_length - "
-        "1 tokens) + policy.generation.max_new_tokens fit in it; else refused: NeMo RL's engine then ends each response at its context "
+        "1 tokens) + policy.generation.max_new_tokens fit in it; else refused: NeMo RL's "
+        "engine then ends each response at its context "
         "(vLLM's max_model_len, by default this length) less the prompt, a cap per prompt; "
         "ours has one response cap",
         _total_length,

@@ -104,7 +104,7 @@ def test_the_progress_bar_closes_when_a_step_raises(fake_run, monkeypatch):
     monkeypatch.setattr(loop, "_resume", lambda ctx, policy: {"step": 5})
     ctx.plan, ctx.config = plan, plan.config
 
-    def failing_rollouts(ctx, engines, step):
+    def failing_rollouts(planner, engines, step):
         raise RuntimeError("generation failed")
 
     monkeypatch.setattr(loop.steps, "collect_rollouts", failing_rollouts)
