@@ -196,6 +196,14 @@ def transformer_config(
         )
     dtype = _DTYPES[precision]
     on_cpu = not torch.cuda.is_available()
+    # With Transformer Engine on a GPU: SwiGLU as one autograd function that saves only
+    # FC1's output (mlp.py -> fusions/fused_bias_swiglu.py SwiGLUFunction; the unfused glu
+    # keeps silu(gate), the product and a copy of up: 5 f/TP per token where the fused one
+    # keeps 2), and TE's fused RoPE (rope_utils.apply_rotary_pos_emb; the unfused THD path
+    # saves cos/sin tables per token). CPU keeps the unfused paths: the fused SwiGLU is
+    # torch.compile'd (megatron/core/jit.py), a compile per shape on a CPU twin, and the
+    # fused RoPE exists only in TE. The memory tracer (fake_trace/) measured the difference.
+    gpu_fusions = not on_cpu and transformer_engine_error() is None
     return TransformerConfig(
         num_layers=arch.num_layers,
         hidden_size=arch.hidden_size,
@@ -231,6 +239,8 @@ def transformer_config(
         # On CPU, the master weight is built once and split, so that every TP layout of
         # the same seed starts from the same weights (and no CUDA allocation is tried).
         use_cpu_initialization=on_cpu,
+        bias_activation_fusion=gpu_fusions,
+        apply_rope_fusion=gpu_fusions,
         **recompute_fields,
         **_moe_settings(arch, dims, moe),  # type: ignore[arg-type]
     )

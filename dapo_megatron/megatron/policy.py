@@ -53,12 +53,14 @@ logger = logging.getLogger(__name__)
 class MegatronPolicy:
     """The policy model of one rank with its optimizer and schedule."""
 
-    def __init__(self, plan: PolicyPlan) -> None:
+    def __init__(self, plan: PolicyPlan, *, load_weights: bool = True) -> None:
         """Initialise torch.distributed + Megatron and load the HF checkpoint.
 
         Args:
             plan: this rank's slice of the run plan (config, layout, architecture, loss);
                 ``RunPlan.policy()`` in a run, ``run_plan.policy_plan`` elsewhere.
+            load_weights: False keeps the random init (the memory tracer, fake_trace/, which
+                has shapes but no checkpoint).
         """
         self.config = config = plan.config
         self.dims = plan.dims
@@ -77,7 +79,8 @@ class MegatronPolicy:
             allow_local_spec=policy.allow_local_spec,
             moe=plan.moe,
         )
-        load_hf_checkpoint(model, policy.model_name_or_path, arch, self.dims)
+        if load_weights:
+            load_hf_checkpoint(model, policy.model_name_or_path, arch, self.dims)
         # Our losses carry the global normaliser themselves: Megatron must only sum
         # gradients over micro-batches and DP/CP ranks (see policy_step's docstring).
         model.config.calculate_per_token_loss = True

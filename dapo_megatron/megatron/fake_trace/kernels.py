@@ -1,0 +1,236 @@
+"""Stand-ins for the GPU spec's kernels: they save for backward and allocate what the
+Transformer Engine (2.11) and flash kernels do, and compute nothing of value.
+
+On a GPU the policy builds Megatron's Transformer Engine spec
+(``get_gpt_layer_with_transformer_engine_spec``, megatron/core/models/gpt/gpt_layer_specs.py):
+the two norms fused into the GEMM after them (``TELayerNormColumnParallelLinear`` for
+linear_qkv and linear_fc1, the norm modules ``IdentityOp``), ``TEDotProductAttention``
+(cuDNN/flash, THD with packing), ``TERowParallelLinear`` for linear_proj and linear_fc2, and
+``TENorm`` for Qwen3's q/k norms. None of them runs on a CPU build, fake or real. The layer
+spec here keeps the same module tree and Megatron code around them (attention.py's QKV split,
+RoPE dispatch, mlp.py's activation, the bias-dropout-add, the schedule) and puts in place of
+each kernel an autograd Function that
+
+  norm + column GEMM  saves the norm's input x [n/sp, h], its output (the GEMM input, the
+                      local shard: TE gathers it again for the weight gradient under SP) and
+                      rsigma fp32 [n/sp] (transformer_engine/pytorch/module/layernorm_linear.py,
+                      _LayerNormLinear.forward: inputmat, ln_out, rsigma saved)
+  core attention      saves q, k, v, out and the fp32 log-sum-exp [heads, n]; backward
+                      allocates dq, dk, dv (flash/cuDNN THD: no [s, s] matrix)
+  fused RoPE          saves only the frequencies (TE fused_apply_rotary_pos_emb_thd); its
+                      output is a new tensor like its input
+  q/k norm (TENorm)   saves x and rsigma fp32
+
+Row-parallel GEMMs keep Megatron's local RowParallelLinear: it saves what TE's Linear saves
+(its input shard and the weight) and reduce-scatters the same way. Values are zeros (a real
+CPU run of the same spec stays finite, so its optimizer steps like a GPU's); the tracer only
+counts bytes. Kernel workspaces (cuBLAS, cuDNN) are not tensors here: the memory plan keeps
+them as a named budget term.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from megatron.core.fusions import fused_bias_swiglu
+from megatron.core.models.common.embeddings import rope_utils
+from megatron.core.optimizer import clip_grads
+from megatron.core.tensor_parallel import ColumnParallelLinear
+from megatron.core.transformer.identity_op import IdentityOp
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+from dapo_megatron.megatron import model as model_module
+from dapo_megatron.megatron.cp_attention import ContextParallelAttention
+
+
+class _RMSNormKernel(torch.autograd.Function):
+    """TE's RMSNorm kernel: out = norm(x) * w in x's dtype; saves x and rsigma (fp32)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        rsigma = x.new_zeros(x.shape[:-1], dtype=torch.float32)
+        ctx.save_for_backward(x, weight, rsigma)
+        return torch.zeros_like(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        x, weight, _ = ctx.saved_tensors
+        return torch.zeros_like(x), torch.zeros_like(weight)
+
+
+class FusedNormColumnParallelLinear(ColumnParallelLinear):
+    """TELayerNormColumnParallelLinear: RMSNorm fused into the column-parallel GEMM after
+    it. The norm's weight is this module's ``layer_norm_weight``, as in TE (the HF importer
+    maps input_layernorm/post_attention_layernorm onto it on a GPU)."""
+
+    def __init__(self, input_size: int, output_size: int, *, config: Any, **kwargs: Any) -> None:
+        kwargs.pop("tp_comm_buffer_name", None)
+        kwargs.pop("tp_group", None)
+        super().__init__(input_size, output_size, config=config, **kwargs)
+        self.layer_norm_weight = torch.nn.Parameter(
+            torch.ones(input_size, dtype=config.params_dtype)
+        )
+        self.layer_norm_weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        return super().forward(_RMSNormKernel.apply(x, self.layer_norm_weight), *args, **kwargs)
+
+
+class TENormStandIn(torch.nn.Module):
+    """TENorm (RMSNorm) for Qwen3's q/k norms."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.weight.sequence_parallel = config.sequence_parallel
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _RMSNormKernel.apply(x, self.weight)
+
+
+class _FlashAttentionKernel(torch.autograd.Function):
+    """Flash/cuDNN attention over packed sequences: out like q, fp32 log-sum-exp
+    [heads, n] saved with q, k, v and out; backward allocates dq, dk, dv."""
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        out = torch.zeros_like(q)
+        lse = q.new_zeros((q.shape[-2], q.shape[0]), dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, lse)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+        q, k, v, _out, _lse = ctx.saved_tensors
+        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+
+
+class FlashAttentionStandIn(ContextParallelAttention):
+    """TEDotProductAttention for THD packed sequences (CP included: TE's ring exchanges
+    K/V chunks in place of the all-gather of the CPU module)."""
+
+    def forward(  # type: ignore[override]
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        attn_mask_type: Any = None,
+        attention_bias: torch.Tensor | None = None,
+        packed_seq_params: Any = None,
+    ) -> torch.Tensor:
+        out = _FlashAttentionKernel.apply(query, key, value)
+        return out.reshape(*out.shape[:-2], -1)
+
+
+class _FusedRoPE(torch.autograd.Function):
+    """TE's fused RoPE (THD): a new tensor like t; saves nothing but the frequencies."""
+
+    @staticmethod
+    def forward(ctx, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        ctx.save_for_backward(freqs)
+        return torch.zeros_like(t)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
+        return torch.zeros_like(grad), None
+
+
+def fused_rope_thd(
+    t: torch.Tensor, cu_seqlens: torch.Tensor, freqs: torch.Tensor, **_: Any
+) -> torch.Tensor:
+    return _FusedRoPE.apply(t, freqs)
+
+
+def fused_rope(t: torch.Tensor, freqs: torch.Tensor, **_: Any) -> torch.Tensor:
+    return _FusedRoPE.apply(t, freqs)
+
+
+def _swiglu(y: torch.Tensor) -> torch.Tensor:
+    """The compiled SwiGLU kernel (megatron/core/jit.py: torch.compile): one output."""
+    return y.new_zeros((*y.shape[:-1], y.shape[-1] // 2))
+
+
+def _swiglu_back(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(y)
+
+
+class _NoLaunch:
+    """A Triton kernel whose launch does nothing: the fused logprob head and loss
+    (dapo_megatron/kernels/) allocate their buffers with torch around the launches, so the
+    real Python of those kernels runs and only the device code is skipped."""
+
+    def __getitem__(self, grid: Any) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def _l2norm(chunk_size: int, noop: Any, tensor_lists: Any, per_tensor: bool, *a: Any) -> Any:
+    """amp_C/TE multi_tensor_l2norm: one fp32 norm on the device, no host read (Megatron's
+    CPU fallback, utils.local_multi_tensor_l2_norm, reads every norm into Python)."""
+    return torch.zeros(1, dtype=torch.float32, device="cuda"), None
+
+
+def install() -> dict[tuple[Any, str], Any]:
+    """What the GPU build sees on a fake device: TE's fused RoPE (so TransformerConfig
+    accepts apply_rope_fusion, as with TE installed), the fused SwiGLU's kernels (compiled
+    on a GPU; their allocations, without a compile) and the GPU layer spec."""
+    from dapo_megatron.kernels import triton_logprob, triton_pg_loss
+
+    launches = {
+        (triton_logprob, name): _NoLaunch()
+        for name in ("_matmul_kernel", "_dlogits_kernel", "_forward_kernel")
+    }
+    return {
+        **launches,
+        (triton_pg_loss, "_pg_loss_kernel"): _NoLaunch(),
+        (clip_grads, "l2_norm_impl"): _l2norm,
+        (fused_bias_swiglu, "swiglu"): _swiglu,
+        (fused_bias_swiglu, "swiglu_back"): _swiglu_back,
+        (rope_utils, "fused_apply_rotary_pos_emb_thd"): fused_rope_thd,
+        (rope_utils, "fused_apply_rotary_pos_emb"): fused_rope,
+        (model_module, "layer_spec"): gpu_layer_spec,
+        (model_module, "transformer_engine_error"): lambda: None,
+    }
+
+
+def gpu_layer_spec(config: Any, *, packed: bool = False, allow_local_spec: bool = False) -> Any:
+    """The local block spec rebuilt with the TE spec's module tree (module docstring)."""
+    block: TransformerBlockSubmodules = model_module._local_block_spec(config, packed)
+    layer = block.layer_specs[0]
+    sub = layer.submodules
+    attention = sub.self_attention
+    attn_sub = dataclasses.replace(
+        attention.submodules,
+        linear_qkv=FusedNormColumnParallelLinear,
+        core_attention=FlashAttentionStandIn,
+        **(
+            {"q_layernorm": TENormStandIn, "k_layernorm": TENormStandIn}
+            if config.qk_layernorm
+            else {}
+        ),
+    )
+    mlp = sub.mlp
+    if isinstance(mlp, ModuleSpec) and mlp.submodules is not None and config.num_moe_experts is None:
+        mlp = dataclasses.replace(
+            mlp,
+            submodules=dataclasses.replace(mlp.submodules, linear_fc1=FusedNormColumnParallelLinear),
+        )
+        pre_mlp: Any = IdentityOp
+    else:
+        pre_mlp = TENormStandIn  # MoE: the router and experts take the normed input (TENorm)
+    layer = dataclasses.replace(
+        layer,
+        submodules=dataclasses.replace(
+            sub,
+            input_layernorm=IdentityOp,
+            self_attention=dataclasses.replace(attention, submodules=attn_sub),
+            pre_mlp_layernorm=pre_mlp,
+            mlp=mlp,
+        ),
+    )
+    return TransformerBlockSubmodules(
+        layer_specs=[layer] * len(block.layer_specs), layer_norm=TENormStandIn
+    )
