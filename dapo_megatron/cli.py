@@ -352,6 +352,12 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
         metavar="GIB",
         help="memory every phase must leave free (default: max(5%% of the GPU, 2 GiB))",
     )
+    parser.add_argument(
+        "--trace",
+        action="store_true",
+        help="check the memory plan against a trace of the real Megatron step, one rank "
+        "per pipeline stage on a fake CUDA device (no GPU needed; seconds to minutes)",
+    )
     args = parser.parse_args(argv)
 
     def main() -> int:
@@ -369,6 +375,12 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
             return 0
         report = plan_memory(memory_inputs(run, gpu_mem, args.margin))
         print(format_memory(report))
+        if args.trace:
+            from dapo_megatron.planning.trace import trace_recipe
+            from dapo_megatron.planning.trace.compare import format_comparison
+
+            rows, traces = trace_recipe(_recipe(args.config), args.overrides, report)
+            print(format_comparison(rows, traces))
         if report.fits or not report.inputs.on_gpu:
             return 0
         print(

@@ -113,6 +113,9 @@ def _label_resident(census: StorageCensus, policy: Any) -> dict[str, int]:
             census.relabel([buffer.grad_data], "grads")
             if buffer.param_data is not None:
                 census.relabel([buffer.param_data], "weights")
+    reference = getattr(policy, "_reference", None)
+    if reference is not None:
+        census.relabel(reference.parameters(), "reference")
     for opt in sub_optimizers(policy.optimizer):
         for group in getattr(opt, "shard_fp32_from_float16_groups", []) or []:
             census.relabel(group, "master")
