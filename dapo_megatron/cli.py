@@ -362,6 +362,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
 
     def main() -> int:
         from dapo_megatron.planning.memory import memory_inputs, plan_memory
+        from dapo_megatron.planning.step_time_summary import format_step_time
         from dapo_megatron.planning.summary import format_memory
 
         gpu_mem, label = parse_gpu_mem(args.gpu_mem)
@@ -375,6 +376,7 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
             return 0
         report = plan_memory(memory_inputs(run, gpu_mem, args.margin))
         print(format_memory(report))
+        print(format_step_time(run, args.gpu_mem))
         if args.trace:
             from dapo_megatron.planning.trace import trace_recipe
             from dapo_megatron.planning.trace.compare import format_comparison
