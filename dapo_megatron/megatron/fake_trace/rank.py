@@ -84,6 +84,13 @@ def _uncoalesced() -> Iterator[None]:
         yield
 
 
+def _object_broadcast_stand_in(object_list: list[Any], src: int = 0, group: Any = None) -> None:
+    """A fake group delivers nothing: a receiving stage gets an empty metrics dict where
+    the last stage's would arrive (host objects: no device bytes either way)."""
+    if dist.get_rank() != src:
+        object_list[:] = [{} if o is None else o for o in object_list]
+
+
 def synthetic_batch(rows: int, row_len: int, vocab: int, *, seed: int = 0) -> PolicyBatch:
     """``rows`` full-length rows (the packing worst case: every pack at its budget), with
     old logprobs (the step's ratio base) and per-sample advantages; host tensors, as a
@@ -117,8 +124,10 @@ def _label_resident(census: StorageCensus, policy: Any) -> dict[str, int]:
     if reference is not None:
         census.relabel(reference.parameters(), "reference")
     for opt in sub_optimizers(policy.optimizer):
-        for group in getattr(opt, "shard_fp32_from_float16_groups", []) or []:
-            census.relabel(group, "master")
+        # DistributedOptimizer's shards, or Float16OptimizerWithFloat16Params' full copies.
+        for name in ("shard_fp32_from_float16_groups", "fp32_from_float16_groups"):
+            for group in getattr(opt, name, None) or []:
+                census.relabel(group, "master")
         inner = getattr(opt, "optimizer", None)
         for state in getattr(inner, "state", {}).values():
             census.relabel(
@@ -141,6 +150,7 @@ def _phase(census: StorageCensus, resident: dict[str, int], wall: float) -> dict
 def trace_rank(spec: TraceSpec) -> dict[str, Any]:
     """Build the rank, run the train step twice and the logprob pass; bytes per phase."""
     from dapo_megatron.config.loader import load_config
+    from dapo_megatron.device import collectives
     from dapo_megatron.megatron.fake_trace import kernels
     from dapo_megatron.megatron.policy import MegatronPolicy
 
@@ -163,10 +173,13 @@ def trace_rank(spec: TraceSpec) -> dict[str, Any]:
     result: dict[str, Any] = {"rank": spec.rank, "phases": {}}
     with contextlib.ExitStack() as stack:
         stack.enter_context(fake_cuda(spec.gpu_bytes))
-        stack.enter_context(_fake_process_group(spec.rank, dims.world_size))
-        stack.enter_context(_uncoalesced())
         for (module, name), value in kernels.install().items():
             stack.enter_context(patched(module, {name: value}))
+        stack.enter_context(_fake_process_group(spec.rank, dims.world_size))
+        stack.enter_context(_uncoalesced())
+        stack.enter_context(
+            patched(collectives, {"broadcast_object_list": _object_broadcast_stand_in})
+        )
         census = stack.enter_context(StorageCensus())
         census.label = "build"
         policy = MegatronPolicy(plan, load_weights=False)
@@ -180,7 +193,6 @@ def trace_rank(spec: TraceSpec) -> dict[str, Any]:
         }
         result["build_s"] = round(time.perf_counter() - started, 2)
         census.label = ACTIVATIONS
-        wall = time.perf_counter()
         policy.train_step(batch)  # creates Adam's states (every later step starts with them)
         resident = _label_resident(census, policy)
         census.reset_peak()
