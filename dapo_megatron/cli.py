@@ -208,6 +208,7 @@ def _train_locked(plan: RunPlan, command: str) -> int:
     """Train; runtime failures are one-line errors with exit status 1, Ctrl-C exits 130."""
     from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
     from dapo_megatron.controller import preemption
+    from dapo_megatron.controller.cluster import ClusterJoinError
     from dapo_megatron.controller.loop import train
     from dapo_megatron.controller.node_loss import NodeLost
     from dapo_megatron.controller.remote import RestartsExhausted, WorkerFailure
@@ -251,6 +252,9 @@ def _train_locked(plan: RunPlan, command: str) -> int:
             file=sys.stderr,
         )
         return INTERRUPTED_EXIT
+    except ClusterJoinError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return RUNTIME_ERROR_EXIT
     except (RestartsExhausted, NodeLost) as e:
         print(f"error: {e}; {_resume_hint(plan, command)}", file=sys.stderr)
         return RUNTIME_ERROR_EXIT

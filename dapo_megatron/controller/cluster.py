@@ -130,12 +130,64 @@ def start_ray(cluster: ClusterConfig, *, device: Device, num_cpus: int | None = 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = cluster.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
+        _check_authentication(address)
         ray.init(
             address=address, include_dashboard=False, log_to_driver=True, logging_level=_RAY_LOG
         )
         return
     with _node_processes_in_own_session():
         _init_local(num_cpus=num_cpus, device=device)
+
+
+class ClusterJoinError(RuntimeError):
+    """The cluster at RAY_ADDRESS refused this driver (one line, for the CLI)."""
+
+
+AUTH_PROBE_S = 5.0
+"""How long the join waits for the GCS's answer to one unauthenticated-or-not request before
+leaving the question to ``ray.init`` (a GCS that is not up yet takes Ray 40 s to give up on)."""
+
+
+def _check_authentication(address: str) -> None:
+    """Refuse at once, in one line naming the variables, a cluster whose authentication mode
+    or token differs from this driver's.
+
+    ``ray.init(address=...)`` retries a refused connection for 20 s and then raises a
+    ``ConnectionError`` whose cause holds the ``AuthenticationError`` (ray/_private/node.py,
+    ``Node._init_gcs_client``: NUM_REDIS_GET_RETRIES tries, 1 s apart). One request of
+    Ray's own ``GcsClient`` is refused in milliseconds with that ``AuthenticationError``. A
+    driver given an address never turns token mode on by itself (ray/_private/worker.py,
+    ``init``: ``maybe_enable_token_auth_if_token_available`` only for address None or
+    "auto"), while ``ray start --head`` does when it finds a token
+    (ray/scripts/scripts.py ``start``), hence the usual mismatch: RAY_AUTH_MODE unset."""
+    import threading
+
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled, no stub
+    from ray.exceptions import AuthenticationError
+
+    refused: list[BaseException] = []
+
+    def probe() -> None:
+        try:
+            GcsClient(address=address).cluster_id  # noqa: B018 (the request is the point)
+        except AuthenticationError as e:
+            refused.append(e)
+        except Exception:  # not up yet, unreachable: ray.init's own retries decide
+            return
+
+    thread = threading.Thread(target=probe, name="ray-auth-probe", daemon=True)
+    thread.start()
+    thread.join(AUTH_PROBE_S)
+    if refused:
+        mode = os.environ.get("RAY_AUTH_MODE")
+        has_token = bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH"))
+        raise ClusterJoinError(
+            f"the Ray cluster at {address} refused this driver's authentication "
+            f"(RAY_AUTH_MODE={'unset' if mode is None else mode}, RAY_AUTH_TOKEN"
+            f"{'/RAY_AUTH_TOKEN_PATH set' if has_token else ' and RAY_AUTH_TOKEN_PATH unset'}): "
+            "set RAY_AUTH_MODE=token and the cluster's token in RAY_AUTH_TOKEN, as slurm/ray.sub "
+            "does for its COMMAND"
+        )
 
 
 def _init_local(*, num_cpus: int | None, device: Device) -> None:

@@ -1,0 +1,28 @@
+"""Happy paths of `sbatch slurm/ray.sub` under a real Slurm: the tiny recipe on 1 and 2 nodes
+ends COMPLETED with exit code 0 and DerivedExitCode 0 (no step marked 143 by the
+teardown), with RAY_AUTH_MODE unset as a new user has it."""
+
+from __future__ import annotations
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+STEPS = 2
+
+
+@pytest.mark.parametrize("nodes", [1, 2])
+def test_tiny_recipe_completes_with_exit_code_0_everywhere(new_job, nodes):
+    job = new_job(nodes=nodes)
+    job.submit(job.command("checkpointing.save_period=1", steps=STEPS))
+    job.wait_end()
+    info = job.info()
+    assert info["JobState"] == "COMPLETED", job.explain()
+    assert info["ExitCode"] == "0:0", job.explain()
+    record = job.final_record()
+    assert record["DerivedExitCode"] == "0:0", (record, job.explain())
+    assert job.last_step() == STEPS
+    out = job.output()
+    assert "Traceback" not in out, out[-4000:]
+    assert "auth token" in out  # the mode ray.sub settled for every node and the driver
+    assert (job.run_dir / "checkpoints" / f"step_{STEPS:06d}").is_dir()
