@@ -208,7 +208,7 @@ def _eltwise(ops: OpCosts, name: str, read: float, write: float, p: int, count: 
 
 
 @dataclass(frozen=True)
-class _Shape:
+class MicroBatch:
     """The per-rank sizes of a micro-batch."""
 
     n: float
@@ -217,7 +217,7 @@ class _Shape:
     """Token-weighted mean sequence length (attention span)."""
 
 
-def _layer_forward(inp: StepInputs, sh: _Shape, ops: OpCosts, backward: bool) -> None:
+def _layer_forward(inp: StepInputs, sh: MicroBatch, ops: OpCosts, backward: bool) -> None:
     """The ops of one transformer layer forward (or backward: two GEMMs per GEMM, 2.5x the
     attention FLOPs, twice the elementwise bytes) on one rank."""
     arch, dims, p = inp.arch, inp.dims, inp.precision_bytes
@@ -256,7 +256,7 @@ def _layer_forward(inp: StepInputs, sh: _Shape, ops: OpCosts, backward: bool) ->
     _gemm(ops, "expert_fc2" + tag, per_expert, big_f / t, h, p, g * local)
 
 
-def _ends(inp: StepInputs, sh: _Shape, stage: int, ops: OpCosts, backward: bool) -> None:
+def _ends(inp: StepInputs, sh: MicroBatch, stage: int, ops: OpCosts, backward: bool) -> None:
     """The embedding (first stage) and the fused logprob head (last stage)."""
     arch, dims, p = inp.arch, inp.dims, inp.precision_bytes
     h, n, t = arch.hidden_size, sh.n, dims.tp
@@ -273,7 +273,7 @@ def _ends(inp: StepInputs, sh: _Shape, stage: int, ops: OpCosts, backward: bool)
         )
 
 
-def stage_ops(inp: StepInputs, sh: _Shape, stage: int, *, train: bool) -> OpCosts:
+def stage_ops(inp: StepInputs, sh: MicroBatch, stage: int, *, train: bool) -> OpCosts:
     """Compute ops of one micro-batch on one rank of `stage`: forward (+ recompute +
     backward when `train`)."""
     layers = inp.arch.num_layers // inp.dims.pp
@@ -327,7 +327,9 @@ def _ring(size: float, group: int, link: Link) -> float:
     return size * (group - 1) / group / link.bus_bytes_per_s if group > 1 else 0.0
 
 
-def micro_batch_comm(inp: StepInputs, sh: _Shape, card: Card, *, train: bool) -> dict[str, float]:
+def micro_batch_comm(
+    inp: StepInputs, sh: MicroBatch, card: Card, *, train: bool
+) -> dict[str, float]:
     """Seconds of TP, CP, EP and PP communication of one micro-batch on one rank."""
     arch, dims, p = inp.arch, inp.dims, inp.precision_bytes
     t, cp, ep = dims.tp, dims.cp, dims.ep
@@ -339,11 +341,15 @@ def micro_batch_comm(inp: StepInputs, sh: _Shape, card: Card, *, train: bool) ->
     # collectives (the transposes of the forward ones, same sizes).
     fwd = 1 + (1 if train and inp.recompute == "full" else 0)
     passes = fwd + (1 if train else 0)
-    size = n * h * p
-    collective = _ring(size, t, _link(card, inp, t)) * (1 if dims.sequence_parallel else 2)
+    # One ring all-gather or reduce-scatter of an [n, h] activation. With SP a layer runs
+    # two of each per pass; without SP two all-reduces (twice the bytes each), the same.
+    unit = _ring(n * h * p, t, _link(card, inp, t))
     k = arch.moe.experts_per_token if arch.moe is not None else 0
-    per_layer_tp = 2 * collective + (2 * k * collective if k else 2 * collective)
-    tp = passes * layers * per_layer_tp + (2 if train else 1) * collective  # embedding/head
+    per_layer_tp = 2 * unit + (2 * k * unit if k else 2 * unit)
+    # The embedding's reduce-scatter (first stage) and the head's all-gather (last), and
+    # their transposes backward; a single stage has both ends.
+    ends = 2 if dims.pp == 1 else 1
+    tp = passes * layers * per_layer_tp + ends * (2 if train else 1) * unit
     kv_chunk = n * 2 * kv / t * p
     cp_link = _link(card, inp, t * cp)
     cp_s = (cp - 1) * kv_chunk / cp_link.bus_bytes_per_s * layers * (fwd + (2 if train else 0))
@@ -435,7 +441,7 @@ def estimate(
     m, mb_tokens = _micro_batches(inp, inp.train_rows, inp.micro_batch_size)
     lm, lp_tokens = _micro_batches(inp, inp.step_rows, inp.logprob_micro_batch_size)
     s = inp.mean_seq_len
-    train_sh, lp_sh = _Shape(mb_tokens / dims.cp, s), _Shape(lp_tokens / dims.cp, s)
+    train_sh, lp_sh = MicroBatch(mb_tokens / dims.cp, s), MicroBatch(lp_tokens / dims.cp, s)
     stages = range(dims.pp)
     if traced:
         mb_compute = max(_per_token(r.forward_backward, r.train_tokens, card) for r in traced)
