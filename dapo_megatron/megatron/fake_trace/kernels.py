@@ -11,17 +11,24 @@ spec here keeps the same module tree and Megatron code around them (attention.py
 RoPE dispatch, mlp.py's activation, the bias-dropout-add, the schedule) and puts in place of
 each kernel an autograd Function that
 
-  norm + column GEMM  saves the norm's input x [n/sp, h], its output (the GEMM input, the
-                      local shard: TE gathers it again for the weight gradient under SP) and
-                      rsigma fp32 [n/sp] (transformer_engine/pytorch/module/layernorm_linear.py,
-                      _LayerNormLinear.forward: inputmat, ln_out, rsigma saved)
-  core attention      saves q, k, v, out and the fp32 log-sum-exp [heads, n]; backward
-                      allocates dq, dk, dv (flash/cuDNN THD: no [s, s] matrix)
-  fused RoPE          saves only the frequencies (TE fused_apply_rotary_pos_emb_thd); its
-                      output is a new tensor like its input
-  q/k norm (TENorm)   saves x and rsigma fp32
+  norm + column GEMM  saves the norm's input x [n/sp, h] (aliased, no copy), its output (the
+                      GEMM input, the local shard: TE gathers it again for the weight
+                      gradient under SP) and rsigma fp32 [n/sp]
+                      (transformer_engine/pytorch/module/layernorm_linear.py,
+                      _LayerNormLinear.forward: inputmat, ln_out, rsigma)
+  core attention      cuDNN's FusedAttention (F16_arbitrary_seqlen: preferred on sm90,
+                      dot_product_attention/utils.py get_attention_backend) saves q, k, v,
+                      out and fp32 softmax stats [n, heads, 1] (backends.py
+                      FusedAttnFunc.forward); v, a strided view of the mixed QKV output
+                      after Megatron's split, fails get_qkv_layout's stride check and is
+                      made contiguous (a copy), so the mixed QKV tensor is not kept;
+                      backward allocates dq, dk, dv (csrc/extensions/attention.cpp)
+  fused RoPE          saves only the frequencies; its output is a new tensor like its input
+                      (attention/rope.py FusedRoPEFunc, csrc/extensions/apply_rope.cpp)
+  q/k norm (TENorm)   te.pytorch.RMSNorm: the input made contiguous (a copy of the strided
+                      q/k view) and rstdevs fp32 saved (ops/basic/rmsnorm.py op_forward)
 
-Row-parallel GEMMs keep Megatron's local RowParallelLinear: it saves what TE's Linear saves
+Sources: Transformer Engine tag v2.11, Megatron-Core 0.16.1 as installed. Row-parallel GEMMs keep Megatron's local RowParallelLinear: it saves what TE's Linear saves
 (its input shard and the weight) and reduce-scatters the same way. Values are zeros (a real
 CPU run of the same spec stays finite, so its optimizer steps like a GPU's); the tracer only
 counts bytes. Kernel workspaces (cuBLAS, cuDNN) are not tensors here: the memory plan keeps
@@ -51,6 +58,7 @@ class _RMSNormKernel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        x = x.contiguous()  # TE's norms read a contiguous input (a copy of a strided view)
         rsigma = x.new_zeros(x.shape[:-1], dtype=torch.float32)
         ctx.save_for_backward(x, weight, rsigma)
         return torch.zeros_like(x)
@@ -92,14 +100,17 @@ class TENormStandIn(torch.nn.Module):
 
 
 class _FlashAttentionKernel(torch.autograd.Function):
-    """Flash/cuDNN attention over packed sequences: out like q, fp32 log-sum-exp
-    [heads, n] saved with q, k, v and out; backward allocates dq, dk, dv."""
+    """cuDNN fused attention over packed sequences: out like q, fp32 softmax stats
+    [n, heads, 1] saved with q, k, v and out; backward allocates dq, dk, dv."""
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        # get_qkv_layout: q and k (RoPE's fresh outputs) pass as they are; v, a strided
+        # view of the mixed QKV tensor, is copied.
+        q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
         out = torch.zeros_like(q)
-        lse = q.new_zeros((q.shape[-2], q.shape[0]), dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, lse)
+        stats = q.new_zeros((q.shape[0], q.shape[-2], 1), dtype=torch.float32)
+        ctx.save_for_backward(q, k, v, out, stats)
         return out
 
     @staticmethod
