@@ -188,6 +188,18 @@ class OpCosts:
         / bandwidth) per op."""
         return sum(n * roofline_s(f, b, card) for (_, f, b), n in self.counts.items())
 
+    def to_rows(self) -> list[list[str | int]]:
+        """[[op, FLOPs, bytes, count], ...]: JSON for a trace process's result."""
+        return [[name, f, b, n] for (name, f, b), n in self.counts.items()]
+
+    @classmethod
+    def from_rows(cls, rows: list[list[str | int]]) -> OpCosts:
+        """The inverse of ``to_rows``."""
+        out = cls()
+        for name, f, b, n in rows:
+            out.add(str(name), int(f), int(b), int(n))
+        return out
+
     def by_op(self) -> dict[str, tuple[int, int, int]]:
         """Op name -> (count, FLOPs, bytes), largest FLOPs first."""
         out: dict[str, tuple[int, int, int]] = {}

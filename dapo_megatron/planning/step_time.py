@@ -140,11 +140,15 @@ class TracedRank:
     """Pipeline stage of the rank."""
     forward_backward: OpCosts
     """The pipeline schedule's forward-backward over the traced micro-batches (recompute
-    included)."""
+    included), scaled per token to the plan's micro-batches: the traced packs' sequence
+    lengths set the attention share (a pack of one full-length row costs more attention
+    per token than the plan's mean-length rows)."""
     train_tokens: int
     """Packed tokens of those micro-batches, summed, before the CP split."""
-    optimizer: OpCosts
-    """One optimizer step (grad norm, clip, update, param copies)."""
+    optimizer: OpCosts | None
+    """One optimizer step (grad norm, clip, update, param copies), once per optimizer
+    step; None when ``forward_backward`` holds it (a whole ``train_step`` traced as one:
+    it is then scaled per token with the rest, a small over-count)."""
     logprob: OpCosts
     """The forward-only logprob pass over the traced micro-batches."""
     logprob_tokens: int
@@ -448,7 +452,7 @@ def estimate(
         mb_compute *= mb_tokens
         lp_compute = max(_per_token(r.logprob, r.logprob_tokens, card) for r in traced)
         lp_compute *= lp_tokens
-        opt = max(r.optimizer.roofline_s(card) for r in traced)
+        opt = max(r.optimizer.roofline_s(card) if r.optimizer else 0.0 for r in traced)
     else:
         mb_compute = max(stage_ops(inp, train_sh, k, train=True).roofline_s(card) for k in stages)
         lp_compute = max(stage_ops(inp, lp_sh, k, train=False).roofline_s(card) for k in stages)

@@ -33,13 +33,20 @@ What counts:
   (zero-size tensors: nothing computed; an in-place op returning nothing still counts),
   and collectives (c10d namespaces: the step-time model prices communication itself).
 
+A stand-in for a GPU kernel that computes nothing (the tracer's TE/flash stand-ins
+allocate their outputs with zeros) declares what the kernel costs instead: inside
+``kernel(name, flops, nbytes)`` the ops the stand-in runs are not recorded and the kernel is
+recorded once, in every active mode (``causal_attention_flops`` gives flash's FLOPs over
+packed sequences). Without it a stand-in shows as its allocations' bytes and no FLOPs.
+
 Per op the work is a cached per-overload lookup and a walk of its arguments (~1e5 ops of
 a traced step: seconds at most).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -181,6 +188,16 @@ class OpCostMode(TorchDispatchMode):
         self.ops = OpCosts()
         """Every recorded op, as (name, FLOPs, bytes) -> count."""
         self._plans: dict[Any, _Plan] = {}
+        self._inside_kernel = 0
+
+    def __enter__(self) -> OpCostMode:
+        _ACTIVE.append(self)
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        super().__exit__(*exc)
+        _ACTIVE.remove(self)
 
     def __torch_dispatch__(
         self,
@@ -191,6 +208,8 @@ class OpCostMode(TorchDispatchMode):
     ) -> Any:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        if self._inside_kernel:
+            return out
         plan = self._plans.get(func)
         if plan is None:
             plan = self._plans[func] = _plan(func)
@@ -216,3 +235,31 @@ class OpCostMode(TorchDispatchMode):
         if nbytes or flops:
             self.ops.add(plan.name, flops, nbytes)
         return out
+
+
+_ACTIVE: list[OpCostMode] = []
+"""Modes entered and not yet exited (``kernel`` records into each)."""
+
+
+@contextlib.contextmanager
+def kernel(name: str, flops: int, nbytes: int) -> Iterator[None]:
+    """Inside a stand-in for a GPU kernel: record (name, flops, nbytes) once in every active
+    OpCostMode, and none of the ops the stand-in runs (module docstring). A no-op when no
+    mode is active."""
+    modes = list(_ACTIVE)
+    for mode in modes:
+        mode.ops.add(name, flops, nbytes)
+        mode._inside_kernel += 1
+    try:
+        yield
+    finally:
+        for mode in modes:
+            mode._inside_kernel -= 1
+
+
+def causal_attention_flops(seq_lens: Sequence[int], heads: int, head_dim: int, cp: int = 1) -> int:
+    """Forward FLOPs of causal flash attention over packed sequences on one rank of `heads`
+    query heads: per sequence QK^T and PV, 2 s^2 d each, halved by the causal mask (the
+    masked blocks are skipped), so 2 s^2 heads d; CP ranks share each sequence's
+    queries. Backward: 2.5x (S recomputed, dP, dV, dQ, dK)."""
+    return sum(2 * s * s * heads * head_dim for s in seq_lens) // cp

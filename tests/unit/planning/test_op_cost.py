@@ -4,7 +4,9 @@ of step_time.py against a real run of an equivalent tiny transformer."""
 
 from __future__ import annotations
 
+import json
 import math
+from typing import Any
 
 import pytest
 import torch
@@ -13,9 +15,9 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
-from dapo_megatron.planning.roofline import COMPUTE_CARDS
+from dapo_megatron.planning.roofline import COMPUTE_CARDS, OpCosts
 from dapo_megatron.planning.step_time import MicroBatch, StepInputs, stage_ops
-from dapo_megatron.planning.trace.op_cost import OpCostMode
+from dapo_megatron.planning.trace.op_cost import OpCostMode, causal_attention_flops, kernel
 
 H100 = COMPUTE_CARDS["H100 SXM"]
 
@@ -224,3 +226,44 @@ def test_the_comparison_can_fail() -> None:
     right = stage_ops(_inputs(ARCH), MicroBatch(n=192, s=192), 0, train=True)
     assert math.isclose(right.flops, mode.ops.flops, rel_tol=TOLERANCE)
     assert not math.isclose(wrong.flops, mode.ops.flops, rel_tol=TOLERANCE)
+
+
+class _StandIn(torch.autograd.Function):
+    """A kernel stand-in as the tracer's: zeros out, its cost declared (forward and
+    backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor) -> torch.Tensor:
+        with kernel("attention", 1000, 64):
+            return torch.zeros_like(q)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        with kernel("attention bwd", 2500, 128):
+            return torch.zeros_like(grad)
+
+
+def test_a_stand_in_kernel_records_its_declared_cost_only() -> None:
+    q = torch.ones(4, 4, requires_grad=True)
+    with OpCostMode() as mode:
+        _StandIn.apply(q).sum().backward()
+    costs = mode.ops.by_op()
+    assert costs["attention"] == (1, 1000, 64)
+    assert costs["attention bwd"] == (1, 2500, 128)
+    assert "aten.zeros_like.default" not in costs  # the stand-in's allocations
+    assert "aten.sum.default" in costs  # ops outside it still count
+    with kernel("attention", 1, 1):  # no mode active: nothing to record, no error
+        pass
+
+
+def test_causal_attention_flops_over_packed_sequences() -> None:
+    # Two sequences of 100 and 300 tokens, 8 heads of 64: 2 x (100^2 + 300^2) x 8 x 64.
+    assert causal_attention_flops([100, 300], 8, 64) == 2 * 100000 * 512 == 102400000
+    assert causal_attention_flops([100, 300], 8, 64, cp=2) == 51200000
+
+
+def test_op_costs_round_trip_through_json() -> None:
+    with OpCostMode() as mode:
+        torch.ones(8, 8) @ torch.ones(8, 8)
+    rows = json.loads(json.dumps(mode.ops.to_rows()))
+    assert OpCosts.from_rows(rows) == mode.ops
