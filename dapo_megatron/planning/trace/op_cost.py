@@ -67,6 +67,11 @@ _SKIPPED_NAMESPACES = frozenset({"c10d", "_c10d_functional", "_c10d_functional_a
 
 _NO_TRAFFIC = frozenset(
     {
+        # Aliases the schema does not mark as views (a reshape of a fresh result).
+        aten._unsafe_view.default,
+        aten._reshape_alias.default,
+        aten.alias.default,
+        aten.lift_fresh.default,
         aten.empty.memory_format,
         aten.empty_strided.default,
         aten.empty_like.default,

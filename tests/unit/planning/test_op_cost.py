@@ -267,3 +267,13 @@ def test_op_costs_round_trip_through_json() -> None:
         torch.ones(8, 8) @ torch.ones(8, 8)
     rows = json.loads(json.dumps(mode.ops.to_rows()))
     assert OpCosts.from_rows(rows) == mode.ops
+
+
+def test_a_batched_matmul_is_its_gemm_only() -> None:
+    # [4, 6, 8] @ [8, 5]: torch folds the batch (a view), runs one mm of [24, 8] x [8, 5]
+    # and reshapes its result with _unsafe_view (an alias the schema does not mark):
+    # 2 x 24 x 8 x 5 = 1920 FLOPs, (192 + 40 + 120) x 4 = 1408 bytes.
+    x, w = torch.ones(4, 6, 8), torch.ones(8, 5)
+    with OpCostMode() as mode:
+        x @ w
+    assert mode.ops.counts == {("aten.mm.default", 1920, 1408): 1}
