@@ -63,7 +63,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
@@ -82,6 +82,15 @@ class Assumptions:
     """Mean prompt length as a share of data.max_prompt_length (the prompts' cap)."""
     overlap: float = 0.0
     """Share of the communication hidden under compute (0: none, as the trainer runs)."""
+    peak_share: float = 1.0
+    """Share of the datasheet FLOP/s the kernels reach (1: at peak, optimistic). MFU
+    stays on the datasheet peak."""
+
+
+MEASURED_GEMM_SHARE = 0.70
+"""The one GEMM rate measured on a lent GPU: cuBLAS at ~690 of the H200's 989 TFLOP/s on
+the logprob head's [16384, 4096] x [4096, 151936] bf16 GEMM (bench/results/README.md,
+gpu_check_h200.json). dapo-plan prints the estimate at this share next to the at-peak one."""
 
 
 DEFAULT_ASSUMPTIONS = Assumptions()
@@ -442,6 +451,8 @@ def estimate(
     """The step-time estimate of a run on `card` (module docstring); compute from `traced`
     ranks when given (one per rank role; the slowest stage counts), else analytic."""
     dims = inp.dims
+    datasheet = card
+    card = replace(card, peak_flops=card.peak_flops * assumptions.peak_share)
     m, mb_tokens = _micro_batches(inp, inp.train_rows, inp.micro_batch_size)
     lm, lp_tokens = _micro_batches(inp, inp.step_rows, inp.logprob_micro_batch_size)
     s = inp.mean_seq_len
@@ -471,7 +482,7 @@ def estimate(
     flops = model_flops_per_token(inp.arch, s) * tokens
     world = dims.world_size
     return StepTime(
-        card=card,
+        card=datasheet,
         basis="traced" if traced else "analytic",
         micro_batches=m,
         micro_batch_tokens=mb_tokens,
@@ -486,6 +497,6 @@ def estimate(
         refit_s=refit_s(inp, card),
         tokens_per_s_per_gpu=tokens / step / world,
         model_flops=flops,
-        mfu=flops / (step * card.peak_flops * world),
+        mfu=flops / (step * datasheet.peak_flops * world),
         extras={"mean_seq_len": s},
     )

@@ -4,12 +4,14 @@ and its printout (step_time.py has the model and its basis)."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.planning.memory_terms import PRECISION_BYTES
 from dapo_megatron.planning.roofline import compute_card
 from dapo_megatron.planning.step_time import (
     DEFAULT_ASSUMPTIONS,
+    MEASURED_GEMM_SHARE,
     Assumptions,
     StepInputs,
     StepTime,
@@ -128,6 +130,15 @@ def format_step_time(
     card, exact = compute_card(gpu_mem)
     inputs = step_inputs(run, assumptions)
     text = format_estimate(estimate(inputs, card, assumptions, traced), inputs, assumptions)
+    if assumptions.peak_share == 1.0:
+        slower = replace(assumptions, peak_share=MEASURED_GEMM_SHARE)
+        est = estimate(inputs, card, slower, traced)
+        text += (
+            f"\n  at {MEASURED_GEMM_SHARE:.0%} of peak (cuBLAS's measured GEMM rate on the lent "
+            f"H200): train step {_seconds(est.train_step_s)}, logprob pass "
+            f"{_seconds(est.logprob_s)}, {est.tokens_per_s_per_gpu:,.0f} tokens/s/GPU, MFU "
+            f"{est.mfu:.0%}"
+        )
     if not exact:
         text += (
             f"\n  (--gpu-mem {gpu_mem} names no card with compute figures: priced as {card.name})"

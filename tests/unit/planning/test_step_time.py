@@ -15,6 +15,7 @@ from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.planning.memory_terms import rank_params
 from dapo_megatron.planning.roofline import COMPUTE_CARDS, OpCosts, compute_card, roofline_s
 from dapo_megatron.planning.step_time import (
+    Assumptions,
     MicroBatch,
     StepInputs,
     TracedRank,
@@ -234,3 +235,17 @@ def test_dapo_plan_cpu_recipe_says_the_estimate_is_for_gpus(
     out = capsys.readouterr().out
     assert "step time: not estimated (the estimate is for GPU recipes)" in out
     assert "MFU" not in out
+
+
+def test_a_lower_peak_share_slows_compute_not_mfu_basis() -> None:
+    # At 70 % of the peak a compute-bound GEMM takes 1/0.7 as long; MFU stays on 989.
+    at_peak = estimate(INPUTS, H100)
+    slower = estimate(INPUTS, H100, Assumptions(peak_share=0.7))
+    assert slower.compute_s > at_peak.compute_s
+    assert slower.comm_s == at_peak.comm_s
+    assert slower.card == H100
+    assert slower.mfu == pytest.approx(slower.model_flops / (slower.train_step_s * 989e12 * 16))
+    gemm = OpCosts()
+    gemm.add("gemm", 2 * 4096**3, 3 * 4096**2 * 2)
+    derated = replace(H100, peak_flops=0.7 * 989e12)
+    assert gemm.roofline_s(derated) == pytest.approx(gemm.roofline_s(H100) / 0.7)
