@@ -54,7 +54,8 @@ saves, in bytes (q = query_width, kv = query groups x head_dim):
   selective  none minus core (Megatron recomputes the core attention)
   full       n p h/sp: only the layer input; the layer is recomputed during its backward
 A backward pass also holds one layer's worth of "none" activations (its gradients, or the
-recomputed layer under full recompute). Under 1F1B, stage k keeps min(PP - k, M) micro-
+recomputed layer under full recompute), and on the first stage the embedding's dense weight
+gradient, V/t x h x p (added to the fp32 buffer by DDP's hook, then freed). Under 1F1B, stage k keeps min(PP - k, M) micro-
 batches in flight (M: micro-batches per mini-batch), so the first stage holds PP of them.
 
 Logits (last stage; the trainer never materialises them, see kernels/):
@@ -509,6 +510,12 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
     if last:
         sp = dims.tp if dims.sequence_parallel else 1
         activations += tokens * p * inputs.arch.hidden_size / sp  # final norm input
+    if stage == 0:
+        # The embedding's backward makes a dense weight gradient [V/TP, h] in the param
+        # dtype (VocabParallelEmbedding: no fused accumulation into the fp32 buffer),
+        # which DDP's hook then adds to main_grad; the memory tracer shows it at the peak.
+        v_local = padded_vocab_size(inputs.arch.vocab_size, dims.tp) // dims.tp
+        activations += v_local * inputs.arch.hidden_size * p
     logits = logits_bytes(inputs, tokens, backward=True) if last else 0.0
     lp_pass = layer_activation_bytes(inputs, lp_tokens, "none")
     if last:
