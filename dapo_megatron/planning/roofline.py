@@ -112,6 +112,14 @@ _CARD_LIST = (
         IB_HDR,
         "NVIDIA A100 datasheet (SXM4 80GB): 312 TFLOP/s dense bf16, 2.0 TB/s HBM2e (2,039 GB/s)",
     ),
+    Card(
+        "A100 40GB",
+        312 * TB,
+        1.555 * TB,
+        NVLINK3,
+        IB_HDR,
+        "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOP/s dense bf16, 1,555 GB/s HBM2",
+    ),
 )
 COMPUTE_CARDS: dict[str, Card] = {c.name: c for c in _CARD_LIST}
 """Cards with compute figures, by name."""
@@ -123,7 +131,7 @@ _BY_CAPACITY_NAME = {
     "h200-141gb": "H200",
     "a100-80gb": "A100 80GB",
     "a100": "A100 80GB",
-    "a100-40gb": "A100 80GB",
+    "a100-40gb": "A100 40GB",
 }
 DEFAULT_COMPUTE_CARD = "H100 SXM"
 """The card the estimate uses when --gpu-mem names no card it has figures for (a number of
@@ -132,8 +140,7 @@ GiB, or a card such as an L4): the recipes' 80 GB layout assumption."""
 
 def compute_card(gpu_mem: str) -> tuple[Card, bool]:
     """(card, exact) for a dapo-plan --gpu-mem value: the card it names, else H100 SXM with
-    exact False (a number of GiB, or a card without compute figures here). An A100 40GB has
-    the 80GB's compute and a 1.6 TB/s HBM: priced as the 80GB (estimate)."""
+    exact False (a number of GiB, or a card without compute figures here)."""
     name = _BY_CAPACITY_NAME.get(gpu_mem.strip().lower())
     if name is None:
         return COMPUTE_CARDS[DEFAULT_COMPUTE_CARD], False
