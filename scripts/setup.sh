@@ -25,5 +25,8 @@ echo "[setup] installing torch==2.13.0"
 .venv/bin/pip install -q "torch==2.13.0" 2> >(grep -v "is ignored: it is neither" >&2)
 echo "[setup] installing dapo-megatron and test dependencies"
 .venv/bin/pip install -q -e ".[test]" 2> >(grep -v "is ignored: it is neither" >&2)
+# dapo-plan --trace preloads a small C++ library built against this torch (g++, ~2 s);
+# without a compiler only the tracer is unavailable, and it says so in one line.
+.venv/bin/python -m dapo_megatron.planning.trace.shim || true
 echo "$want" > "$stamp"
 echo "[setup] done"

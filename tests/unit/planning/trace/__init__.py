@@ -1,0 +1,1 @@
+"""Tests of dapo_megatron/planning/trace (the memory tracer's planner side)."""
