@@ -86,6 +86,19 @@ IB_HDR = Link(
     20 * GB,
     "DGX A100: one ConnectX-6 HDR 200 Gb/s NIC per GPU = 25 GB/s line rate; ~80 % achievable",
 )
+PCIE4 = Link(
+    "PCIe Gen4 x16",
+    32 * GB,
+    24 * GB,
+    "cards without NVLink (L4): 16 GT/s x 16 lanes = ~32 GB/s per direction; ~75 % "
+    "achievable through the host bridge",
+)
+ETHERNET_100G = Link(
+    "100 Gb/s Ethernet per node",
+    12.5 * GB,
+    10 * GB,
+    "a typical L4 cloud node's network (no InfiniBand): 12.5 GB/s line rate; ~80 % achievable",
+)
 
 _CARD_LIST = (
     Card(
@@ -120,6 +133,14 @@ _CARD_LIST = (
         IB_HDR,
         "NVIDIA A100 datasheet (SXM4 40GB): 312 TFLOP/s dense bf16, 1,555 GB/s HBM2",
     ),
+    Card(
+        "L4",
+        121 * TB,
+        0.3 * TB,
+        PCIE4,
+        ETHERNET_100G,
+        "NVIDIA L4 datasheet: 242 TFLOP/s bf16 with 2:4 sparsity = 121 dense, 300 GB/s GDDR6",
+    ),
 )
 COMPUTE_CARDS: dict[str, Card] = {c.name: c for c in _CARD_LIST}
 """Cards with compute figures, by name."""
@@ -132,6 +153,7 @@ _BY_CAPACITY_NAME = {
     "a100-80gb": "A100 80GB",
     "a100": "A100 80GB",
     "a100-40gb": "A100 40GB",
+    "l4": "L4",
 }
 DEFAULT_COMPUTE_CARD = "H100 SXM"
 """The card the estimate uses when --gpu-mem names no card it has figures for (a number of

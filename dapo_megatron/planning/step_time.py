@@ -399,11 +399,16 @@ def dp_comm_s(inp: StepInputs, stage: int, card: Card) -> float:
 def refit_s(inp: StepInputs, card: Card) -> float:
     """Seconds to hand the whole model (bf16) to the engines: each engine GPU receives its
     engine-TP share (a MoE engine holds every expert). NVLink on one node, or colocated
-    with the policy's model-parallel group inside a node; else InfiniBand."""
+    with the policy's model-parallel group inside a node; else InfiniBand; a copy in HBM
+    when policy and engine each hold the whole model on one shared GPU."""
     d = inp.dims
+    nbytes = inp.arch.num_parameters() * 2 / inp.engine_tp
+    if inp.colocated and d.model_parallel_size == 1 and inp.engine_tp == 1:
+        # The whole model on each GPU, its engine beside it: a copy in HBM (read + write).
+        return 2 * nbytes / card.hbm_bytes_per_s
     within = inp.num_nodes == 1 or (inp.colocated and d.model_parallel_size <= inp.gpus_per_node)
     link = card.intra_node if within else card.inter_node
-    return inp.arch.num_parameters() * 2 / inp.engine_tp / link.bus_bytes_per_s
+    return nbytes / link.bus_bytes_per_s
 
 
 # ---------------------------------------------------------------------------------------

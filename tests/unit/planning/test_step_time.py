@@ -66,6 +66,8 @@ def test_cards_by_gpu_mem_name() -> None:
     assert compute_card("a100-80gb")[0].peak_flops == 312e12
     assert compute_card("a100-80gb")[0].hbm_bytes_per_s == 2.0e12
     assert compute_card("72") == (H100, False)  # GiB only: priced as an H100
+    assert compute_card("l4")[0].peak_flops == 121e12  # 242 with 2:4 sparsity
+    assert compute_card("rtx4090") == (H100, False)  # no compute figures here
 
 
 ARCH = ModelArch(
@@ -249,3 +251,18 @@ def test_a_lower_peak_share_slows_compute_not_mfu_basis() -> None:
     gemm.add("gemm", 2 * 4096**3, 3 * 4096**2 * 2)
     derated = replace(H100, peak_flops=0.7 * 989e12)
     assert gemm.roofline_s(derated) == pytest.approx(gemm.roofline_s(H100) / 0.7)
+
+
+def test_refit_on_one_shared_gpu_is_a_copy_in_hbm() -> None:
+    one = replace(
+        INPUTS,
+        dims=ParallelDims(tp=1, pp=1, cp=1, dp=1, sequence_parallel=False),
+        engine_tp=1,
+        gpus_per_node=1,
+        num_nodes=1,
+    )
+    # 37757952 params x 2 B read and written once: 2 x 75515904 B / 3.35 TB/s.
+    assert estimate(one, H100).refit_s == pytest.approx(2 * 75515904 / 3.35e12)
+    # Split on one node: over NVLink.
+    split = replace(one, colocated=False)
+    assert estimate(split, H100).refit_s == pytest.approx(75515904 / NVLINK)
