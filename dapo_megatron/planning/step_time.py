@@ -4,7 +4,8 @@ Pure arithmetic (no torch). An estimate, not a measurement; its basis:
 
 * Compute is a roofline on the card's datasheet figures (roofline.py): every op costs
   max(flops / peak, bytes / HBM bandwidth), summed over ops. Kernels at peak is
-  optimistic (large bf16 GEMMs reach ~70-80 % of it).
+  optimistic: cuBLAS reached ~70 % of it on the lent H200 (``MEASURED_GEMM_SHARE``);
+  ``Assumptions.peak_share`` prices a lower rate, and dapo-plan prints both.
 * Communication is priced on named bus bandwidths (roofline.Link: NVLink inside a node,
   InfiniBand between nodes) and adds to compute: no overlap, as the trainer runs
   (megatron/optimizer.py sets ``overlap_grad_reduce=False``, no TP comm overlap; TE's

@@ -16,7 +16,7 @@ recorded into a ``roofline.OpCosts`` as (op, FLOPs, bytes read + written), and
 It reads only shapes, dtypes and op arguments, never data, so it works on FakeTensors
 and on real tensors alike. Enter it inside the tracer's FakeTensorMode (after it), as
 above: it then sees each op before the fake mode runs it (tests/unit/planning/
-test_op_cost.py checks that order, and real CPU tensors).
+trace/test_op_cost.py checks that order, and real CPU tensors).
 
 What counts:
 * FLOPs: torch.utils.flop_counter's registered formulas (mm, addmm, bmm, baddbmm,
