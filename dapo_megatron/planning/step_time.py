@@ -65,6 +65,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
@@ -163,6 +164,30 @@ class TracedRank:
     """The forward-only logprob pass over the traced micro-batches."""
     logprob_tokens: int
     """Packed tokens of those micro-batches, summed, before the CP split."""
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON object (the trace process hands its result back as JSON)."""
+        return {
+            "stage": self.stage,
+            "forward_backward": self.forward_backward.to_rows(),
+            "train_tokens": self.train_tokens,
+            "optimizer": None if self.optimizer is None else self.optimizer.to_rows(),
+            "logprob": self.logprob.to_rows(),
+            "logprob_tokens": self.logprob_tokens,
+        }
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TracedRank:
+        """The inverse of ``to_json``."""
+        opt = d["optimizer"]
+        return cls(
+            stage=int(d["stage"]),
+            forward_backward=OpCosts.from_rows(d["forward_backward"]),
+            train_tokens=int(d["train_tokens"]),
+            optimizer=None if opt is None else OpCosts.from_rows(opt),
+            logprob=OpCosts.from_rows(d["logprob"]),
+            logprob_tokens=int(d["logprob_tokens"]),
+        )
 
 
 @dataclass(frozen=True)

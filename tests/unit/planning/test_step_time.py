@@ -4,12 +4,14 @@ dapo-plan's printout."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from dapo_megatron import cli
+from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.planning.memory_terms import rank_params
@@ -26,6 +28,7 @@ from dapo_megatron.planning.step_time import (
     optimizer_ops,
     stage_ops,
 )
+from dapo_megatron.planning.step_time_summary import format_step_time, step_inputs
 
 REPO = Path(__file__).resolve().parents[3]
 H100 = COMPUTE_CARDS["H100 SXM"]
@@ -214,6 +217,9 @@ def test_traced_costs_give_the_analytic_estimate_back() -> None:
     assert from_trace.basis == "traced" and analytic.basis == "analytic"
     assert from_trace.train_step_s == pytest.approx(analytic.train_step_s)
     assert from_trace.logprob_s == pytest.approx(analytic.logprob_s)
+    # The trace process hands its ranks back as JSON.
+    again = [TracedRank.from_json(json.loads(json.dumps(r.to_json()))) for r in traced]
+    assert again == traced
     # A trace twice as costly per token doubles the compute only.
     slow = [replace(r, train_tokens=4096) for r in traced]
     assert estimate(INPUTS, H100, traced=slow).compute_s == pytest.approx(2 * analytic.compute_s)
@@ -266,3 +272,20 @@ def test_refit_on_one_shared_gpu_is_a_copy_in_hbm() -> None:
     # Split on one node: over NVLink.
     split = replace(one, colocated=False)
     assert estimate(split, H100).refit_s == pytest.approx(75515904 / NVLINK)
+
+
+def test_the_printout_names_a_traced_basis() -> None:
+    run = load_config(REPO / "recipes" / "dapo-qwen2.5-7b-4n8g-tp4pp1cp1.yaml", []).require_plan()
+    inputs = step_inputs(run)
+    mb = MicroBatch(n=21504, s=inputs.mean_seq_len)  # CP1: a rank holds the whole pack
+    rank = TracedRank(
+        stage=0,
+        forward_backward=stage_ops(inputs, mb, 0, train=True),
+        train_tokens=21504,
+        optimizer=None,
+        logprob=stage_ops(inputs, mb, 0, train=False),
+        logprob_tokens=21504,
+    )
+    text = format_step_time(run, "h100-80gb", traced=[rank])
+    assert "basis: ops traced from the real step" in text
+    assert "basis: analytic op counts" in format_step_time(run, "h100-80gb")
