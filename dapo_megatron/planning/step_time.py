@@ -271,6 +271,7 @@ def _layer_forward(inp: StepInputs, sh: MicroBatch, ops: OpCosts, backward: bool
     _eltwise(ops, "norm" + tag, e * n * h / sp, e * n * h / sp, p, 2)
     _gemm(ops, "qkv" + tag, n, h, (q + 2 * kv) / t, p, g)
     rope = n * (q + kv) / t
+    # Fused RoPE over q and k; Qwen3's q/k norms are a second pass over the same elements.
     _eltwise(ops, "rope" + tag, e * rope, e * rope, p, 2 if arch.qk_layernorm else 1)
     # Flash: reads q, every K/V chunk of the sequence (CP ranks see all of them), writes o.
     attn_flops = 2 * n * sh.s * q / t * (2.5 if backward else 1.0)
