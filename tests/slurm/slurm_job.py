@@ -24,7 +24,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
 VENV_BIN = Path(sys.executable).parent
-FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
+FINAL_STATES = {
+    "COMPLETED",
+    "FAILED",
+    "CANCELLED",
+    "TIMEOUT",
+    "NODE_FAIL",
+    "PREEMPTED",
+    "OUT_OF_MEMORY",
+    "BOOT_FAIL",
+    "DEADLINE",
+}
 
 # The tiny recipe at its fastest: no warm-up, no dynamic sampling (a random model's groups
 # would all be filtered), no validation, no periodic save (the preemption's is the one the
@@ -103,7 +113,7 @@ class Job:
         # Short: Ray's unix socket paths live under it and must stay < 108 bytes.
         self.ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
 
-    def command(self, *overrides: str, steps: int = 1000) -> str:
+    def command(self, *overrides: str, steps: int | str = 1000) -> str:
         """dapo-train on the tiny recipe (this checkout's package, through this Python)."""
         ranks = ["cluster.num_nodes=2", "cluster.gpus_per_node=1"] if self.nodes == 2 else []
         args = [
@@ -217,7 +227,9 @@ class Job:
                 return time.monotonic() - started
             time.sleep(0.25)
         subprocess.run(["scancel", "--full", "--signal=KILL", self.job_id], check=False)
-        raise AssertionError(f"job {self.job_id}: no {what} after {timeout:.0f} s\n{self.explain()}")
+        raise AssertionError(
+            f"job {self.job_id}: no {what} after {timeout:.0f} s\n{self.explain()}"
+        )
 
     def wait_steps(self, n: int, timeout: float = 240) -> float:
         metrics = self.run_dir / "metrics.jsonl"

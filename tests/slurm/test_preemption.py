@@ -26,11 +26,11 @@ def _preempt(job, *flags: str) -> float:
     return job.wait_end(timeout=90)
 
 
-@pytest.mark.parametrize("nodes", [1, 2])
-def test_sigterm_to_the_batch_shell_saves_the_step(new_job, nodes):
+def test_sigterm_to_the_batch_shell_on_two_nodes_saves_the_step(new_job):
     """--signal=B:TERM@N at the time limit, `scancel --batch --signal=TERM`, a preemption
-    with PreemptParameters=send_user_signal: the batch shell alone gets SIGTERM."""
-    job = new_job(nodes=nodes)
+    with PreemptParameters=send_user_signal: the batch shell alone gets SIGTERM. Without
+    --requeue the job ends there, 143."""
+    job = new_job(nodes=2)
     job.submit(job.command())
     seconds = _preempt(job, "--batch", "--signal=TERM")
     info = job.info()
@@ -40,15 +40,59 @@ def test_sigterm_to_the_batch_shell_saves_the_step(new_job, nodes):
     assert seconds < 30, f"{seconds:.0f} s from SIGTERM to the end: KillWait is 30 s"
 
 
-def test_sigterm_to_every_process_with_full_saves_the_step(new_job):
+def test_sigterm_to_the_batch_shell_with_requeue_requeues_and_resumes(new_job):
+    """The same signal on a job submitted with --requeue: ray.sub requeues the job itself
+    once the step is saved (Slurm requeues neither a 143 nor a timeout), the next attempt
+    resumes from that step and the job ends COMPLETED, 0:0, DerivedExitCode 0:0."""
+    job = new_job(nodes=1)
+    # The step count is read as each attempt starts (bash -c runs COMMAND's $(cat ...)):
+    # the first attempt runs until the signal, the second ends 2 steps after its resume.
+    steps_file = job.root / "max_steps"
+    steps_file.write_text("1000")
+    job.submit(job.command(steps=f"$(cat {steps_file})"), "--requeue")
+    job.wait_steps(STEPS_BEFORE_SIGNAL)
+    _scancel(job, "--batch", "--signal=TERM")
+    job.wait_line("requeued job", timeout=60)
+    step = job.assert_saved_current_step()
+    steps_file.write_text(str(step + 2))
+    first = job.output()
+    job.wait_line("[resume] ", timeout=120)  # held after a requeue: BeginTime, cred_expire
+    job.wait_end()
+    info = job.info()
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1")
+    assert job.final_record()["DerivedExitCode"] == "0:0", job.completions()
+    out = job.output()
+    assert out.startswith(first), "the first attempt's lines were not kept"
+    resumed = out[len(first) :]
+    assert f"[resume] {job.run_dir / 'checkpoints' / f'step_{step:06d}'}" in resumed, resumed
+    assert job.last_step() == step + 2
+
+
+def test_sigterm_to_every_process_with_full_saves_the_step_on_one_node(new_job):
     """`scancel --signal=TERM --full`: the batch shell, its children and every step. On one
-    node no srun is left to turn it into a SIGKILL (the relay's own is, harmlessly)."""
+    node no srun stands before Ray (the relay's own turns it into a SIGKILL, harmlessly)."""
     job = new_job(nodes=1)
     job.submit(job.command())
     _preempt(job, "--full", "--signal=TERM")
     info = job.info()
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "143:0"), job.explain()
     job.assert_saved_current_step()
+
+
+def test_sigterm_to_every_process_with_full_on_two_nodes_says_so_in_one_line(new_job):
+    """With --full on 2 nodes Slurm signals the srun that holds the other node's Ray, and a
+    real srun SIGKILLs its tasks at once: no time to save. The run says so in one line,
+    naming the last complete checkpoint, and ends at once instead of at KillWait."""
+    job = new_job(nodes=2)
+    job.submit(job.command("checkpointing.save_period=1"))
+    seconds = _preempt(job, "--full", "--signal=TERM")
+    info = job.info()
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "143:0"), job.explain()
+    out = job.output()
+    lines = [x for x in out.splitlines() if x.startswith("preempted: SIGTERM;")]
+    assert len(lines) == 1 and "the last checkpoint is " in lines[0], job.explain()
+    assert "`dapo-train --config" in lines[0] and "Traceback" not in out, lines[0]
+    assert seconds < 25, f"{seconds:.0f} s from the signal to the end"
 
 
 def test_sigterm_to_the_steps_only_reaches_the_driver_through_the_relay(new_job):
