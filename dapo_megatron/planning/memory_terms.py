@@ -54,8 +54,9 @@ saves, in bytes (q = query_width, kv = query groups x head_dim):
   selective  none minus core (Megatron recomputes the core attention)
   full       n p h/sp: only the layer input; the layer is recomputed during its backward
 A backward pass also holds one layer's worth of "none" activations (its gradients, or the
-recomputed layer under full recompute), and on the first stage the embedding's dense weight
-gradient, V/t x h x p (added to the fp32 buffer by DDP's hook, then freed). Under 1F1B, stage k keeps min(PP - k, M) micro-
+recomputed layer under full recompute), and on a first stage with other micro-batches in
+flight the embedding's dense weight gradient, V/t x h x p (added to the fp32 buffer by DDP's
+hook, then freed). Under 1F1B, stage k keeps min(PP - k, M) micro-
 batches in flight (M: micro-batches per mini-batch), so the first stage holds PP of them.
 
 Logits (last stage; the trainer never materialises them, see kernels/):
@@ -510,10 +511,12 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
     if last:
         sp = dims.tp if dims.sequence_parallel else 1
         activations += tokens * p * inputs.arch.hidden_size / sp  # final norm input
-    if stage == 0:
+    if stage == 0 and in_flight > 1:
         # The embedding's backward makes a dense weight gradient [V/TP, h] in the param
         # dtype (VocabParallelEmbedding: no fused accumulation into the fp32 buffer),
-        # which DDP's hook then adds to main_grad; the memory tracer shows it at the peak.
+        # which DDP's hook then adds to main_grad. It is the last thing a micro-batch's
+        # backward makes: at the peak only while other micro-batches are in flight
+        # (the first stage under PP), as the memory tracer shows.
         v_local = padded_vocab_size(inputs.arch.vocab_size, dims.tp) // dims.tp
         activations += v_local * inputs.arch.hidden_size * p
     logits = logits_bytes(inputs, tokens, backward=True) if last else 0.0
