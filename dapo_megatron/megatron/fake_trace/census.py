@@ -14,6 +14,7 @@ micro-batches of a pipeline schedule); only the global peak by category is neede
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Iterable
 from typing import Any
@@ -49,6 +50,9 @@ class StorageCensus(TorchDispatchMode):
         self.total -= nbytes
         self.by_label[label] -= nbytes
 
+    def _release(self, key: int, _ref: object) -> None:
+        self._free(key)
+
     def _add(self, t: torch.Tensor, label: str) -> None:
         if t.device.type != self.device_type:
             return
@@ -58,7 +62,7 @@ class StorageCensus(TorchDispatchMode):
             return
         nbytes = storage.nbytes()
         self._live[key] = (nbytes, label)
-        self._refs[key] = weakref.ref(storage, lambda _r, k=key: self._free(k))
+        self._refs[key] = weakref.ref(storage, functools.partial(self._release, key))
         self.total += nbytes
         self.by_label[label] = self.by_label.get(label, 0) + nbytes
         if self.total > self.peak:

@@ -81,7 +81,7 @@ class FusedNormColumnParallelLinear(ColumnParallelLinear):
         self.layer_norm_weight = torch.nn.Parameter(
             torch.ones(input_size, dtype=config.params_dtype)
         )
-        self.layer_norm_weight.sequence_parallel = config.sequence_parallel
+        self.layer_norm_weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
         return super().forward(_RMSNormKernel.apply(x, self.layer_norm_weight), *args, **kwargs)
@@ -93,7 +93,7 @@ class TENormStandIn(torch.nn.Module):
     def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
         super().__init__()
         self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
-        self.weight.sequence_parallel = config.sequence_parallel
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _RMSNormKernel.apply(x, self.weight)

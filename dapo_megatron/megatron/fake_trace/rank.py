@@ -50,7 +50,7 @@ class TraceSpec:
     """What the fake device reports as its memory."""
 
 
-def _fake_process_group(rank: int, world_size: int) -> Iterator[None]:
+def _fake_process_group(rank: int, world_size: int) -> contextlib.AbstractContextManager[None]:
     """The recipe's world as a fake process group: every group Megatron creates (its NCCL
     groups and their gloo copies) is a fake group of the same members."""
     from torch.testing._internal.distributed.fake_pg import FakeStore
@@ -63,7 +63,7 @@ def _fake_process_group(rank: int, world_size: int) -> Iterator[None]:
         kwargs["backend"] = "fake"
         return original(*args, **kwargs)
 
-    return patched(dist, {"new_group": new_group})  # type: ignore[return-value]
+    return patched(dist, {"new_group": new_group})
 
 
 @contextlib.contextmanager
