@@ -380,13 +380,17 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
             return 0
         report = plan_memory(memory_inputs(run, gpu_mem, args.margin))
         print(format_memory(report))
-        print(format_step_time(run, args.gpu_mem))
-        if args.trace:
+        if not args.trace:
+            print(format_step_time(run, args.gpu_mem))
+        else:
             from dapo_megatron.planning.trace import trace_recipe
             from dapo_megatron.planning.trace.compare import format_comparison
 
             rows, traces = trace_recipe(_recipe(args.config), args.overrides, report)
             print(format_comparison(rows, traces))
+            ops = [t.ops for t in traces if t.ops is not None]
+            # Every stage traced: its ops replace the analytic count (comm stays modelled).
+            print(format_step_time(run, args.gpu_mem, traced=ops if len(ops) == len(traces) else ()))
         if report.fits or not report.inputs.on_gpu:
             return 0
         print(

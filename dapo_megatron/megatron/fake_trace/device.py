@@ -252,7 +252,11 @@ class _Nvtx:
 def patched(target: Any, values: dict[str, Any]) -> Iterator[None]:
     """Set attributes of ``target`` for the duration, then restore them."""
     missing = object()
-    saved = {k: getattr(target, k, missing) for k in values}
+    # A class keeps its own attribute objects (a staticmethod stays one when restored).
+    saved = {
+        k: vars(target).get(k, missing) if isinstance(target, type) else getattr(target, k, missing)
+        for k in values
+    }
     try:
         for k, v in values.items():
             setattr(target, k, v)

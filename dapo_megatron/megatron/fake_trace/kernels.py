@@ -51,6 +51,7 @@ from megatron.core.transformer.transformer_block import TransformerBlockSubmodul
 
 from dapo_megatron.megatron import model as model_module
 from dapo_megatron.megatron.cp_attention import ContextParallelAttention
+from dapo_megatron.planning.trace import op_cost
 
 
 class _RMSNormKernel(torch.autograd.Function):
@@ -59,14 +60,17 @@ class _RMSNormKernel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         x = x.contiguous()  # TE's norms read a contiguous input (a copy of a strided view)
-        rsigma = x.new_zeros(x.shape[:-1], dtype=torch.float32)
-        ctx.save_for_backward(x, weight, rsigma)
-        return torch.zeros_like(x)
+        nbytes = _nbytes(x)
+        with op_cost.kernel("te_rmsnorm_fwd", 4 * x.numel(), 2 * nbytes):
+            rsigma = x.new_zeros(x.shape[:-1], dtype=torch.float32)
+            ctx.save_for_backward(x, weight, rsigma)
+            return torch.zeros_like(x)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
         x, weight, _ = ctx.saved_tensors
-        return torch.zeros_like(x), torch.zeros_like(weight)
+        with op_cost.kernel("te_rmsnorm_bwd", 8 * x.numel(), 3 * _nbytes(x)):
+            return torch.zeros_like(x), torch.zeros_like(weight)
 
 
 class FusedNormColumnParallelLinear(ColumnParallelLinear):
@@ -104,19 +108,26 @@ class _FlashAttentionKernel(torch.autograd.Function):
     [n, heads, 1] saved with q, k, v and out; backward allocates dq, dk, dv."""
 
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(  # type: ignore[override]
+        ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, flops: int
+    ) -> torch.Tensor:
         # get_qkv_layout: q and k (RoPE's fresh outputs) pass as they are; v, a strided
         # view of the mixed QKV tensor, is copied.
         q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out = torch.zeros_like(q)
-        stats = q.new_zeros((q.shape[0], q.shape[-2], 1), dtype=torch.float32)
-        ctx.save_for_backward(q, k, v, out, stats)
-        return out
+        ctx.flops = flops
+        with op_cost.kernel("cudnn_attention_fwd", flops, 2 * _nbytes(q) + 2 * _nbytes(k)):
+            out = torch.zeros_like(q)
+            stats = q.new_zeros((q.shape[0], q.shape[-2], 1), dtype=torch.float32)
+            ctx.save_for_backward(q, k, v, out, stats)
+            return out
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, ...]:  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:  # type: ignore[override]
         q, k, v, _out, _lse = ctx.saved_tensors
-        return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        # Backward recomputes the scores: 2.5x the forward (op_cost.causal_attention_flops).
+        nbytes = 4 * _nbytes(q) + 4 * _nbytes(k)
+        with op_cost.kernel("cudnn_attention_bwd", int(2.5 * ctx.flops), nbytes):
+            return torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v), None
 
 
 class FlashAttentionStandIn(ContextParallelAttention):
@@ -133,7 +144,15 @@ class FlashAttentionStandIn(ContextParallelAttention):
         attention_bias: torch.Tensor | None = None,
         packed_seq_params: Any = None,
     ) -> torch.Tensor:
-        out = _FlashAttentionKernel.apply(query, key, value)
+        # Causal attention over the packed sequences: the trace packs rows of one length
+        # (max_seqlen), so the pack is len // max_seqlen of them; CP ranks hold 1/cp of
+        # each sequence's queries.
+        cp = self.config.context_parallel_size
+        local = query.shape[0]
+        longest = getattr(packed_seq_params, "max_seqlen_q", None) or local * cp
+        sequences = [int(longest)] * max(1, local * cp // int(longest))
+        flops = op_cost.causal_attention_flops(sequences, query.shape[-2], query.shape[-1], cp)
+        out = _FlashAttentionKernel.apply(query, key, value, flops)
         return out.reshape(*out.shape[:-2], -1)
 
 
@@ -142,12 +161,14 @@ class _FusedRoPE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, t: torch.Tensor, freqs: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        ctx.save_for_backward(freqs)
-        return torch.zeros_like(t)
+        with op_cost.kernel("te_rope_fwd", 3 * t.numel(), 2 * _nbytes(t)):
+            ctx.save_for_backward(freqs)
+            return torch.zeros_like(t)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:  # type: ignore[override]
-        return torch.zeros_like(grad), None
+        with op_cost.kernel("te_rope_bwd", 3 * grad.numel(), 2 * _nbytes(grad)):
+            return torch.zeros_like(grad), None
 
 
 def fused_rope_thd(
@@ -162,11 +183,42 @@ def fused_rope(t: torch.Tensor, freqs: torch.Tensor, **_: Any) -> torch.Tensor:
 
 def _swiglu(y: torch.Tensor) -> torch.Tensor:
     """The compiled SwiGLU kernel (megatron/core/jit.py: torch.compile): one output."""
-    return y.new_zeros((*y.shape[:-1], y.shape[-1] // 2))
+    with op_cost.kernel("swiglu_fwd", 4 * y.numel(), _nbytes(y) * 3 // 2):
+        return y.new_zeros((*y.shape[:-1], y.shape[-1] // 2))
 
 
 def _swiglu_back(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    return torch.zeros_like(y)
+    with op_cost.kernel("swiglu_bwd", 8 * y.numel(), _nbytes(y) * 5 // 2):
+        return torch.zeros_like(y)
+
+
+def _logprob_head_costs() -> dict[tuple[Any, str], Any]:
+    """Our Triton logprob head (kernels/triton_logprob.py) runs its real Python with no-op
+    launches; its GEMMs are declared here: forward logits 2 n h V/t; backward recomputes
+    them and makes dW and dH, 3 x that. Bytes: the hidden states and the weight shard."""
+    from dapo_megatron.kernels.triton_logprob import TritonLinearLogprob
+
+    forward, backward = TritonLinearLogprob.forward, TritonLinearLogprob.backward
+
+    def costed_forward(ctx: Any, hidden: torch.Tensor, weight: torch.Tensor, *rest: Any) -> Any:
+        flops = 2 * hidden.shape[0] * hidden.shape[1] * weight.shape[0]
+        ctx.cost = (flops, _nbytes(hidden) + _nbytes(weight))
+        with op_cost.kernel("triton_logprob_fwd", *ctx.cost):
+            return forward(ctx, hidden, weight, *rest)
+
+    def costed_backward(ctx: Any, *grads: Any) -> Any:
+        flops, nbytes = ctx.cost
+        with op_cost.kernel("triton_logprob_bwd", 3 * flops, 3 * nbytes):
+            return backward(ctx, *grads)
+
+    return {
+        (TritonLinearLogprob, "forward"): staticmethod(costed_forward),
+        (TritonLinearLogprob, "backward"): staticmethod(costed_backward),
+    }
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
 
 
 class _NoLaunch:
@@ -196,6 +248,7 @@ def install() -> dict[tuple[Any, str], Any]:
     }
     return {
         **launches,
+        **_logprob_head_costs(),
         (triton_pg_loss, "_pg_loss_kernel"): _NoLaunch(),
         (clip_grads, "l2_norm_impl"): _l2norm,
         (fused_bias_swiglu, "swiglu"): _swiglu,

@@ -31,6 +31,8 @@ import torch.distributed as dist
 
 from dapo_megatron.megatron.fake_trace.census import ACTIVATIONS, StorageCensus
 from dapo_megatron.megatron.fake_trace.device import fake_cuda, patched
+from dapo_megatron.planning.step_time import TracedRank
+from dapo_megatron.planning.trace.op_cost import OpCostMode
 from dapo_megatron.shared.batch import PolicyBatch
 
 
@@ -197,11 +199,22 @@ def trace_rank(spec: TraceSpec) -> dict[str, Any]:
         resident = _label_resident(census, policy)
         census.reset_peak()
         wall = time.perf_counter()
-        policy.train_step(batch)
+        with OpCostMode() as train_ops:
+            policy.train_step(batch)
         result["phases"]["train"] = _phase(census, resident, wall)
         census.reset_peak()
         wall = time.perf_counter()
-        policy.logprobs(batch)
+        with OpCostMode() as logprob_ops:
+            policy.logprobs(batch)
         result["phases"]["logprob"] = _phase(census, _label_resident(census, policy), wall)
+        tokens = int(batch.input_ids.numel())
+        result["ops"] = TracedRank(
+            stage=result["role"]["pp_rank"],
+            forward_backward=train_ops.ops,
+            train_tokens=tokens,
+            optimizer=None,
+            logprob=logprob_ops.ops,
+            logprob_tokens=tokens,
+        ).to_json()
     result["wall_s"] = round(time.perf_counter() - started, 2)
     return result

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from dapo_megatron.config.parallel import ParallelDims
+from dapo_megatron.planning.step_time import TracedRank
 from dapo_megatron.planning.trace.shim import ShimUnavailable, build_shim
 
 TRACE_TIMEOUT_S = 600
@@ -55,6 +56,8 @@ class RoleTrace:
     """Wall time of the whole rank process (start-up, build, both phases)."""
     error: str | None = None
     """One line: the op and module where the trace stopped."""
+    ops: TracedRank | None = None
+    """FLOPs and bytes of every op of the traced phases (the step-time estimate's basis)."""
 
 
 def roles(dims: ParallelDims) -> list[Role]:
@@ -132,4 +135,5 @@ def trace_role(
         if done.returncode != 0 or not out.exists():
             return RoleTrace(role, {}, 0.0, error=failure_line(done.stderr))
         result = json.loads(out.read_text())
-    return RoleTrace(role, result["phases"], float(result["wall_s"]))
+    ops = TracedRank.from_json(result["ops"]) if "ops" in result else None
+    return RoleTrace(role, result["phases"], float(result["wall_s"]), ops=ops)
