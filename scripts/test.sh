@@ -3,8 +3,14 @@
 # Extra arguments go to pytest (e.g. `bash scripts/test.sh tests/unit -x`); without any, the
 # whole suite runs on two workers (pytest-xdist).
 # pytest's own exit status is returned unchanged: 5 ("no tests collected") fails too.
+# `--slurm-long` instead runs the real-Slurm tests with their longer set (time limits, a dead
+# slurmd): scripts/test_slurm.sh --long, which brings up and stops its own Slurm.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--slurm-long" ]; then
+    shift
+    exec bash scripts/test_slurm.sh --long "$@"
+fi
 bash scripts/setup.sh
 echo "[test] ruff check"
 .venv/bin/ruff check dapo_megatron tests bench
