@@ -66,3 +66,67 @@ def test_every_phase_within_ten_percent(traced) -> None:
         if row.phase == "train":
             assert row.traced["activations"] > 0.1 * row.traced_gib
             assert row.planned["activations"] == pytest.approx(row.traced["activations"], rel=0.25)
+
+
+# ---------------------------------------------------------------------------------------
+# The tracer against a real run: the same rank, the same code path (the GPU spec with its
+# stand-in kernels, the fused Triton head chosen as on CUDA), once on fake CUDA tensors and
+# once on real host tensors posing as the device's; both count the same storages.
+
+TINY = [
+    "cluster.device=cuda",
+    "policy.precision=bf16",
+    "generation.backend=vllm",
+    "policy.megatron.tensor_model_parallel_size=2",
+    "policy.megatron.pipeline_model_parallel_size=2",
+    "policy.megatron.sequence_parallel=true",
+    "cluster.gpus_per_node=8",
+    "policy.max_tokens_per_microbatch=512",
+]
+
+
+def _rank(rank: int, *, real: bool, tmp: Path) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from dapo_megatron.planning.trace.shim import build_shim
+
+    spec = tmp / f"spec-{rank}-{real}.json"
+    out = tmp / f"out-{rank}-{real}.json"
+    spec.write_text(
+        json.dumps(
+            {
+                "recipe": str(REPO / "recipes" / "dapo-tiny-cpu.yaml"),
+                "overrides": TINY,
+                "rank": rank,
+                "micro_batches": 3,
+                "gpu_bytes": 80 * 2**30,
+                "real": real,
+            }
+        )
+    )
+    env = dict(os.environ, LD_PRELOAD=str(build_shim()), PYTHONWARNINGS="ignore")
+    cmd = [sys.executable, "-m", "dapo_megatron.megatron.fake_trace", str(spec), str(out)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+@pytest.mark.parametrize("rank", [0, 4], ids=["stage0", "stage1"])
+def test_fake_tensors_count_what_real_tensors_allocate(rank: int, tmp_path: Path) -> None:
+    fake = _rank(rank, real=False, tmp=tmp_path)
+    real = _rank(rank, real=True, tmp=tmp_path)
+    assert fake["role"] == real["role"]
+    for phase in ("train", "logprob"):
+        f, r = fake["phases"][phase]["categories"], real["phases"][phase]["categories"]
+        for category in ("weights", "master", "grads", "optimizer"):
+            assert f[category] == r[category] > 0, (phase, category)
+        # Activations: equal but for the host-only range check of the head's targets (real
+        # run only: dispatch._check_targets reads min/max of host tensors, 4-byte scalars).
+        extra = r["activations"] - f["activations"]
+        assert 0 <= extra <= 64, (phase, extra)
+        assert f["activations"] > 100_000
+        # "batch": the micro-batches' tensors; the real run adds the packing's host work.
+        assert r["batch"] >= f["batch"] > 0

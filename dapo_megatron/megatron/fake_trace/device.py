@@ -270,15 +270,39 @@ def patched(target: Any, values: dict[str, Any]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def fake_cuda(total_bytes: int) -> Iterator[FakeTensorMode]:
-    """The fake device (module docstring) of ``total_bytes``; yields the FakeTensorMode."""
-    fake = FakeTensorMode(allow_non_fake_inputs=True)
-    stub = _CudaStub(total_bytes)
+def fake_cuda(total_bytes: int, *, real: bool = False) -> Iterator[FakeTensorMode | None]:
+    """The fake device (module docstring) of ``total_bytes``; yields the FakeTensorMode.
+    ``real``: the same device answers with real host tensors (yields None)."""
+    values = _CudaStub(total_bytes).patches()
+    if real:
+        # As on the CPU twin (cpu_compat._patch_current_device): Megatron's allocations
+        # with device=torch.cuda.current_device() land on the host, in backward too.
+        values["current_device"] = lambda: torch.device("cpu")
+    rng = ("get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all")
     with contextlib.ExitStack() as stack:
-        values = stub.patches()
         stack.enter_context(patched(torch.cuda, values))
-        rng = ("get_rng_state", "set_rng_state", "manual_seed", "manual_seed_all")
         stack.enter_context(patched(torch.cuda.random, {k: values[k] for k in rng}))
+        if real:
+            # The CPU twin's own rewriting of "cuda" to host tensors (cpu_compat.py),
+            # here with torch.cuda answering as the GPU: the GPU code path on real data.
+            # A torch function mode does not reach autograd's backward: the twin's entry
+            # points that allocate there run under the mode themselves.
+            from dapo_megatron.megatron import cpu_compat
+
+            cpu_compat._patch_megatron_rng_tracker()
+            for module_name, attribute in cpu_compat._CPU_DEVICE_ENTRY_POINTS:
+                cpu_compat._run_under_cpu_devices(module_name, attribute)
+            for module_name, class_name in cpu_compat._CPU_DEVICE_CLASSES:
+                cpu_compat._run_class_under_cpu_devices(module_name, class_name)
+            from dapo_megatron.megatron import packed_batches, policy_step
+
+            cuda = {"compute_device": lambda: torch.device("cuda", 0)}  # rewritten to host
+            stack.enter_context(patched(packed_batches, cuda))
+            stack.enter_context(patched(policy_step, cuda))
+            stack.enter_context(cpu_compat._CudaDevicesOnCpu())
+            yield None
+            return
+        fake = FakeTensorMode(allow_non_fake_inputs=True)
         stack.enter_context(
             patched(torch.nn.Module, {"_apply": _fake_safe_apply(torch.nn.Module._apply)})
         )

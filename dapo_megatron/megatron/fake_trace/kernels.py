@@ -236,18 +236,36 @@ def _l2norm(chunk_size: int, noop: Any, tensor_lists: Any, per_tensor: bool, *a:
     return torch.zeros(1, dtype=torch.float32, device="cuda"), None
 
 
-def install() -> dict[tuple[Any, str], Any]:
+def install(*, real: bool = False) -> dict[tuple[Any, str], Any]:
     """What the GPU build sees on a fake device: TE's fused RoPE (so TransformerConfig
     accepts apply_rope_fusion, as with TE installed), the fused SwiGLU's kernels (compiled
-    on a GPU; their allocations, without a compile) and the GPU layer spec."""
-    from dapo_megatron.kernels import triton_logprob, triton_pg_loss
+    on a GPU; their allocations, without a compile) and the GPU layer spec. ``real`` (host
+    tensors posing as the device's): the Triton head and loss chosen as on CUDA."""
+    from dapo_megatron.kernels import dispatch, pg_loss, triton_logprob, triton_pg_loss
+    from dapo_megatron.megatron import policy_step
 
     launches = {
         (triton_logprob, name): _NoLaunch()
         for name in ("_matmul_kernel", "_dlogits_kernel", "_forward_kernel")
     }
+    on_host = (
+        {
+            (dispatch, "_resolve_impl"): lambda impl, *_: "triton" if impl == "auto" else impl,
+            (pg_loss, "resolve_pg_loss_impl"): lambda impl, *_: "triton"
+            if impl == "auto"
+            else impl,
+            (dispatch, "_triton_interpreted"): lambda: True,
+            (pg_loss, "_triton_interpreted"): lambda: True,
+            # The skipped launches leave the head's outputs uninitialised: the step takes
+            # the branch a healthy GPU step takes (the fake run's reads answer the same).
+            (policy_step, "_grads_are_finite"): lambda *_: True,
+        }
+        if real
+        else {}
+    )
     return {
         **launches,
+        **on_host,
         **_logprob_head_costs(),
         (triton_pg_loss, "_pg_loss_kernel"): _NoLaunch(),
         (clip_grads, "l2_norm_impl"): _l2norm,

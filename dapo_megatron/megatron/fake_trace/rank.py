@@ -50,6 +50,9 @@ class TraceSpec:
     """Packed micro-batches per traced mini-batch share (>= the in-flight count)."""
     gpu_bytes: int
     """What the fake device reports as its memory."""
+    real: bool = False
+    """Real host tensors in place of fake ones, on the same code path: the check of the
+    tracer against a real run (tests/distributed/test_fake_trace.py)."""
 
 
 def _fake_process_group(rank: int, world_size: int) -> contextlib.AbstractContextManager[None]:
@@ -91,6 +94,29 @@ def _object_broadcast_stand_in(object_list: list[Any], src: int = 0, group: Any 
     the last stage's would arrive (host objects: no device bytes either way)."""
     if dist.get_rank() != src:
         object_list[:] = [{} if o is None else o for o in object_list]
+
+
+@contextlib.contextmanager
+def _batch_labelled(census: StorageCensus) -> Iterator[None]:
+    """What a pass makes while it packs the batch into micro-batches counts as "batch":
+    on a GPU, the micro-batches' few [1, n] tensors; in the real host run, also the
+    packing's host temporaries (which the fake run does not count)."""
+    from dapo_megatron.megatron import policy_step
+
+    def labelled(original: Any) -> Any:
+        def run(*args: Any, **kwargs: Any) -> Any:
+            census.label = "batch"
+            try:
+                return original(*args, **kwargs)
+            finally:
+                census.label = ACTIVATIONS
+
+        return run
+
+    # The packing, and the loss normaliser read from the batch (host work, then moved).
+    names = ("_split", "_global_denominator")
+    with patched(policy_step, {n: labelled(getattr(policy_step, n)) for n in names}):
+        yield
 
 
 def synthetic_batch(rows: int, row_len: int, vocab: int, *, seed: int = 0) -> PolicyBatch:
@@ -174,15 +200,16 @@ def trace_rank(spec: TraceSpec) -> dict[str, Any]:
     )
     result: dict[str, Any] = {"rank": spec.rank, "phases": {}}
     with contextlib.ExitStack() as stack:
-        stack.enter_context(fake_cuda(spec.gpu_bytes))
-        for (module, name), value in kernels.install().items():
+        stack.enter_context(fake_cuda(spec.gpu_bytes, real=spec.real))
+        for (module, name), value in kernels.install(real=spec.real).items():
             stack.enter_context(patched(module, {name: value}))
         stack.enter_context(_fake_process_group(spec.rank, dims.world_size))
         stack.enter_context(_uncoalesced())
         stack.enter_context(
             patched(collectives, {"broadcast_object_list": _object_broadcast_stand_in})
         )
-        census = stack.enter_context(StorageCensus())
+        census = stack.enter_context(StorageCensus("cpu" if spec.real else "cuda"))
+        stack.enter_context(_batch_labelled(census))
         census.label = "build"
         policy = MegatronPolicy(plan, load_weights=False)
         from megatron.core import parallel_state as ps
