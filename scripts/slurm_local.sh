@@ -14,7 +14,9 @@
 # - No accounting daemon: no sacct, so the tests read `scontrol show job` (MinJobAge keeps
 #   a finished job there for an hour) and the jobcomp/filetxt file.
 # - AuthInfo=cred_expire=10: a requeued job is held until its old credential expires
-#   (BeginTime, 120 s by default); 10 s keeps a requeue case short.
+#   (BeginTime, 120 s by default); 10 s keeps a requeue case short, and so do scheduling
+#   passes every 2 s (sched_interval, bf_interval: 60 s and 30 s by default), which start it
+#   once it may run.
 # - SlurmdTimeout=20: a node whose slurmd died is DOWN (the job NODE_FAIL) in under a minute.
 # Everything lives under SLURM_LOCAL_DIR (default /tmp/dapo-slurm); ports 16817-16819.
 set -euo pipefail
@@ -71,6 +73,7 @@ MpiDefault=none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SchedulerType=sched/backfill
+SchedulerParameters=sched_interval=2,bf_interval=2
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/filetxt
 JobCompLoc=$STATE/jobcomp.txt
