@@ -24,7 +24,9 @@ bash scripts/slurm_local.sh up
 eval "$(bash scripts/slurm_local.sh env)"
 export DAPO_SLURM_TESTS=1 DAPO_SLURM_LONG=$long
 if [ $# -eq 0 ]; then
-    if ((long)); then set -- tests/slurm; else set -- tests/slurm -m "slurm and not slurm_long"; fi
+    # -v --durations=0: each case with its result and its time (CI time is a budget).
+    set -- tests/slurm -v --durations=0
+    if ((!long)); then set -- "$@" -m "slurm and not slurm_long"; fi
 fi
 echo "[test_slurm] pytest $*"
 .venv/bin/python -m pytest -p no:cacheprovider "$@"
