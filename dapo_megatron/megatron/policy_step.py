@@ -50,6 +50,7 @@ from dapo_megatron.megatron.context_parallel import (
     split_for_context_parallel,
 )
 from dapo_megatron.megatron.model import unwrap_model
+from dapo_megatron.megatron.moe_release import release_dispatcher_state
 from dapo_megatron.megatron.packed_batches import (
     MicroBatch,
     MicroBatches,
@@ -280,7 +281,7 @@ def _run(
         return output, functools.partial(loss_fn, model, mb)
 
     with hidden_state_head(model_chunks), replay as set_routing:
-        return get_forward_backward_func()(
+        outputs = get_forward_backward_func()(
             forward_step_func=forward_step,
             data_iterator=data,
             model=model_chunks,
@@ -289,6 +290,8 @@ def _run(
             micro_batch_size=split.rows_per_micro,
             forward_only=forward_only,
         )
+    release_dispatcher_state(model_chunks)  # MoE: the last forward's graph (moe_release.py)
+    return outputs
 
 
 def _no_tokens(device: torch.device) -> torch.Tensor:

@@ -49,6 +49,9 @@ saves, in bytes (q = query_width, kv = query groups x head_dim):
                  the permuted tokens, FC1's input [n k, h], FC1's output [n k, 2F/t] and
                  the weighted SwiGLU's output [n k, F/t]; fp32 router scores [n/sp, E]
                  and the permuted probabilities [n k] the SwiGLU weights by
+               dispatch (MoE, one layer at a time, not saved): (6 + 2/t) n k h p of
+                 routed copies in flight (moe_dispatch_bytes), in the backward working
+                 set and the logprob pass
                core: flash attention keeps only its fp32 log-sum-exp, n 4 a/t; unfused
                attention (CPU) keeps the softmax, n p (a/t) s  (Korthikanti's 5as/h term)
   selective  none minus core (Megatron recomputes the core attention)
@@ -431,6 +434,23 @@ def moe_activation_bytes(inputs: MemoryInputs, tokens: int) -> float:
     return routed + tokens * 4 * (arch.moe.num_experts / sp + k)
 
 
+def moe_dispatch_bytes(inputs: MemoryInputs, tokens: int) -> float:
+    """Transient bytes of one MoE layer's token dispatch for `tokens` tokens on a rank (0
+    for a dense model): the routed copies T = tokens x k of [T, h] alive at once while the
+    alltoall dispatcher runs a layer, (6 + 2/t) T h p: the permuted local copies before and
+    after the all-to-all (T/t each), the expert-TP all-gathered input, its expert-sorted
+    copy, the experts' output and its unsorted copy (T each), and the probability-weighted
+    output in fp32 (2 T at p = 2). Counted in the traced forward and backward of
+    Qwen3-30B-A3B (dapo-plan --trace): none of it is saved for backward, all of it is
+    live at the layer's peak."""
+    arch, dims = inputs.arch, inputs.dims
+    if arch.moe is None:
+        return 0.0
+    p = PRECISION_BYTES[inputs.precision]
+    routed = tokens * arch.moe.experts_per_token
+    return routed * arch.hidden_size * p * (6 + 2 / dims.tp)
+
+
 def layer_activation_bytes(inputs: MemoryInputs, tokens: int, recompute: str) -> float:
     """Bytes one layer saves for backward for `tokens` tokens on a rank (module docstring)."""
     arch, dims = inputs.arch, inputs.dims
@@ -502,11 +522,13 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
     layers = inputs.arch.num_layers // dims.pp
     in_flight = _in_flight(inputs, stage)
     per_layer = layer_activation_bytes(inputs, tokens, inputs.recompute)
-    working = layer_activation_bytes(inputs, tokens, "none")
+    # One layer's backward working set; a MoE layer adds its dispatch's transient copies.
+    working = layer_activation_bytes(inputs, tokens, "none") + moe_dispatch_bytes(inputs, tokens)
     activations = in_flight * layers * per_layer + working
     # The experts' share: every saved layer (unless fully recomputed) and the working set.
     moe = moe_activation_bytes(inputs, tokens)
     expert_acts = (0 if inputs.recompute == "full" else in_flight * layers * moe) + moe
+    expert_acts += moe_dispatch_bytes(inputs, tokens)
     last = stage == dims.pp - 1
     if last:
         sp = dims.tp if dims.sequence_parallel else 1
@@ -520,7 +542,9 @@ def stage_memory(inputs: MemoryInputs, stage: int) -> StageMemory:
         v_local = padded_vocab_size(inputs.arch.vocab_size, dims.tp) // dims.tp
         activations += v_local * inputs.arch.hidden_size * p
     logits = logits_bytes(inputs, tokens, backward=True) if last else 0.0
-    lp_pass = layer_activation_bytes(inputs, lp_tokens, "none")
+    lp_pass = layer_activation_bytes(inputs, lp_tokens, "none") + moe_dispatch_bytes(
+        inputs, lp_tokens
+    )
     if last:
         lp_pass += logits_bytes(inputs, lp_tokens, backward=False)
     refit = refit_stage(inputs.refit, inputs.arch, dims, p, stage)

@@ -40,13 +40,17 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import numpy
 import torch
 from megatron.core.fusions import fused_bias_swiglu
 from megatron.core.models.common.embeddings import rope_utils
+from megatron.core.models.gpt.moe_module_specs import get_moe_module_spec
 from megatron.core.optimizer import clip_grads
 from megatron.core.tensor_parallel import ColumnParallelLinear
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.utils._python_dispatch import _disable_current_modes
 from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
 from dapo_megatron.megatron import model as model_module
@@ -192,6 +196,12 @@ def _swiglu_back(g: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return torch.zeros_like(y)
 
 
+def _weighted_swiglu_back(g: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> Any:
+    """The compiled kernel returns the input's and the per-token weights' gradients."""
+    with op_cost.kernel("weighted_swiglu_bwd", 8 * y.numel(), _nbytes(y) * 5 // 2):
+        return torch.zeros_like(y), torch.zeros_like(w)
+
+
 def _logprob_head_costs() -> dict[tuple[Any, str], Any]:
     """Our Triton logprob head (kernels/triton_logprob.py) runs its real Python with no-op
     launches; its GEMMs are declared here: forward logits 2 n h V/t; backward recomputes
@@ -214,6 +224,96 @@ def _logprob_head_costs() -> dict[tuple[Any, str], Any]:
     return {
         (TritonLinearLogprob, "forward"): staticmethod(costed_forward),
         (TritonLinearLogprob, "backward"): staticmethod(costed_backward),
+    }
+
+
+def _balanced(n: int, parts: int) -> list[int]:
+    """n split into `parts` counts as equal as integers allow."""
+    return [n // parts + (1 if i < n % parts else 0) for i in range(parts)]
+
+
+def _balanced_routing() -> dict[tuple[Any, str], Any]:
+    """Which expert a token goes to is data, which fake tensors do not hold: every count
+    the alltoall dispatcher derives from the routing map (token_dispatcher.py
+    MoEAlltoAllTokenDispatcher.preprocess) is replaced by balanced routing's, as real host
+    tensors (the dispatcher reads them on the host to size its all-to-all and expert
+    splits): each rank's n x k routed copies spread evenly over the E experts. A real run
+    with a hot expert allocates more on that expert's rank (the plan assumes the same).
+    The permutation's index is data too: a stand-in of the same sizes
+    (moe_utils.permute, dropless: index_select over n x k indices)."""
+    from megatron.core.transformer.moe import token_dispatcher
+    from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
+
+    from megatron.core.transformer.moe import moe_utils
+
+    preprocess = MoEAlltoAllTokenDispatcher.preprocess
+    to_host = moe_utils.maybe_move_tensor_to_cpu
+
+    def host_splits(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        # The balanced split sizes are host tensors already; the all-to-all takes them
+        # as NumPy arrays, which upstream makes only from CUDA tensors (as cpu_compat.py).
+        if as_numpy and torch.is_tensor(tensor) and not isinstance(tensor, FakeTensor):
+            # A recompute in backward runs with the fake mode active: read the host
+            # values with it off.
+            with _disable_current_modes():
+                return numpy.array(tensor.tolist(), dtype=numpy.int64)
+        return to_host(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    def balanced_preprocess(self: Any, routing_map: torch.Tensor) -> torch.Tensor:
+        preprocess(self, routing_map)  # the device work (the count reductions)
+        routed = routing_map.size(0) * self.config.moe_router_topk
+        with _disable_current_modes():  # host values, real even under the fake mode
+            return _balanced_splits(self, routed)
+
+    def _balanced_splits(self: Any, routed: int) -> torch.Tensor:
+        per_expert = torch.tensor(_balanced(routed, self.num_experts))
+        local = per_expert.reshape(self.ep_size, self.num_local_experts)
+        if self.ep_size > 1 or self.tp_size > 1:
+            self.input_splits = local.sum(dim=1)
+            # Every TP x EP rank routes alike, so each sends this rank's experts what this
+            # rank sends them: [tp, ep, local experts].
+            ep_rank = self.ep_group.rank() if self.ep_size > 1 else 0
+            glob = local[ep_rank].expand(self.tp_size, self.ep_size, -1).contiguous()
+            self.output_splits = glob.sum(dim=2)[self.tp_rank]
+            self.output_splits_tp = glob.sum(dim=2).sum(dim=1)
+            tokens_per_local_expert = glob.sum(dim=(0, 1))
+        else:
+            glob = per_expert
+            tokens_per_local_expert = per_expert
+        if self.num_local_experts > 1:
+            self.num_global_tokens_per_local_expert = glob.reshape(-1, self.num_local_experts)
+        return tokens_per_local_expert
+
+    def permute(
+        tokens: torch.Tensor,
+        routing_map: torch.Tensor,
+        probs: torch.Tensor | None = None,
+        num_out_tokens: int | None = None,
+        **_: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+        routed = int(num_out_tokens or routing_map.size(0) * routing_map.size(1))
+        index = torch.zeros(routed, dtype=torch.long, device=tokens.device)
+        permuted_probs = None
+        if probs is not None:
+            permuted_probs = probs.T.contiguous().view(-1).index_select(0, index)
+        return tokens.index_select(0, index), permuted_probs, index
+
+    def sort_chunks(
+        input: torch.Tensor, split_sizes: Any, sorted_idxs: Any, probs: Any = None, **_: Any
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # moe_utils.sort_chunks_by_idxs reorders the [ranks x local experts] chunks by
+        # expert: split views, then one cat, a copy of the same size (balanced chunks are
+        # equal, so the order moves no byte).
+        return input.clone(), None if probs is None else probs.clone()
+
+    return {
+        (MoEAlltoAllTokenDispatcher, "preprocess"): balanced_preprocess,
+        (token_dispatcher, "permute"): permute,
+        (token_dispatcher, "sort_chunks_by_idxs"): sort_chunks,
+        (token_dispatcher, "maybe_move_tensor_to_cpu"): host_splits,
+        # Bound only when TE imports (moe_utils.RouterGatingLinearFunction tests it): None
+        # takes torch.mm, which makes the same fp32 router logits as TE's general_gemm.
+        (moe_utils, "te_general_gemm"): None,
     }
 
 
@@ -266,11 +366,14 @@ def install(*, real: bool = False) -> dict[tuple[Any, str], Any]:
     return {
         **launches,
         **on_host,
+        **_balanced_routing(),
         **_logprob_head_costs(),
         (triton_pg_loss, "_pg_loss_kernel"): _NoLaunch(),
         (clip_grads, "l2_norm_impl"): _l2norm,
         (fused_bias_swiglu, "swiglu"): _swiglu,
         (fused_bias_swiglu, "swiglu_back"): _swiglu_back,
+        (fused_bias_swiglu, "weighted_swiglu"): lambda y, w: _swiglu(y),
+        (fused_bias_swiglu, "weighted_swiglu_back"): _weighted_swiglu_back,
         (rope_utils, "fused_apply_rotary_pos_emb_thd"): fused_rope_thd,
         (rope_utils, "fused_apply_rotary_pos_emb"): fused_rope,
         (model_module, "layer_spec"): gpu_layer_spec,
@@ -295,6 +398,11 @@ def gpu_layer_spec(config: Any, *, packed: bool = False, allow_local_spec: bool 
         ),
     )
     mlp = sub.mlp
+    if config.num_moe_experts is not None:
+        # TEGroupedMLP runs one grouped GEMM over the local experts' token splits; Megatron's
+        # SequentialMLP runs the same GEMMs expert by expert, saving the same inputs (views
+        # of one permuted tensor) and outputs: its bytes, without a grouped-GEMM kernel.
+        mlp = get_moe_module_spec(use_te=False, num_experts=config.num_moe_experts)
     if isinstance(mlp, ModuleSpec) and mlp.submodules is not None and config.num_moe_experts is None:
         mlp = dataclasses.replace(
             mlp,

@@ -29,16 +29,6 @@ def trace_recipe(
     """Trace every role of the planned recipe and compare; prints progress per role."""
     traces = []
     dims = report.inputs.dims
-    if report.inputs.arch.moe is not None:
-        # Which expert a token goes to is data: a fake tensor has no values, so the
-        # dispatcher's per-expert token counts (and every expert buffer's size) are unknown.
-        # A balanced-routing stand-in for the dispatcher is not written yet.
-        why = (
-            "not traced: mixture-of-experts routing sizes the expert buffers from token "
-            "values, which fake tensors do not have (a balanced-routing stand-in is not "
-            "written yet); the expert terms of the plan above are unchecked"
-        )
-        return [], [RoleTrace(role, {}, 0.0, error=why) for role in roles(dims)]
     for role in roles(dims):
         print(f"tracing {role.name} (rank {role.rank} of {dims.world_size}) ...", flush=True)
         traces.append(

@@ -648,14 +648,17 @@ def test_hand_derived_activations_of_tiny_moe():
     #            router scores and routed probs n 4 (E + k) = 64 x 4 x 6 = 1536 -> 42496
     #   flash LSE n 4 heads = 512                                       -> 124928
     # Two layers in flight + one layer's backward set + final-norm input 64 x 2 x 64 = 8192.
+    # The backward set adds the dispatch's routed copies in flight, (6 + 2/t) n k h p =
+    # 8 x 64 x 2 x 64 x 2 = 131072 at t = 1.
+    dispatch = 8 * 64 * 2 * 64 * 2
     for ep in (1, 2):  # balanced routing: a rank's experts see n k copies at any EP
         s = stage_memory(_moe_inputs(ep), 0)
-        assert s.activations * GIB == 3 * 124928 + 8192
-        assert s.expert_activations * GIB == 3 * 42496
+        assert s.activations * GIB == 3 * 124928 + dispatch + 8192
+        assert s.expert_activations * GIB == 3 * 42496 + dispatch
     full = stage_memory(_moe_inputs(2, recompute="full"), 0)
     # Full recompute: only the layer inputs n p h = 8192 are saved; the working set remains.
-    assert full.activations * GIB == 2 * 8192 + 124928 + 8192
-    assert full.expert_activations * GIB == 42496
+    assert full.activations * GIB == 2 * 8192 + 124928 + dispatch + 8192
+    assert full.expert_activations * GIB == 42496 + dispatch
 
 
 def test_routed_copies_do_not_shrink_with_tensor_parallelism():
