@@ -49,9 +49,9 @@ from megatron.core.optimizer import clip_grads
 from megatron.core.tensor_parallel import ColumnParallelLinear
 from megatron.core.transformer.identity_op import IdentityOp
 from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import _disable_current_modes
-from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
 from dapo_megatron.megatron import model as model_module
 from dapo_megatron.megatron.cp_attention import ContextParallelAttention
@@ -241,10 +241,8 @@ def _balanced_routing() -> dict[tuple[Any, str], Any]:
     with a hot expert allocates more on that expert's rank (the plan assumes the same).
     The permutation's index is data too: a stand-in of the same sizes
     (moe_utils.permute, dropless: index_select over n x k indices)."""
-    from megatron.core.transformer.moe import token_dispatcher
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
     from megatron.core.transformer.moe.token_dispatcher import MoEAlltoAllTokenDispatcher
-
-    from megatron.core.transformer.moe import moe_utils
 
     preprocess = MoEAlltoAllTokenDispatcher.preprocess
     to_host = moe_utils.maybe_move_tensor_to_cpu
