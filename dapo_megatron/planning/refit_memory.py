@@ -141,6 +141,20 @@ def expert_export_elements(arch: ModelArch, ep: int) -> int:
     return (ep + 2) * 3 * arch.moe.moe_ffn_hidden_size * arch.hidden_size
 
 
+def export_only_bytes(arch: ModelArch, dims: ParallelDims, precision_bytes: int) -> int:
+    """What the export holds at once on a rank that collects no bucket (module docstring):
+    a vocabulary tensor gathered whole, F_vocab (its padding rows are cut off by a view),
+    twice a fused parameter (qkv, fc1: the gathered tensor and its split copies), or X.
+    The memory tracer (dapo-plan --trace, phase "export") measured the first: 2 F_vocab
+    over-counted Qwen3-0.6B TP2's export by 0.29 GiB."""
+    ffn, router = _mlp_rows(arch)
+    qkv = (arch.num_attention_heads + 2 * arch.num_query_groups) * arch.head_dim
+    vocab = padded_vocab_size(arch.vocab_size, dims.tp) * arch.hidden_size
+    fused = max(2 * ffn, router, qkv) * arch.hidden_size
+    experts = expert_export_elements(arch, dims.ep)
+    return max(vocab, 2 * fused, experts) * precision_bytes
+
+
 def refit_stage(
     refit: RefitInputs | None,
     arch: ModelArch,
@@ -161,7 +175,9 @@ def refit_stage(
     return RefitStage(
         buffer=0,
         staging=b if exporter else 0,
-        export=b + max(gathered, experts) if exporter else max(2 * gathered, experts),
+        export=b + max(gathered, experts)
+        if exporter
+        else export_only_bytes(arch, dims, precision_bytes),
     )
 
 

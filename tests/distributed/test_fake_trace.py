@@ -40,7 +40,7 @@ def test_every_stage_traces(traced) -> None:
     assert [t.error for t in traces] == [None, None]
     assert [t.role.rank for t in traces] == [0, 4]
     assert {(r.role, r.phase) for r in rows} == {
-        (f"stage {s}", p) for s in (0, 1) for p in ("train", "logprob")
+        (f"stage {s}", p) for s in (0, 1) for p in ("train", "logprob", "export")
     }
 
 
@@ -126,7 +126,7 @@ def test_fake_tensors_count_what_real_tensors_allocate(rank: int, tmp_path: Path
     fake = _rank(rank, real=False, tmp=tmp_path)
     real = _rank(rank, real=True, tmp=tmp_path)
     assert fake["role"] == real["role"]
-    for phase in ("train", "logprob"):
+    for phase in ("train", "logprob", "export"):
         f, r = fake["phases"][phase]["categories"], real["phases"][phase]["categories"]
         for category in ("weights", "master", "grads", "optimizer"):
             assert f[category] == r[category] > 0, (phase, category)

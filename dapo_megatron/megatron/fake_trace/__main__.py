@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -19,4 +20,10 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    code = main(sys.argv[1:])
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Autograd started worker threads for the fake CUDA devices; a CPU build's engine does
+    # not join them at interpreter exit, which can abort the process after its result is
+    # written ("terminate called without an active exception"). Nothing is left to clean.
+    os._exit(code)

@@ -10,8 +10,9 @@ allocate what those kernels do (kernels.py). ``StorageCensus`` counts the device
 
 Phases: ``train`` (one optimizer step of one mini-batch share: the schedule's forward and
 backward over its micro-batches, the grad reduce, the optimizer step; traced after a first
-step created Adam's states, as in every step but a run's first) and ``logprob`` (the
-forward-only pass over the same micro-batches). The generation phase (vLLM) is not traced.
+step created Adam's states, as in every step but a run's first), ``logprob`` (the
+forward-only pass over the same micro-batches) and ``export`` (the refit's gathers of every
+HF tensor, without the transport's buckets). The generation phase (vLLM) is not traced.
 
 Run as ``python -m dapo_megatron.megatron.fake_trace SPEC_JSON OUT_JSON`` in a process
 started with the shim LD_PRELOADed (planning/trace/launch.py does this and reads OUT_JSON).
@@ -234,6 +235,13 @@ def trace_rank(spec: TraceSpec) -> dict[str, Any]:
         with OpCostMode() as logprob_ops:
             policy.logprobs(batch)
         result["phases"]["logprob"] = _phase(census, _label_resident(census, policy), wall)
+        census.reset_peak()
+        wall = time.perf_counter()
+        # The refit's export: every HF tensor gathered whole, one at a time, and dropped
+        # (the consumer's buckets are the refit transport's, not traced here).
+        for _name, _tensor in policy.export_weights():
+            del _tensor
+        result["phases"]["export"] = _phase(census, _label_resident(census, policy), wall)
         tokens = int(batch.input_ids.numel())
         result["ops"] = TracedRank(
             stage=result["role"]["pp_rank"],

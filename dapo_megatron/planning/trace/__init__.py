@@ -12,7 +12,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from dapo_megatron.planning.memory import MemoryReport
-from dapo_megatron.planning.memory_terms import GIB
+from dapo_megatron.planning.memory_terms import GIB, PRECISION_BYTES
+from dapo_megatron.planning.refit_memory import export_only_bytes
 from dapo_megatron.planning.trace.compare import PhaseComparison, compare
 from dapo_megatron.planning.trace.launch import RoleTrace, roles, trace_role
 
@@ -40,4 +41,6 @@ def trace_recipe(
                 gpu_bytes=int(report.inputs.gpu_mem_gib * GIB),
             )
         )
-    return compare(report.stages, traces), traces
+    inputs = report.inputs
+    export = export_only_bytes(inputs.arch, dims, PRECISION_BYTES[inputs.precision])
+    return compare(report.stages, traces, export), traces

@@ -2,7 +2,8 @@
 
 Compared are the tensor terms both sides have: the rank's states (weights, fp32 master
 weights, the fp32 grad buffer, optimizer states, a KL reference) and what a phase adds on top
-(``activations``: saved activations, the backward's working set, the logprob head). Not
+(``activations``: saved activations, the backward's working set, the logprob head; for the
+refit's export, the gathered HF tensors it holds at once). Not
 compared, because the trace has no such tensors: the CUDA context, NCCL buffers, kernel
 workspaces and the caching allocator's slack (the plan's budgeted overheads), the refit
 buffers, and the vLLM engine (generation is not traced).
@@ -22,9 +23,10 @@ TOLERANCE = 0.10
 """A phase's plan agrees with its trace when |planned / traced - 1| <= this."""
 
 STATE_CATEGORIES = ("weights", "master", "grads", "optimizer", "reference")
-PHASES = ("train", "logprob")
+PHASES = ("train", "logprob", "export")
 NOT_TRACED = (
-    "not traced: the vLLM generation phase and engine start, the refit buffers, and what "
+    "not traced: the vLLM generation phase and engine start, the refit's bucket buffers "
+    "(export: the gathers only), and what "
     "lies outside PyTorch's tensors (CUDA contexts, NCCL buffers, kernel workspaces: the "
     "plan's budgeted overheads)"
 )
@@ -79,8 +81,12 @@ class PhaseComparison:
         }
 
 
-def planned_categories(stage: StageMemory, phase: str) -> dict[str, float]:
-    """The plan's tensor terms of a phase on a stage's rank, in the trace's categories."""
+def planned_categories(
+    stage: StageMemory, phase: str, export_bytes: float = 0.0
+) -> dict[str, float]:
+    """The plan's tensor terms of a phase on a stage's rank, in the trace's categories;
+    ``export_bytes``: what the refit's export holds at once on a rank that collects no
+    bucket (refit_memory.export_only_bytes)."""
     states = {
         "weights": stage.weights,
         "master": stage.master,
@@ -92,6 +98,8 @@ def planned_categories(stage: StageMemory, phase: str) -> dict[str, float]:
         added = stage.activations + stage.logits
     elif phase == "logprob":
         added = stage.logprob_pass
+    elif phase == "export":
+        added = export_bytes / GIB
     else:
         raise ValueError(f"phase {phase!r}: expected one of {PHASES}")
     return {k: v for k, v in {**states, "activations": added}.items() if v}
@@ -108,7 +116,9 @@ def traced_categories(trace: RoleTrace, phase: str) -> dict[str, float]:
     return {k: v for k, v in out.items() if v}
 
 
-def compare(stages: tuple[StageMemory, ...], traces: list[RoleTrace]) -> list[PhaseComparison]:
+def compare(
+    stages: tuple[StageMemory, ...], traces: list[RoleTrace], export_bytes: float
+) -> list[PhaseComparison]:
     """Every traced role and phase beside its plan (failed traces are left out)."""
     out = []
     for trace in traces:
@@ -120,7 +130,7 @@ def compare(stages: tuple[StageMemory, ...], traces: list[RoleTrace]) -> list[Ph
                 PhaseComparison(
                     role=trace.role.name,
                     phase=phase,
-                    planned=planned_categories(stage, phase),
+                    planned=planned_categories(stage, phase, export_bytes),
                     traced=traced_categories(trace, phase),
                     trace_s=float(trace.phases[phase]["trace_s"]),
                 )

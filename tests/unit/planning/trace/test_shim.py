@@ -39,7 +39,11 @@ def test_autograd_runs_on_fake_cuda_tensors_only_with_the_shim() -> None:
             w = torch.empty(16, 4, device="cuda", dtype=torch.bfloat16, requires_grad=True)
             (x @ w).float().sum().backward()
             print(x.grad.device, tuple(w.grad.shape))
-        print(ctypes.CDLL(None).dapo_fake_cuda_shim_loaded())
+        print(ctypes.CDLL(None).dapo_fake_cuda_shim_loaded(), flush=True)
+        # As the trace process does (fake_trace/__main__.py): autograd's device threads
+        # are not joined at a CPU build's exit.
+        import os
+        os._exit(0)
         """
     )
     env = dict(os.environ, LD_PRELOAD=str(build_shim()))
