@@ -135,8 +135,10 @@ def test_fake_tensors_count_what_real_tensors_allocate(rank: int, tmp_path: Path
         extra = r["activations"] - f["activations"]
         assert 0 <= extra <= 64, (phase, extra)
         assert f["activations"] > 100_000
-        # "batch": the micro-batches' tensors; the real run adds the packing's host work.
-        assert r["batch"] >= f["batch"] > 0
+        # "batch": the micro-batches' tensors; the real run adds the packing's host work
+        # (the export makes none).
+        if phase != "export":
+            assert r["batch"] >= f["batch"] > 0
 
 
 MOE = [
