@@ -51,6 +51,7 @@ def new_job(tmp_path: Path, model_dir: Path) -> Iterator[Callable[..., Job]]:
     problems = []
     for job in jobs:
         if job.job_id:
+            job.cancel()
             problems += job.leftovers()
         job.cleanup()
     assert not problems, f"left behind by the job(s): {problems}"

@@ -138,6 +138,10 @@ class Job:
             if not k.startswith(("RAY_", "SLURM_JOB", "PYTEST", "COMMAND"))
         }
         env.update(
+            # A HOME of its own: Ray finds a token in ~/.ray/auth_token (a local ray.init in
+            # token mode writes one there), and which of ray.sub's auth paths a job takes
+            # must not depend on what ran on this machine before.
+            HOME=str(self.root),
             PATH=f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
             PYTHON=sys.executable,
             RAY=str(VENV_BIN / "ray"),
@@ -241,8 +245,20 @@ class Job:
 
         return self.wait_for(f"{n} steps", logged, timeout)
 
+    def ended(self) -> bool:
+        """In a final state and done completing: after `scancel` the state is CANCELLED at
+        once, while the job's processes still have KillWait to end (squeue shows CG)."""
+        if self.state() not in FINAL_STATES:
+            return False
+        flags = subprocess.run(
+            ["squeue", "-h", "-t", "all", "-j", self.job_id, "-o", "%t"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        return "CG" not in flags
+
     def wait_end(self, timeout: float = 240) -> float:
-        return self.wait_for("end", lambda: self.state() in FINAL_STATES, timeout)
+        return self.wait_for("end", self.ended, timeout)
 
     def wait_line(self, text: str, timeout: float = 120) -> float:
         return self.wait_for(f"line {text!r}", lambda: text in self.output(), timeout)
@@ -289,7 +305,13 @@ class Job:
             problems += [f"/dev/shm/{n}" for n in new if f"/dev/shm/{n}" not in in_use]
         return problems
 
-    def cleanup(self) -> None:
+    def cancel(self) -> None:
+        """Kill a job a failed test left running (then leftovers() waits for it to go)."""
         if self.job_id and self.state() not in FINAL_STATES:
             subprocess.run(["scancel", "--full", "--signal=KILL", self.job_id], check=False)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not self.ended():
+                time.sleep(0.5)
+
+    def cleanup(self) -> None:
         shutil.rmtree(self.ray_tmp, ignore_errors=True)
