@@ -283,6 +283,22 @@ class Job:
         assert verify_checkpoint(step_dir) is None, verify_checkpoint(step_dir)
         return last
 
+    def assert_resumed_after_requeue(self, step: int, first: str) -> str:
+        """The requeued attempt (held by BeginTime, cred_expire) resumed from the saved
+        ``step``, ran to ``step + 2`` and the job ended COMPLETED 0:0, DerivedExitCode
+        0:0, with the first attempt's output ``first`` kept. Returns the whole output."""
+        self.wait_line("[resume] ", timeout=120)
+        self.wait_end()
+        info = self.info()
+        assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1")
+        assert self.final_record()["DerivedExitCode"] == "0:0", self.completions()
+        out = self.output()
+        assert out.startswith(first), "the first attempt's lines were not kept"
+        resumed = out[len(first) :]
+        assert f"[resume] {self.run_dir / 'checkpoints' / f'step_{step:06d}'}" in resumed, resumed
+        assert self.last_step() == step + 2
+        return out
+
     def last_step(self) -> int:
         rows = (self.run_dir / "metrics.jsonl").read_text().splitlines()
         return max(json.loads(line)["step"] for line in rows)

@@ -41,17 +41,10 @@ def test_scontrol_requeue_resumes_from_the_saved_step_keeping_the_first_output(n
     assert len(saved) == 1, job.explain()
     step = int(saved[0].split("saved step ")[1].split(";")[0])
     steps_file.write_text(str(step + 2))
-    job.wait_line("[resume] ", timeout=120)  # held after a requeue: BeginTime, cred_expire
-    job.wait_end()
-    info = job.info()
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1")
-    assert job.final_record()["DerivedExitCode"] == "0:0", job.completions()
-    out = job.output()
-    assert out.startswith(first), "the first attempt's lines were not kept"
+    out = job.assert_resumed_after_requeue(step, first)
     before, after = out.split("attempt 1:", 1)
     assert "attempt 0:" in before, out[-4000:]
     assert f"[resume] {job.run_dir / 'checkpoints' / f'step_{step:06d}'}" in after, after
-    assert job.last_step() == step + 2
     assert "Traceback" not in out, out[-4000:]
 
 

@@ -55,17 +55,7 @@ def test_sigterm_to_the_batch_shell_with_requeue_requeues_and_resumes(new_job):
     job.wait_line("requeued job", timeout=60)
     step = job.assert_saved_current_step()
     steps_file.write_text(str(step + 2))
-    first = job.output()
-    job.wait_line("[resume] ", timeout=120)  # held after a requeue: BeginTime, cred_expire
-    job.wait_end()
-    info = job.info()
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1")
-    assert job.final_record()["DerivedExitCode"] == "0:0", job.completions()
-    out = job.output()
-    assert out.startswith(first), "the first attempt's lines were not kept"
-    resumed = out[len(first) :]
-    assert f"[resume] {job.run_dir / 'checkpoints' / f'step_{step:06d}'}" in resumed, resumed
-    assert job.last_step() == step + 2
+    job.assert_resumed_after_requeue(step, first=job.output())
 
 
 def test_sigterm_to_every_process_with_full_saves_the_step_on_one_node(new_job):
