@@ -9,7 +9,7 @@ docs/MIGRATING.md is this table rendered (`python -m dapo_megatron.migrate.impor
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from dapo_megatron.migrate.dialects import (
@@ -18,98 +18,70 @@ from dapo_megatron.migrate.dialects import (
     Untranslatable,
     describe_settings,
 )
-from dapo_megatron.migrate.nemo_keys import NEMO_KEYS
-from dapo_megatron.migrate.rlinf_keys import RLINF_KEYS
+from dapo_megatron.migrate.dialects import impact as tier_of
+from dapo_megatron.migrate.nemo_keys import (
+    NEMO_DEFAULTS,
+    NEMO_KEYS,
+    NEMO_TIERS,
+)
+from dapo_megatron.migrate.nemo_keys import inactive as nemo_inactive
+from dapo_megatron.migrate.rlinf_keys import (
+    RLINF_DEFAULTS,
+    RLINF_KEYS,
+    RLINF_TIERS,
+)
+from dapo_megatron.migrate.rlinf_keys import inactive as rlinf_inactive
 from dapo_megatron.migrate.shared_keys import NEMO, RLINF, SKYRL, VERL
-from dapo_megatron.migrate.skyrl_keys import SKYRL_KEYS
-from dapo_megatron.migrate.verl_keys import VERL_ACTOR, VERL_KEYS, VERL_ROLLOUT
+from dapo_megatron.migrate.skyrl_keys import (
+    SKYRL_DEFAULTS,
+    SKYRL_KEYS,
+    SKYRL_TIERS,
+)
+from dapo_megatron.migrate.skyrl_keys import inactive as skyrl_inactive
+from dapo_megatron.migrate.verl_keys import (
+    VERL_DEFAULTS,
+    VERL_KEYS,
+    VERL_TIERS,
+)
+from dapo_megatron.migrate.verl_keys import inactive as verl_inactive
 
 # ---------------------------------------------------------------------------------------
 # The source's defaults for keys a config omits, and which parts of a config are live
 
 
 SOURCE_DEFAULTS: dict[str, dict[str, Any]] = {
-    # verl/trainer/config/_generated_ppo_megatron_trainer.yaml (actor, rollout, trainer) and
-    # verl-recipe dapo/config/dapo_trainer.yaml (filter_groups, overlong_buffer_cfg).
-    VERL: {
-        f"{VERL_ACTOR}.clip_ratio_low": 0.2,
-        f"{VERL_ACTOR}.clip_ratio_high": 0.2,
-        f"{VERL_ACTOR}.clip_ratio_c": 3.0,
-        f"{VERL_ACTOR}.loss_agg_mode": "token-mean",
-        f"{VERL_ACTOR}.entropy_coeff": 0,
-        f"{VERL_ACTOR}.use_kl_loss": False,
-        f"{VERL_ACTOR}.optim.lr": 1.0e-6,
-        f"{VERL_ACTOR}.optim.lr_warmup_steps": -1,
-        f"{VERL_ACTOR}.optim.lr_warmup_steps_ratio": 0.0,
-        f"{VERL_ACTOR}.optim.weight_decay": 0.01,
-        f"{VERL_ACTOR}.optim.clip_grad": 1.0,
-        f"{VERL_ACTOR}.ppo_epochs": 1,
-        f"{VERL_ACTOR}.ppo_mini_batch_size": 256,
-        f"{VERL_ROLLOUT}.n": 1,
-        f"{VERL_ROLLOUT}.temperature": 1.0,
-        f"{VERL_ROLLOUT}.top_p": 1.0,
-        f"{VERL_ROLLOUT}.top_k": -1,
-        f"{VERL_ROLLOUT}.val_kwargs.n": 1,
-        f"{VERL_ROLLOUT}.val_kwargs.temperature": 0,
-        f"{VERL_ROLLOUT}.val_kwargs.top_p": 1.0,
-        f"{VERL_ROLLOUT}.val_kwargs.do_sample": False,
-        "data.train_batch_size": 1024,
-        "data.max_prompt_length": 512,
-        "data.max_response_length": 512,
-        "algorithm.filter_groups.enable": False,
-        "reward.reward_kwargs.overlong_buffer_cfg.enable": False,
-        "trainer.save_freq": -1,
-        "trainer.test_freq": -1,
-    },
-    # skyrl/train/config/config.py (the dataclass defaults).
-    SKYRL: {
-        "trainer.algorithm.eps_clip_low": 0.2,
-        "trainer.algorithm.eps_clip_high": 0.2,
-        "trainer.algorithm.policy_loss_type": "regular",
-        "trainer.algorithm.loss_reduction": "token_mean",
-        "trainer.algorithm.dynamic_sampling.type": None,
-        "trainer.policy.optimizer_config.lr": 1.0e-6,
-        "trainer.policy.optimizer_config.num_warmup_steps": 0,
-        "generator.apply_overlong_filtering": False,
-        "generator.sampling_params.max_generate_length": 1024,
-    },
-    # RLinf: rlinf/workers/actor/megatron_actor_worker.py reads clip_ratio_low/high with
-    # .get() (absent = null = ratio_clip_eps).
-    RLINF: {
-        "algorithm.clip_ratio_low": None,
-        "algorithm.clip_ratio_high": None,
-    },
-    # NeMo RL: examples/configs/grpo_math_1B.yaml is the parent of its recipes and sets
-    # these itself; nothing is added for a config read with its parent.
-    NEMO: {},
+    NEMO: NEMO_DEFAULTS,
+    SKYRL: SKYRL_DEFAULTS,
+    RLINF: RLINF_DEFAULTS,
+    VERL: VERL_DEFAULTS,
 }
 """Per system, the value its code or base config gives a key that a config omits, for the
 keys that change a run: an omitted key takes the source's default, never ours."""
 
+KEY_TIERS: dict[str, dict[str, str]] = {
+    NEMO: NEMO_TIERS,
+    SKYRL: SKYRL_TIERS,
+    RLINF: RLINF_TIERS,
+    VERL: VERL_TIERS,
+}
+"""Per system, its keys classified by what the source does with them (dialects.impact)."""
+
+_INACTIVE: dict[str, Callable[[Mapping[str, Any]], dict[str, str]]] = {
+    NEMO: nemo_inactive,
+    SKYRL: skyrl_inactive,
+    RLINF: rlinf_inactive,
+    VERL: verl_inactive,
+}
+
 
 def inactive_keys(dialect: str, flat: Mapping[str, Any]) -> dict[str, str]:
-    """Source keys that are not live there (key -> why): NeMo RL reads policy.megatron_cfg
-    only with megatron_cfg.enabled true, and then neither dtensor_cfg nor policy.optimizer
-    / policy.scheduler (the Megatron worker builds its optimizer from megatron_cfg); RLinf
-    reads actor.model's Megatron layout only with actor.training_backend megatron. NeMo
-    RL's reward_shaping.max_response_length is read only by the shaping (reward_functions.py)
-    and caps nothing while grpo.reward_shaping.enabled is not true; ours is the engine's cap."""
-    dead: dict[str, str] = {}
-    if dialect == NEMO:
-        shaping = "grpo.reward_shaping.max_response_length"
-        if shaping in flat and flat.get("grpo.reward_shaping.enabled") is not True:
-            dead[shaping] = "not live: grpo.reward_shaping.enabled is not true"
-        megatron = flat.get("policy.megatron_cfg.enabled") is True
-        for key in flat:
-            if megatron and key.startswith(
-                ("policy.dtensor_cfg.", "policy.optimizer.", "policy.scheduler.")
-            ):
-                dead[key] = "not live: policy.megatron_cfg.enabled is true (Megatron's optimizer)"
-            elif megatron and key in ("policy.optimizer", "policy.scheduler"):
-                dead[key] = "not live: policy.megatron_cfg.enabled is true"
-            elif not megatron and key.startswith("policy.megatron_cfg."):
-                dead[key] = "not live: policy.megatron_cfg.enabled is not true"
-    return dead
+    """Source keys that are not live there (key -> why), by the system's own rule."""
+    return _INACTIVE[dialect](flat)
+
+
+def impact(key: str, dialect: str) -> str:
+    """How much an untranslated key of `dialect` changes a run (dialects.impact)."""
+    return tier_of(key, KEY_TIERS.get(dialect, {}))
 
 
 FOREIGN_KEYS: tuple[ForeignKey, ...] = NEMO_KEYS + SKYRL_KEYS + RLINF_KEYS + VERL_KEYS

@@ -146,6 +146,36 @@ def custom(dialect: str, key: str, ours: str, difference: str, convert: Converte
     return ForeignKey(dialect, key, ours, _table_text(difference, key, ours), convert)
 
 
+def as_here(
+    dialect: str,
+    key: str,
+    feature: str,
+    accept: Callable[[Any, Mapping[str, Any]], bool],
+    here: str,
+) -> ForeignKey:
+    """A key of a feature whose values in `accept` do what we always do (the feature off,
+    or its setting equal to our fixed behaviour): carried with nothing to set. Any other
+    value needs `feature`, which we lack: refused naming the feature. `here` says what we
+    do instead (shown in the note and the table)."""
+
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
+        if accept(value, ctx):
+            return Translation((), f"same as here: {here}")
+        raise Untranslatable(f"needs {feature}, which dapo-megatron lacks (here: {here})")
+
+    return custom(dialect, key, f"(none: {feature})", f"only values that mean: {here}", convert)
+
+
+def off(*values: Any) -> Callable[[Any, Mapping[str, Any]], bool]:
+    """An `as_here` predicate: the value is one of `values` (compared by type and value,
+    so 0 never matches False)."""
+
+    def accept(value: Any, ctx: Mapping[str, Any]) -> bool:
+        return any(type(value) is type(v) and value == v for v in values)
+
+    return accept
+
+
 def _table_text(text: str, key: str, ours: str) -> str:
     """A note as the migration table shows it: placeholders become the keys' names."""
     leaf = ours.split(" ")[0].rsplit(".", 1)[-1]
@@ -360,87 +390,11 @@ _LAYOUT = re.compile(
 )
 
 
-_ROLLOUT_MCORE = "policy.generation.mcore_generation_config."
-_VLLM_CFG = "policy.generation.vllm_cfg."
-KEY_TIERS: dict[str, dict[str, str]] = {
-    # Keys of the peer files in tests/data/foreign/ that the patterns below would call
-    # "algorithm", each classified once by what the peer does with it. A key ending in "."
-    # covers its subtree.
-    "nemo-rl": {
-        # Megatron's LR/weight-decay schedule: what is learned, though the path says megatron
-        "policy.megatron_cfg.scheduler.": IMPACT_ALGORITHM,
-        "grpo.val_start_at": IMPACT_HARMLESS,  # first validation step: measurement only
-        "grpo.val_at_end": IMPACT_HARMLESS,  # one more validation at the end
-        "grpo.max_val_samples": IMPACT_HARMLESS,  # how many validation prompts are scored
-        "grpo.val_batch_size": IMPACT_HARMLESS,  # validation batching
-        "policy.generation.port_range_low": IMPACT_HARMLESS,  # engine ports
-        "policy.generation.port_range_high": IMPACT_HARMLESS,
-        "cluster.master_port_range_low": IMPACT_HARMLESS,  # torch.distributed ports
-        "cluster.master_port_range_high": IMPACT_HARMLESS,
-        _VLLM_CFG + "use_tqdm": IMPACT_HARMLESS,  # progress bar
-        _ROLLOUT_MCORE + "expose_http_server": IMPACT_HARMLESS,
-        "cluster.segment_size": IMPACT_LAYOUT,  # node grouping for placement
-        "data_plane.": IMPACT_LAYOUT,  # how batches move between workers
-        _ROLLOUT_MCORE + "buffer_size_gb": IMPACT_LAYOUT,  # Megatron inference KV memory
-        _ROLLOUT_MCORE + "block_size_tokens": IMPACT_LAYOUT,
-        _ROLLOUT_MCORE + "kv_cache_management_mode": IMPACT_LAYOUT,
-        _ROLLOUT_MCORE + "materialize_only_last_token_logits": IMPACT_LAYOUT,
-        _ROLLOUT_MCORE + "max_tokens": IMPACT_LAYOUT,  # inference token budget per step
-        _VLLM_CFG + "use_deep_gemm": IMPACT_LAYOUT,  # FP8 GEMM kernels
-        _VLLM_CFG + "num_first_layers_in_bf16": IMPACT_LAYOUT,  # FP8 generation precision
-        _VLLM_CFG + "num_last_layers_in_bf16": IMPACT_LAYOUT,
-        _VLLM_CFG + "reset_encoder_cache_after_weight_update": IMPACT_LAYOUT,
-        "policy.logprob_chunk_size": IMPACT_LAYOUT,  # chunked log-prob computation
-        "policy.generation_batch_size": IMPACT_LAYOUT,  # HF-backend generation batching
-        "policy.tokenizer.use_fastokens": IMPACT_LAYOUT,  # tokenizer implementation
-        "policy.generation.refit_cfg.nixl.backend_name": IMPACT_LAYOUT,  # weight transport
-    },
-    "rlinf": {
-        "actor.calculate_flops": IMPACT_HARMLESS,  # MFU metric
-        "actor.group_name": IMPACT_HARMLESS,  # Ray worker-group names
-        "rollout.group_name": IMPACT_HARMLESS,
-        "inference.group_name": IMPACT_HARMLESS,
-        "reward.group_name": IMPACT_HARMLESS,
-        "hydra.": IMPACT_HARMLESS,  # Hydra's own output directory
-        "runner.save_interval": IMPACT_HARMLESS,  # checkpoint cadence
-        "runner.val_check_interval": IMPACT_HARMLESS,  # validation cadence
-        "actor.enable_dp_load_balance": IMPACT_LAYOUT,
-        "actor.mcore_gpt": IMPACT_LAYOUT,  # Megatron-Core model class
-        "actor.model.apply_rope_fusion": IMPACT_LAYOUT,
-        "actor.model.bias_activation_fusion": IMPACT_LAYOUT,
-        "actor.model.bias_dropout_fusion": IMPACT_LAYOUT,
-        "actor.model.gradient_accumulation_fusion": IMPACT_LAYOUT,
-        "actor.model.persist_layer_norm": IMPACT_LAYOUT,
-        "actor.model.batch_p2p_comm": IMPACT_LAYOUT,
-        "actor.model.use_cpu_initialization": IMPACT_LAYOUT,
-        "actor.model.variable_seq_lengths": IMPACT_LAYOUT,
-        "actor.model.moe_token_dispatcher_type": IMPACT_LAYOUT,
-        "actor.optim.optimizer_enable_pin": IMPACT_LAYOUT,
-        "rollout.max_running_requests": IMPACT_LAYOUT,
-        "rollout.sglang.torch_compile_max_bs": IMPACT_LAYOUT,
-        "rollout.vllm.enable_flash_infer_sampler": IMPACT_LAYOUT,
-        "runner.max_tokens_per_mbs": IMPACT_LAYOUT,  # micro-batch token budget
-    },
-    "skyrl": {
-        "trainer.max_ckpts_to_keep": IMPACT_HARMLESS,
-        "trainer.eval_batch_size": IMPACT_HARMLESS,  # evaluation batching
-        "trainer.strategy": IMPACT_LAYOUT,  # FSDP / Megatron backend
-        "generator.batched": IMPACT_LAYOUT,  # batched vs per-request generation
-    },
-    "verl": {
-        "reward_model.reward_kwargs.overlong_buffer_cfg.log": IMPACT_HARMLESS,  # metrics
-        "actor_rollout_ref.rollout.name": IMPACT_LAYOUT,  # inference engine (vllm, sglang)
-    },
-}
-"""Dialect -> source key (or subtree ending in ".") -> tier, read before the patterns."""
-
-
-def impact(key: str, dialect: str | None = None) -> str:
-    """How much a source key changes a run: the dialect's KEY_TIERS entry when it has one,
-    else IMPACT_HARMLESS for logging, names and bookkeeping, IMPACT_LAYOUT for parallelism,
-    memory and speed knobs, else IMPACT_ALGORITHM (a key not recognised is assumed to change
-    what is learned)."""
-    tiers = KEY_TIERS.get(dialect or "", {})
+def impact(key: str, tiers: Mapping[str, str]) -> str:
+    """How much a source key changes a run: its entry in `tiers` (a system's own
+    classification, key or subtree ending in ".") when it has one, else IMPACT_HARMLESS for
+    logging, names and bookkeeping, IMPACT_LAYOUT for parallelism, memory and speed knobs,
+    else IMPACT_ALGORITHM (a key not recognised is assumed to change what is learned)."""
     for known, tier in tiers.items():
         if key == known or (known.endswith(".") and key.startswith(known)):
             return tier

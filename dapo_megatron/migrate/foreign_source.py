@@ -201,7 +201,12 @@ def expand_shell(line: str, variables: dict[str, str]) -> str:
             out.append(c)
             i += 1
             continue
-        if c == "~" and not quote and (i == 0 or line[i - 1] in " =:\t") and line[i + 1 : i + 2] in ("/", "", " "):
+        if (
+            c == "~"
+            and not quote
+            and (i == 0 or line[i - 1] in " =:\t")
+            and line[i + 1 : i + 2] in ("/", "", " ")
+        ):
             out.append(variables.get("HOME", "${HOME}"))
             i += 1
             continue

@@ -26,6 +26,7 @@ from dapo_megatron.migrate.dialect_keys import (
     SOURCE_DEFAULTS,
     all_foreign_keys,
     foreign_key,
+    impact,
     inactive_keys,
 )
 from dapo_megatron.migrate.dialects import (
@@ -35,7 +36,6 @@ from dapo_megatron.migrate.dialects import (
     IMPACT_LAYOUT,
     IMPACT_TITLES,
     Untranslatable,
-    impact,
 )
 from dapo_megatron.migrate.foreign_source import (
     apply_foreign_overrides,
@@ -93,6 +93,9 @@ class ImportResult:
     """Source keys not translated, in source order."""
     kept_ours: list[str] = field(default_factory=list)
     """Our keys that matter and that no source key (nor a source default) set."""
+    as_here: list[Skipped] = field(default_factory=list)
+    """Source keys whose value does what we always do (a feature off, a setting equal to
+    our fixed behaviour): carried with nothing to set; `reason` says what we do."""
 
     @property
     def blocking(self) -> list[Skipped]:
@@ -168,7 +171,9 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
             reason = str(e) + (f" ({DIALECTS[dialect]}'s default)" if is_default else "")
             result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
             continue
-        note = f"{DIALECTS[dialect]}'s default {_scalar(value)}; {tr.note}" if is_default else tr.note
+        note = (
+            f"{DIALECTS[dialect]}'s default {_scalar(value)}; {tr.note}" if is_default else tr.note
+        )
         for ours, out in tr.settings:
             first = chosen.get(ours)
             if first is None:
@@ -245,6 +250,9 @@ def render_recipe(result: ImportResult, *, source: str, base: str) -> str:
         noted.add((s.source, s.note))
         lines.append(f"{'  ' * len(path)}{leaf}: {_scalar(s.value)}  # {s.source}: {note}")
     lines.append("")
+    if result.as_here:
+        lines.append(f"# {len(result.as_here)} source key(s) that need nothing set here:")
+        lines.extend(f"#   {s.key} = {_short(s.value)}: {s.reason}" for s in result.as_here)
     lines.extend(_summary_lines(result, prefix="# "))
     return "\n".join(lines) + "\n"
 
@@ -364,7 +372,8 @@ def _import(args: argparse.Namespace) -> int:
     system = DIALECTS[args.dialect]
     result = translate(args.dialect, flat)
     explicit = [s for s in result.settings if s.source in flat]
-    if not explicit:
+    explicit_here = [s for s in result.as_here if s.key in flat]
+    if not explicit and not explicit_here:
         raise ConfigError(
             f"{display_path(args.source)}: no {system} setting was carried ({len(flat)} keys "
             f"read); is it a {system} config (--from), and are its overrides readable?"
@@ -372,7 +381,8 @@ def _import(args: argparse.Namespace) -> int:
     counts = {t: sum(1 for s in result.skipped if s.impact == t) for t in IMPACT_TITLES}
     print(
         f"dapo-import-config: {system} {display_path(args.source)}: {len(result.settings)} "
-        f"settings ({len(explicit)} from the source's keys), untranslated: "
+        f"settings ({len(explicit)} from the source's keys; {len(explicit_here)} more keys "
+        f"need nothing set here), untranslated: "
         f"{counts[IMPACT_ALGORITHM]} changing the algorithm, {counts[IMPACT_LAYOUT]} the "
         f"layout or memory, {counts[IMPACT_HARMLESS]} harmless"
     )

@@ -7,6 +7,9 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from dapo_megatron.migrate.dialects import (
+    IMPACT_ALGORITHM,
+    IMPACT_HARMLESS,
+    IMPACT_LAYOUT,
     ForeignKey,
     Translation,
     Untranslatable,
@@ -18,6 +21,11 @@ from dapo_megatron.migrate.dialects import (
     same,
     sampling_top_k,
     warmup_in_optimizer_steps,
+)
+from dapo_megatron.migrate.nemo_layout import (
+    NEMO_LAYOUT_KEYS,
+    NEMO_LAYOUT_TIERS,
+    layout_inactive,
 )
 from dapo_megatron.migrate.shared_keys import (
     AGG,
@@ -514,4 +522,70 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
     same(NEMO, "logger.wandb_enabled", "logger.wandb_enabled"),
     same(NEMO, "logger.tensorboard_enabled", "logger.tensorboard_enabled"),
     same(NEMO, "logger.wandb.project", "logger.wandb_project"),
-)
+) + NEMO_LAYOUT_KEYS
+
+
+_ROLLOUT_MCORE = "policy.generation.mcore_generation_config."
+_VLLM_CFG = "policy.generation.vllm_cfg."
+NEMO_TIERS: dict[str, str] = {
+    **NEMO_LAYOUT_TIERS,
+    # Megatron's LR/weight-decay schedule: what is learned, though the path says megatron
+    "policy.megatron_cfg.scheduler.": IMPACT_ALGORITHM,
+    "grpo.val_start_at": IMPACT_HARMLESS,  # first validation step: measurement only
+    "grpo.val_at_end": IMPACT_HARMLESS,  # one more validation at the end
+    "grpo.max_val_samples": IMPACT_HARMLESS,  # how many validation prompts are scored
+    "grpo.val_batch_size": IMPACT_HARMLESS,  # validation batching
+    "policy.generation.port_range_low": IMPACT_HARMLESS,  # engine ports
+    "policy.generation.port_range_high": IMPACT_HARMLESS,
+    "cluster.master_port_range_low": IMPACT_HARMLESS,  # torch.distributed ports
+    "cluster.master_port_range_high": IMPACT_HARMLESS,
+    _VLLM_CFG + "use_tqdm": IMPACT_HARMLESS,  # progress bar
+    _ROLLOUT_MCORE + "expose_http_server": IMPACT_HARMLESS,
+    "cluster.segment_size": IMPACT_LAYOUT,  # node grouping for placement
+    "data_plane.": IMPACT_LAYOUT,  # how batches move between workers
+    _ROLLOUT_MCORE + "buffer_size_gb": IMPACT_LAYOUT,  # Megatron inference KV memory
+    _ROLLOUT_MCORE + "block_size_tokens": IMPACT_LAYOUT,
+    _ROLLOUT_MCORE + "kv_cache_management_mode": IMPACT_LAYOUT,
+    _ROLLOUT_MCORE + "materialize_only_last_token_logits": IMPACT_LAYOUT,
+    _ROLLOUT_MCORE + "max_tokens": IMPACT_LAYOUT,  # inference token budget per step
+    _VLLM_CFG + "use_deep_gemm": IMPACT_LAYOUT,  # FP8 GEMM kernels
+    _VLLM_CFG + "num_first_layers_in_bf16": IMPACT_LAYOUT,  # FP8 generation precision
+    _VLLM_CFG + "num_last_layers_in_bf16": IMPACT_LAYOUT,
+    _VLLM_CFG + "reset_encoder_cache_after_weight_update": IMPACT_LAYOUT,
+    "policy.logprob_chunk_size": IMPACT_LAYOUT,  # chunked log-prob computation
+    "policy.generation_batch_size": IMPACT_LAYOUT,  # HF-backend generation batching
+    "policy.tokenizer.use_fastokens": IMPACT_LAYOUT,  # tokenizer implementation
+    "policy.generation.refit_cfg.nixl.backend_name": IMPACT_LAYOUT,  # weight transport
+}
+"""NeMo RL keys (or subtrees ending in ".") classified by what the source does with them,
+read before the patterns of dialects.impact."""
+
+
+NEMO_DEFAULTS: dict[str, Any] = {
+    # examples/configs/grpo_math_1B.yaml is the parent of its recipes and sets these itself;
+    # nothing is added for a config read with its parent.
+}
+"""The value the source's code or base config gives a key that a config omits, for the
+keys that change a run (an omitted key takes the source's default, never ours)."""
+
+
+def inactive(flat: Mapping[str, Any]) -> dict[str, str]:
+    """Source keys that are not live there (key -> why): NeMo RL reads policy.megatron_cfg
+    only with megatron_cfg.enabled true, and then neither dtensor_cfg nor policy.optimizer
+    / policy.scheduler (the Megatron worker builds its optimizer from megatron_cfg). NeMo RL's reward_shaping.max_response_length is read only by the shaping (reward_functions.py)
+    and caps nothing while grpo.reward_shaping.enabled is not true; ours is the engine's cap."""
+    dead: dict[str, str] = layout_inactive(flat)
+    shaping = "grpo.reward_shaping.max_response_length"
+    if shaping in flat and flat.get("grpo.reward_shaping.enabled") is not True:
+        dead[shaping] = "not live: grpo.reward_shaping.enabled is not true"
+    megatron = flat.get("policy.megatron_cfg.enabled") is True
+    for key in flat:
+        if megatron and key.startswith(
+            ("policy.dtensor_cfg.", "policy.optimizer.", "policy.scheduler.")
+        ):
+            dead[key] = "not live: policy.megatron_cfg.enabled is true (Megatron's optimizer)"
+        elif megatron and key in ("policy.optimizer", "policy.scheduler"):
+            dead[key] = "not live: policy.megatron_cfg.enabled is true"
+        elif not megatron and key.startswith("policy.megatron_cfg."):
+            dead[key] = "not live: policy.megatron_cfg.enabled is not true"
+    return dead

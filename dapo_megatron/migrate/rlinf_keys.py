@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dapo_megatron.migrate.dialects import (
+    IMPACT_HARMLESS,
+    IMPACT_LAYOUT,
     ForeignKey,
     Translation,
     Untranslatable,
@@ -183,3 +185,48 @@ RLINF_KEYS: tuple[ForeignKey, ...] = (
     same(RLINF, "data.rollout_batch_size", "dapo.num_prompts_per_step"),
     same(RLINF, "cluster.num_nodes", "cluster.num_nodes"),
 )
+
+
+RLINF_TIERS: dict[str, str] = {
+    "actor.calculate_flops": IMPACT_HARMLESS,  # MFU metric
+    "actor.group_name": IMPACT_HARMLESS,  # Ray worker-group names
+    "rollout.group_name": IMPACT_HARMLESS,
+    "inference.group_name": IMPACT_HARMLESS,
+    "reward.group_name": IMPACT_HARMLESS,
+    "hydra.": IMPACT_HARMLESS,  # Hydra's own output directory
+    "runner.save_interval": IMPACT_HARMLESS,  # checkpoint cadence
+    "runner.val_check_interval": IMPACT_HARMLESS,  # validation cadence
+    "actor.enable_dp_load_balance": IMPACT_LAYOUT,
+    "actor.mcore_gpt": IMPACT_LAYOUT,  # Megatron-Core model class
+    "actor.model.apply_rope_fusion": IMPACT_LAYOUT,
+    "actor.model.bias_activation_fusion": IMPACT_LAYOUT,
+    "actor.model.bias_dropout_fusion": IMPACT_LAYOUT,
+    "actor.model.gradient_accumulation_fusion": IMPACT_LAYOUT,
+    "actor.model.persist_layer_norm": IMPACT_LAYOUT,
+    "actor.model.batch_p2p_comm": IMPACT_LAYOUT,
+    "actor.model.use_cpu_initialization": IMPACT_LAYOUT,
+    "actor.model.variable_seq_lengths": IMPACT_LAYOUT,
+    "actor.model.moe_token_dispatcher_type": IMPACT_LAYOUT,
+    "actor.optim.optimizer_enable_pin": IMPACT_LAYOUT,
+    "rollout.max_running_requests": IMPACT_LAYOUT,
+    "rollout.sglang.torch_compile_max_bs": IMPACT_LAYOUT,
+    "rollout.vllm.enable_flash_infer_sampler": IMPACT_LAYOUT,
+    "runner.max_tokens_per_mbs": IMPACT_LAYOUT,  # micro-batch token budget
+}
+"""Rlinf keys (or subtrees ending in ".") classified by what the source does with them,
+read before the patterns of dialects.impact."""
+
+
+RLINF_DEFAULTS: dict[str, Any] = {
+    # RLinf: rlinf/workers/actor/megatron_actor_worker.py reads clip_ratio_low/high with
+    # .get() (absent = null = ratio_clip_eps).
+    "algorithm.clip_ratio_low": None,
+    "algorithm.clip_ratio_high": None,
+}
+"""The value the source's code or base config gives a key that a config omits, for the
+keys that change a run (an omitted key takes the source's default, never ours)."""
+
+
+def inactive(flat: Mapping[str, Any]) -> dict[str, str]:
+    """Keys of a config that are not live in RLinf (key -> why)."""
+    return {}

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from dapo_megatron.migrate.dialects import (
+    IMPACT_HARMLESS,
+    IMPACT_LAYOUT,
     ForeignKey,
     Translation,
     Untranslatable,
@@ -203,3 +205,34 @@ SKYRL_KEYS: tuple[ForeignKey, ...] = (
     same(SKYRL, "generator.eval_sampling_params.temperature", "validation.temperature"),
     same(SKYRL, "generator.eval_sampling_params.top_p", "validation.top_p"),
 )
+
+
+SKYRL_TIERS: dict[str, str] = {
+    "trainer.max_ckpts_to_keep": IMPACT_HARMLESS,
+    "trainer.eval_batch_size": IMPACT_HARMLESS,  # evaluation batching
+    "trainer.strategy": IMPACT_LAYOUT,  # FSDP / Megatron backend
+    "generator.batched": IMPACT_LAYOUT,  # batched vs per-request generation
+}
+"""Skyrl keys (or subtrees ending in ".") classified by what the source does with them,
+read before the patterns of dialects.impact."""
+
+
+SKYRL_DEFAULTS: dict[str, Any] = {
+    # skyrl/train/config/config.py (the dataclass defaults).
+    "trainer.algorithm.eps_clip_low": 0.2,
+    "trainer.algorithm.eps_clip_high": 0.2,
+    "trainer.algorithm.policy_loss_type": "regular",
+    "trainer.algorithm.loss_reduction": "token_mean",
+    "trainer.algorithm.dynamic_sampling.type": None,
+    "trainer.policy.optimizer_config.lr": 1.0e-6,
+    "trainer.policy.optimizer_config.num_warmup_steps": 0,
+    "generator.apply_overlong_filtering": False,
+    "generator.sampling_params.max_generate_length": 1024,
+}
+"""The value the source's code or base config gives a key that a config omits, for the
+keys that change a run (an omitted key takes the source's default, never ours)."""
+
+
+def inactive(flat: Mapping[str, Any]) -> dict[str, str]:
+    """Keys of a config that are not live in SkyRL (key -> why)."""
+    return {}

@@ -7,6 +7,8 @@ from collections.abc import Mapping
 from typing import Any, TypeGuard
 
 from dapo_megatron.migrate.dialects import (
+    IMPACT_HARMLESS,
+    IMPACT_LAYOUT,
     ForeignKey,
     Translation,
     Untranslatable,
@@ -422,3 +424,52 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     same(VERL, "trainer.val_before_train", "validation.val_at_start"),
     same(VERL, "trainer.default_local_dir", "checkpointing.checkpoint_dir"),
 )
+
+
+VERL_TIERS: dict[str, str] = {
+    "reward_model.reward_kwargs.overlong_buffer_cfg.log": IMPACT_HARMLESS,  # metrics
+    "actor_rollout_ref.rollout.name": IMPACT_LAYOUT,  # inference engine (vllm, sglang)
+}
+"""Verl keys (or subtrees ending in ".") classified by what the source does with them,
+read before the patterns of dialects.impact."""
+
+
+VERL_DEFAULTS: dict[str, Any] = {
+    # verl/trainer/config/_generated_ppo_megatron_trainer.yaml (actor, rollout, trainer) and
+    # verl-recipe dapo/config/dapo_trainer.yaml (filter_groups, overlong_buffer_cfg).
+    f"{VERL_ACTOR}.clip_ratio_low": 0.2,
+    f"{VERL_ACTOR}.clip_ratio_high": 0.2,
+    f"{VERL_ACTOR}.clip_ratio_c": 3.0,
+    f"{VERL_ACTOR}.loss_agg_mode": "token-mean",
+    f"{VERL_ACTOR}.entropy_coeff": 0,
+    f"{VERL_ACTOR}.use_kl_loss": False,
+    f"{VERL_ACTOR}.optim.lr": 1.0e-6,
+    f"{VERL_ACTOR}.optim.lr_warmup_steps": -1,
+    f"{VERL_ACTOR}.optim.lr_warmup_steps_ratio": 0.0,
+    f"{VERL_ACTOR}.optim.weight_decay": 0.01,
+    f"{VERL_ACTOR}.optim.clip_grad": 1.0,
+    f"{VERL_ACTOR}.ppo_epochs": 1,
+    f"{VERL_ACTOR}.ppo_mini_batch_size": 256,
+    f"{VERL_ROLLOUT}.n": 1,
+    f"{VERL_ROLLOUT}.temperature": 1.0,
+    f"{VERL_ROLLOUT}.top_p": 1.0,
+    f"{VERL_ROLLOUT}.top_k": -1,
+    f"{VERL_ROLLOUT}.val_kwargs.n": 1,
+    f"{VERL_ROLLOUT}.val_kwargs.temperature": 0,
+    f"{VERL_ROLLOUT}.val_kwargs.top_p": 1.0,
+    f"{VERL_ROLLOUT}.val_kwargs.do_sample": False,
+    "data.train_batch_size": 1024,
+    "data.max_prompt_length": 512,
+    "data.max_response_length": 512,
+    "algorithm.filter_groups.enable": False,
+    "reward.reward_kwargs.overlong_buffer_cfg.enable": False,
+    "trainer.save_freq": -1,
+    "trainer.test_freq": -1,
+}
+"""The value the source's code or base config gives a key that a config omits, for the
+keys that change a run (an omitted key takes the source's default, never ours)."""
+
+
+def inactive(flat: Mapping[str, Any]) -> dict[str, str]:
+    """Keys of a config that are not live in verl (key -> why)."""
+    return {}

@@ -116,7 +116,8 @@ def test_bad_inputs_give_one_line_and_exit_2(tmp_path, capsys, kind):
 def test_each_key_tier_entry_is_a_key_of_a_peer_file():
     """KEY_TIERS classifies keys read in tests/data/foreign, not guesses; an unknown key
     stays "algorithm" (the safe default)."""
-    from dapo_megatron.migrate.dialects import IMPACT_ALGORITHM, KEY_TIERS, impact
+    from dapo_megatron.migrate.dialect_keys import KEY_TIERS, impact
+    from dapo_megatron.migrate.dialects import IMPACT_ALGORITHM
 
     seen: dict[str, set[str]] = {d: set() for d in KEY_TIERS}
     for path in DATA.rglob("*"):
