@@ -198,10 +198,46 @@ _MODEL_NAME = re.compile(r"(~|\.{1,2})?/?[\w.+-]+(/[\w.+-]+)*/?")
 NeMo RL's placeholder "Follow instructions in https://...") is text, not a model."""
 
 
+UNSUPPORTED_FAMILIES: tuple[tuple[str, str], ...] = (
+    ("deepseek", "the DeepSeek-V2/V3 architecture (multi-head latent attention, shared experts)"),
+    ("moonlight", "the DeepSeek-V3 architecture of Moonlight (multi-head latent attention)"),
+    ("kimi", "the DeepSeek-V3 architecture of Kimi (multi-head latent attention)"),
+    ("nemotron", "the Nemotron-H hybrid Mamba architecture"),
+    ("gpt-oss", "the gpt-oss architecture (attention sinks, MXFP4 experts)"),
+    ("glm", "the GLM architecture"),
+    ("qwen3.5", "the Qwen3.5 architecture (gated delta-net attention)"),
+    ("qwen3.6", "the Qwen3.6 architecture (gated delta-net attention)"),
+    ("qwen3-next", "the Qwen3-Next architecture (gated delta-net attention)"),
+    ("qwen3next", "the Qwen3-Next architecture (gated delta-net attention)"),
+    ("qwen3-vl", "vision-language models (Qwen3-VL)"),
+    ("qwen2.5-vl", "vision-language models (Qwen2.5-VL)"),
+    ("qwen2_5_vl", "vision-language models (Qwen2.5-VL)"),
+    ("omni", "audio/vision models (Omni)"),
+    ("mimo", "the MiMo architecture (multi-token prediction layers)"),
+    ("gemma", "the Gemma architecture"),
+    ("mistral", "the Mistral architecture"),
+    ("mixtral", "the Mixtral architecture"),
+    ("phi", "the Phi architecture"),
+)
+"""Name fragments of model families the policy cannot be built from (config/model_arch.py
+SUPPORTED_FAMILIES are Qwen2/2.5, Llama 3, Qwen3 and Qwen3-MoE), with the feature each
+needs: an import of such a model is refused naming it, never planned as another model."""
+
+
+def unsupported_family(name: str) -> str | None:
+    """The feature a model of this name needs that we lack, or None."""
+    base = name.rstrip("/").rsplit("/", 1)[-1].lower()
+    for fragment, feature in UNSUPPORTED_FAMILIES:
+        if fragment in base:
+            return feature
+    return None
+
+
 def hub_model(key: str, dialect: str) -> ForeignKey:
-    """A Hugging Face hub id there; a local directory here (nothing is downloaded): the id
-    becomes models/<name>, and a matching architecture preset lets dapo-plan work before
-    the checkpoint is there."""
+    """A Hugging Face hub id or a local path, the same here: a hub id is downloaded by the
+    first `dapo-train` (or `dapo-prepare` on a cluster without internet,
+    docs/guides/data.md), and a matching architecture preset lets dapo-plan plan it before.
+    A model of a family the policy cannot be built from is refused naming that family."""
 
     def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
         if not isinstance(value, str) or not _MODEL_NAME.fullmatch(value):
@@ -209,24 +245,32 @@ def hub_model(key: str, dialect: str) -> ForeignKey:
                 f"{_show(value)!r} is neither a hub id (org/name) nor a path; "
                 "set policy.model_name_or_path by hand"
             )
-        name = value
-        if name.startswith(("/", ".", "~")):
-            return Translation((("policy.model_name_or_path", name),), "same meaning")
-        base = name.rstrip("/").rsplit("/", 1)[-1]
-        settings: list[tuple[str, Any]] = [("policy.model_name_or_path", f"models/{base}")]
-        note = f"a hub id there; here a local directory, nothing is downloaded: put {name} in models/{base}"
-        preset = _preset(base)
+        lacking = unsupported_family(value)
+        if lacking is not None:
+            raise Untranslatable(
+                f"{value} needs {lacking}, which dapo-megatron lacks (the policy is built for "
+                "Qwen2/2.5, Llama 3, Qwen3 and Qwen3-MoE)"
+            )
+        settings: list[tuple[str, Any]] = [("policy.model_name_or_path", value)]
+        if value.startswith(("/", ".", "~")):
+            note = "same meaning: a local checkpoint directory"
+        else:
+            note = (
+                "same meaning: a hub id, downloaded by the first dapo-train "
+                "(dapo-prepare where there is no internet)"
+            )
+        preset = _preset(value.rstrip("/").rsplit("/", 1)[-1])
         if preset is not None:
             settings.append(("policy.model_arch", preset))
-            note += f"; preset {preset} plans the run until it is there"
+            note += f"; preset {preset} plans the run before the checkpoint is there"
         return Translation(tuple(settings), note)
 
     return custom(
         dialect,
         key,
         "policy.model_name_or_path (+ policy.model_arch)",
-        "a hub id there; here a local checkpoint directory (`models/<name>`), and the "
-        "architecture preset of that name when there is one",
+        "same meaning (a hub id is downloaded by the first dapo-train); the architecture "
+        "preset of that name when there is one; a family we cannot build is refused",
         convert,
     )
 

@@ -42,10 +42,13 @@ from dapo_megatron.migrate.foreign_source import (
     read_source,
     resolve_interpolations,
 )
+from dapo_megatron.migrate.plan_check import check_plan
 
 BASE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "dapo_base.yaml"
 """Our base config, which every imported recipe names in `defaults:`."""
 USER_ERROR_EXIT = 2
+PLAN_FAILS_EXIT = 1
+"""Exit status of an import whose recipe was written but does not fit (as dapo-plan's)."""
 
 
 @dataclass(frozen=True)
@@ -409,13 +412,25 @@ def _import(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{display_path(out)} was written but does not validate yet: {e}"
         ) from None
+    verdict = check_plan(out)
+    print(f"dapo-plan: {verdict.line}")
     if blocking or result.kept_ours:
         print(
             f"it loads, but is not a faithful copy: {len(blocking)} untranslated key(s) and "
             f"{len(result.kept_ours)} of our defaults are marked in it"
         )
-        return 0
-    print(f"valid; check the machine too: dapo-train --config {display_path(out)} --dry-run")
+    elif verdict.fits:
+        print(
+            f"valid and planned; check the machine too: dapo-train --config {display_path(out)} --dry-run"
+        )
+    if verdict.fits is False:
+        print(
+            f"error: {display_path(out)} was written but does not fit: {verdict.line}; "
+            "change the layout or the lengths named above (dapo-plan --config "
+            f"{display_path(out)} shows every phase)",
+            file=sys.stderr,
+        )
+        return PLAN_FAILS_EXIT
     return 0
 
 
