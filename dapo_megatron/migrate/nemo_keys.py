@@ -14,7 +14,6 @@ from dapo_megatron.migrate.dialects import (
     Translation,
     Untranslatable,
     as_int,
-    choice,
     custom,
     hub_model,
     mapped,
@@ -365,8 +364,6 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
         "true: token-mean (DAPO's token-level loss); false: seq-mean-token-mean",
         _nemo_token_level,
     ),
-    same(NEMO, "cluster.num_nodes", "cluster.num_nodes"),
-    same(NEMO, "cluster.gpus_per_node", "cluster.gpus_per_node"),
     hub_model("policy.model_name", NEMO),
     same(
         NEMO,
@@ -384,8 +381,6 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
     same(NEMO, "grpo.use_leave_one_out_baseline", "dapo.advantage.leave_one_out"),
     same(NEMO, "loss_fn.reference_policy_kl_penalty", "dapo.loss.kl_coef"),
     same(NEMO, "policy.train_global_batch_size", "policy.train_global_batch_size"),
-    same(NEMO, "policy.train_micro_batch_size", "policy.train_micro_batch_size"),
-    same(NEMO, "policy.logprob_batch_size", "policy.logprob_micro_batch_size"),
     mapped(
         NEMO,
         "policy.max_total_sequence_length",
@@ -397,12 +392,6 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
         "ours has one response cap",
         _total_length,
     ),
-    choice(
-        NEMO,
-        "policy.precision",
-        "policy.precision",
-        {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"},
-    ),
     same(
         NEMO,
         "policy.generation.max_new_tokens",
@@ -413,38 +402,6 @@ NEMO_KEYS: tuple[ForeignKey, ...] = (
     same(NEMO, "policy.generation.temperature", "generation.temperature"),
     same(NEMO, "policy.generation.top_p", "generation.top_p"),
     mapped(NEMO, "policy.generation.top_k", "generation.top_k", "null: -1 (off)", sampling_top_k),
-    same(
-        NEMO,
-        "policy.generation.vllm_cfg.tensor_parallel_size",
-        "generation.engine.tensor_parallel_size",
-    ),
-    same(
-        NEMO,
-        "policy.generation.vllm_cfg.gpu_memory_utilization",
-        "generation.engine.gpu_memory_utilization",
-    ),
-    same(
-        NEMO,
-        "policy.megatron_cfg.tensor_model_parallel_size",
-        "policy.megatron.tensor_model_parallel_size",
-    ),
-    same(
-        NEMO,
-        "policy.megatron_cfg.pipeline_model_parallel_size",
-        "policy.megatron.pipeline_model_parallel_size",
-    ),
-    same(
-        NEMO,
-        "policy.megatron_cfg.context_parallel_size",
-        "policy.megatron.context_parallel_size",
-    ),
-    same(NEMO, "policy.megatron_cfg.sequence_parallel", "policy.megatron.sequence_parallel"),
-    choice(
-        NEMO,
-        "policy.megatron_cfg.activation_checkpointing",
-        "policy.megatron.recompute_granularity",
-        {True: "full", False: "none"},
-    ),
     same(NEMO, "policy.megatron_cfg.optimizer.lr", "policy.optimizer.lr"),
     same(NEMO, "policy.megatron_cfg.optimizer.min_lr", "policy.optimizer.min_lr"),
     same(NEMO, "policy.optimizer.kwargs.lr", "policy.optimizer.lr"),
