@@ -30,6 +30,7 @@ import pytest
 import ray
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import remove_placement_group
+from shipped_recipes import shipped_recipes
 from tiny_job import REPO
 
 from dapo_megatron.config.loader import load_config
@@ -51,7 +52,7 @@ GPUS_PER_NODE = 8
 # Logical CPUs per fake node: 8 policy ranks (1 CPU each on GPU clusters) plus split engines.
 CPUS_PER_NODE = 10
 TIMEOUT_S = 60
-RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+RECIPES = shipped_recipes()
 
 
 @ray.remote(max_calls=0)

@@ -22,6 +22,8 @@ TOP_LEVEL = {
     "test_one_gpu_recipes.py": "the one-GPU recipes end to end: dapo-plan and a dry run",
     "test_recipe_launch_lines.py": "the recipes' launch lines against slurm/ray.sub",
     "test_checkout_guard.py": "tests/checkout_guard.py, a helper of the test suite",
+    "test_shipped_recipes.py": "tests/shipped_recipes.py, a helper of the test suite",
+    "test_docs.py": "README.md and docs/: the commands and recipe names they show",
     "test_shm_hygiene.py": "tests/shm_hygiene.py, a helper of the test suite",
     "test_layout.py": "this layout",
 }

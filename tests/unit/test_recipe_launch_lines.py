@@ -12,11 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from shipped_recipes import shipped_recipes
 
 from dapo_megatron.config.loader import load_config
 
 REPO = Path(__file__).resolve().parents[2]
-RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+RECIPES = shipped_recipes()
 
 
 def _launch_line(recipe: Path) -> str | None:

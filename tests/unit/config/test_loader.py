@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from shipped_recipes import shipped_recipes
 
 from dapo_megatron.config import ConfigError, load_config
 from dapo_megatron.config.loader import all_keys, closest_key
@@ -14,7 +15,7 @@ from dapo_megatron.config.loader import all_keys, closest_key
 REPO = Path(__file__).resolve().parents[3]
 BASE = REPO / "configs" / "dapo_base.yaml"
 TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
-SHIPPED = sorted((REPO / "configs").glob("*.yaml")) + sorted((REPO / "recipes").glob("*.yaml"))
+SHIPPED = sorted((REPO / "configs").glob("*.yaml")) + shipped_recipes()
 
 
 def write(path: Path, text: str) -> Path:

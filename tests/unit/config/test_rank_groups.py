@@ -17,6 +17,7 @@ from typing import Any
 from unittest import mock
 
 import pytest
+from shipped_recipes import shipped_recipes
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.parallel import ParallelDims, parallel_dims
@@ -198,7 +199,7 @@ def test_dense_layouts_have_no_expert_checks() -> None:
 def test_dry_run_and_plan_warn_about_expert_groups_that_cross_nodes() -> None:
     from dapo_megatron.config.loader import load_config
 
-    recipe = next((Path(__file__).resolve().parents[3] / "recipes").glob("dapo-qwen3-30b-a3b-*"))
+    recipe = shipped_recipes("dapo-qwen3-30b-a3b-*")[0]
     shipped = load_config(recipe, []).require_plan()
     assert not any("expert-parallel groups span nodes" in w for w in shipped.warnings)
     # The recipe's earlier layout: EP8 at expert TP2 strides its EP groups over two nodes.

@@ -9,6 +9,7 @@ import math
 from pathlib import Path
 
 import pytest
+from shipped_recipes import shipped_recipes
 
 from dapo_megatron.cli import plan_main
 from dapo_megatron.config.loader import load_config
@@ -39,7 +40,7 @@ from dapo_megatron.planning.refit_memory import (
 from unit.planning.tiny_inputs import tiny_inputs
 
 REPO = Path(__file__).resolve().parents[3]
-RECIPES = sorted((REPO / "recipes").glob("*.yaml"))
+RECIPES = shipped_recipes()
 SEVENTY_B = REPO / "recipes" / "dapo-llama-3.1-70b-16n8g-tp8pp4cp2.yaml"
 
 
@@ -580,7 +581,7 @@ def test_split_and_megatron_runs_have_no_unreleased_generation():
 # Hand-derived bytes for tiny-qwen3-moe at EP1 and EP2, the engine's weights against the
 # published parameter counts, the refit's largest tensors, and dapo-plan's MoE rows.
 
-MOE_RECIPES = sorted((REPO / "recipes").glob("dapo-qwen3-30b-a3b-*.yaml"))
+MOE_RECIPES = shipped_recipes("dapo-qwen3-30b-a3b-*.yaml")
 TINY_MOE = PRESETS["tiny-qwen3-moe"]
 
 
