@@ -7,7 +7,12 @@ unreadable line; so the bar is drawn only when enabled *and* the stream is a ter
 Otherwise each step prints one concise line to stderr::
 
     step 12/500 acc=0.43 keep=0.75 len=812 step_s=31.2 elapsed=0:06:14 eta=4:13:40
-    step 20/500 acc=0.51 val_acc=0.62±0.024 keep=0.69 len=790 step_s=30.8 elapsed=...
+    step 20/500 acc=0.51 val_acc=0.62±0.024 keep=0.69 len=790 elapsed=0:10:20 eta=4:06:00
+
+Both fit the terminal's width (COLUMNS, else 80 for a log file): a line that would not
+drops ``elapsed``, then headline columns from the end of ``headline`` (the least
+important last), so a log stays one readable line per step and tqdm never cuts a value in half.
+Durations of a day or more read ``3d04h``.
 
 The SFT warm-up (hundreds of sub-second steps) uses the same class with ``line_every``:
 a bar on a terminal, one line per ``line_every`` steps (and the last) elsewhere.
@@ -70,7 +75,26 @@ def format_val(acc: float, stderr: float | None) -> str:
 
 
 def _format_duration(seconds: float) -> str:
-    return str(timedelta(seconds=round(seconds)))
+    """``H:MM:SS`` under a day, ``3d04h`` from a day on: timedelta's ``3 days, 4:00:00``
+    holds a space and a comma, and long ETAs made the line wrap."""
+    seconds = round(seconds)
+    if seconds < 86400:
+        return str(timedelta(seconds=seconds))
+    days, rest = divmod(seconds, 86400)
+    return f"{days}d{rest // 3600:02d}h"
+
+
+def fit_parts(parts: Sequence[str], room: int) -> list[str]:
+    """The longest prefix of ``parts`` whose space-joined text is at most ``room`` wide
+    (parts come most important first, so the tail is what a narrow terminal loses)."""
+    kept: list[str] = []
+    used = -1
+    for part in parts:
+        if used + 1 + len(part) > room:
+            break
+        kept.append(part)
+        used += 1 + len(part)
+    return kept
 
 
 def terminal_columns(stream: TextIO) -> int | None:
@@ -157,6 +181,12 @@ class StepProgress:
         column that repeats another on this step, and with the validation accuracy (and
         its standard error) when the step measured it; ``val_step``: the validation shown
         is that earlier step's (labelled ``val_acc@STEP``)."""
+        return " ".join(self.headline_parts(metrics, val_step=val_step))
+
+    def headline_parts(
+        self, metrics: Mapping[str, float], *, val_step: int | None = None
+    ) -> list[str]:
+        """headline_text's pairs, one string each, in ``headline`` order."""
         parts = []
         for key in self.headline:
             if key not in metrics or _repeats_another(key, metrics):
@@ -169,7 +199,7 @@ class StepProgress:
             else:
                 value = format_value(float(metrics[key]))
             parts.append(f"{label}={value}")
-        return " ".join(parts)
+        return parts
 
     def update(self, step: int, metrics: Mapping[str, float]) -> None:
         """Advance to ``step`` completed steps and show the headline metrics."""
@@ -183,7 +213,8 @@ class StepProgress:
                 val_step, shown[VAL_ACC], stderr = self._last_val
                 if stderr is not None:
                     shown[VAL_ACC_STDERR] = stderr
-            self._bar.set_postfix_str(self.headline_text(shown, val_step=val_step), refresh=False)
+            parts = self.headline_parts(shown, val_step=val_step)
+            self._bar.set_postfix_str(" ".join(self._fit_bar(parts)), refresh=False)
             self._bar.update(step - self._bar.n)
             return
         if step % self.line_every and step != self.total_steps:
@@ -195,8 +226,25 @@ class StepProgress:
             remaining = elapsed / done_here * (self.total_steps - step)
             timing += f" eta={_format_duration(remaining)}"
         head = f"{self.name} {step}/{self.total_steps}"
-        line = " ".join(part for part in (head, self.headline_text(metrics), timing) if part)
-        print(line, file=self._stream, flush=True)
+        width = _fallback_columns()
+        headline = self.headline_parts(metrics)
+        # Elapsed is the first to go: a headline column, or the ETA, tells more.
+        for shown_timing in (timing, timing.split(" ")[-1]):
+            room = width - len(head) - 1 - len(shown_timing) - 1
+            parts = fit_parts(headline, room)
+            if len(parts) == len(headline):
+                break
+        print(" ".join([head, *parts, shown_timing])[:width], file=self._stream, flush=True)
+
+    def _fit_bar(self, parts: list[str]) -> list[str]:
+        """The headline pairs that fit beside the bar's own text on this terminal: tqdm
+        cuts an overlong line at the width, mid-value (``val_acc`` with no number)."""
+        width = terminal_columns(self._stream) or _fallback_columns()
+        self._bar.set_postfix_str("", refresh=False)
+        # The bar without a postfix, plus room for its counters and times to grow (a
+        # longer count, an ETA gaining a digit) before the next redraw, and tqdm's ", ".
+        bare = len(str(self._bar)) + len(str(self.total_steps)) - len(str(self._bar.n)) + 6
+        return fit_parts(parts, width - bare)
 
     @property
     def elapsed_s(self) -> float:

@@ -174,3 +174,49 @@ def test_format_value():
         "1e-06",
         "inf",
     ]
+
+
+# --- width -------------------------------------------------------------------------------
+
+LONG_STEP = {
+    keys.REWARD_RAW_MEAN: 0.4321,
+    keys.REWARD_ACC: 0.5123,
+    keys.VAL_ACC: 0.9512,
+    keys.VAL_ACC_STDERR: 0.0123,
+    keys.DS_KEEP_RATE: 0.6875,
+    keys.RESPONSE_LENGTH_MEAN: 12345.6,
+    keys.STEP_TIME_S: 1234.5,
+}
+
+
+@pytest.mark.parametrize("terminal", [False, True], ids=["log-lines", "bar"])
+def test_every_progress_line_fits_80_columns(monkeypatch, terminal):
+    # A long run late on: six-digit counts, every headline column, days of elapsed time and
+    # an ETA of weeks. Before: 142-character log lines ("elapsed=3 days, 0:00:00
+    # eta=262962 days, ...") and a bar that tqdm cut mid-value ("... val_acc").
+    monkeypatch.setenv("COLUMNS", "80")
+    stream = FakeTerminal() if terminal else io.StringIO()
+    with StepProgress(100000, start_step=12345, enabled=True, stream=stream) as progress:
+        assert progress.uses_bar == terminal
+        progress._t0 -= 3 * 86400
+        progress.update(12346, LONG_STEP)
+        progress.update(23456, {**LONG_STEP, keys.VAL_ACC: 0.5})
+    lines = [line for line in stream.getvalue().replace("\r", "\n").splitlines() if line.strip()]
+    assert lines and max(len(line) for line in lines) <= 80, lines
+    last = lines[-1]
+    assert "23456/100000" in last and "acc=0.512" in last
+    # Whole columns are dropped, never a value cut in half.
+    columns = last.split(", ", 1)[1].split() if terminal else last.split()[2:]
+    assert columns and all(c.partition("=")[2] for c in columns), last
+    if not terminal:
+        assert last.endswith("eta=20d16h") and "val_acc=0.5±0.012" in last
+
+
+def test_a_wide_terminal_keeps_every_column(monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    stream = io.StringIO()
+    with StepProgress(100000, start_step=12345, enabled=False, stream=stream) as progress:
+        progress.update(12346, LONG_STEP)
+    line = stream.getvalue().strip()
+    for part in ("reward=0.432", "keep=0.688", "len=12346", "step_s=1234", "elapsed=", "eta="):
+        assert part in line
