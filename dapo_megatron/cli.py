@@ -390,7 +390,9 @@ def plan_main(argv: Sequence[str] | None = None) -> int:
             print(format_comparison(rows, traces))
             ops = [t.ops for t in traces if t.ops is not None]
             # Every stage traced: its ops replace the analytic count (comm stays modelled).
-            print(format_step_time(run, args.gpu_mem, traced=ops if len(ops) == len(traces) else ()))
+            print(
+                format_step_time(run, args.gpu_mem, traced=ops if len(ops) == len(traces) else ())
+            )
         if report.fits or not report.inputs.on_gpu:
             return 0
         print(

@@ -72,6 +72,9 @@ class PolicyPlan:
     """The policy loss's hyper-parameters."""
     total_optimizer_steps: int
     """Optimizer steps of the whole run (the lr schedule's horizon)."""
+    optimizer_steps_per_train_step: int = 1
+    """Optimizer steps of one trainer step (its mini-batches): the lr is held over them
+    when policy.scheduler.unit is train_step."""
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,7 @@ class RunPlan:
             moe=self.moe,
             loss=self.loss,
             total_optimizer_steps=self.total_optimizer_steps,
+            optimizer_steps_per_train_step=optimizer_steps_per_train_step(self.config),
         )
 
 
@@ -316,11 +320,16 @@ def max_group_age(config: DapoMegatronConfig) -> int:
     return 1 if age is None else age
 
 
-def total_optimizer_steps(config: DapoMegatronConfig) -> int:
-    """Optimizer steps of the whole run (the lr schedule's horizon)."""
+def optimizer_steps_per_train_step(config: DapoMegatronConfig) -> int:
+    """Mini-batches, each one optimizer step, of one trainer step's groups."""
     d = config.dapo
     per_step = d.num_prompts_per_step * d.num_generations_per_prompt
-    return d.max_num_steps * max(1, per_step // config.policy.train_global_batch_size)
+    return max(1, per_step // config.policy.train_global_batch_size)
+
+
+def total_optimizer_steps(config: DapoMegatronConfig) -> int:
+    """Optimizer steps of the whole run."""
+    return config.dapo.max_num_steps * optimizer_steps_per_train_step(config)
 
 
 def make_plan(

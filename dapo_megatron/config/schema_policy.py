@@ -100,16 +100,24 @@ class OptimizerConfig:
 
 @dataclass
 class SchedulerConfig:
-    """Learning-rate schedule, counted in optimizer steps."""
+    """Learning-rate schedule, counted in optimizer steps or in trainer steps (unit)."""
 
     lr_warmup_steps: int
-    """Linear warm-up length in optimizer steps (DAPO: 20 rollout steps' worth)."""
+    """Linear warm-up length in schedule steps (policy.scheduler.unit)."""
     lr_warmup_init: float
     """Learning rate at the start of warm-up."""
     lr_decay_style: Literal["constant", "linear", "cosine"]
     """Shape of the schedule after warm-up."""
     lr_decay_steps: int | None
-    """Steps over which lr decays to min_lr; null: the run's total steps."""
+    """Schedule steps over which lr decays to min_lr; null: the run's total steps."""
+    unit: Literal["optimizer_step", "train_step"] = "optimizer_step"
+    """What one schedule step is.
+
+    What the warm-up and decay lengths count: `optimizer_step` advances the lr at every
+    optimizer step; `train_step` holds one lr over all of a trainer step's optimizer steps
+    and advances it once per trainer step, as verl and NeMo RL step their schedulers (the
+    importer writes it for their configs). Same as long as a trainer step is one optimizer
+    step."""
 
 
 @dataclass

@@ -96,9 +96,13 @@ def build_scheduler(
     sched: SchedulerConfig,
     *,
     total_optimizer_steps: int,
+    optimizer_steps_per_train_step: int = 1,
 ) -> OptimizerParamScheduler:
-    """Linear warm-up then constant/linear/cosine decay, counted in optimizer steps."""
-    decay_steps = sched.lr_decay_steps or total_optimizer_steps
+    """Linear warm-up then constant/linear/cosine decay, counted in schedule steps
+    (sched.unit): optimizer steps, or trainer steps of `optimizer_steps_per_train_step`
+    optimizer steps each (the caller advances it through a ScheduleClock)."""
+    every = optimizer_steps_per_train_step if sched.unit == "train_step" else 1
+    decay_steps = sched.lr_decay_steps or max(1, total_optimizer_steps // every)
     # Megatron requires warm-up < decay steps; a run shorter than its warm-up still gets a
     # well-defined schedule (warm-up is cut short) instead of an assertion error.
     decay_steps = max(decay_steps, sched.lr_warmup_steps + 1)
@@ -115,3 +119,20 @@ def build_scheduler(
         wd_incr_steps=decay_steps,
         wd_incr_style="constant",
     )
+
+
+class ScheduleClock:
+    """When an optimizer step advances the lr schedule: every one (unit optimizer_step),
+    or the last of each trainer step's `every` optimizer steps (unit train_step), so the
+    lr is the same for all of a trainer step's mini-batches, as verl's and NeMo RL's
+    workers step their schedulers once per training call. A run resumes at a trainer-step
+    boundary, so the count starts at zero in every process."""
+
+    def __init__(self, unit: str, optimizer_steps_per_train_step: int) -> None:
+        self.every = optimizer_steps_per_train_step if unit == "train_step" else 1
+        self.done = 0
+
+    def tick(self) -> bool:
+        """Count one optimizer step; True when it is the one that advances the schedule."""
+        self.done += 1
+        return self.done % self.every == 0

@@ -38,7 +38,12 @@ from dapo_megatron.megatron.hf_weights import (
     load_hf_checkpoint,
 )
 from dapo_megatron.megatron.model import build_model
-from dapo_megatron.megatron.optimizer import build_optimizer, build_scheduler, wrap_ddp
+from dapo_megatron.megatron.optimizer import (
+    ScheduleClock,
+    build_optimizer,
+    build_scheduler,
+    wrap_ddp,
+)
 from dapo_megatron.megatron.policy_step import (
     StepContext,
     compute_logprobs,
@@ -100,7 +105,9 @@ class MegatronPolicy:
             policy.optimizer,
             policy.scheduler,
             total_optimizer_steps=plan.total_optimizer_steps,
+            optimizer_steps_per_train_step=plan.optimizer_steps_per_train_step,
         )
+        self._clock = ScheduleClock(policy.scheduler.unit, plan.optimizer_steps_per_train_step)
         self.ctx = StepContext(
             dims=self.dims,
             vocab_size=arch.vocab_size,
@@ -186,6 +193,7 @@ class MegatronPolicy:
             self.ctx,
             self.loss,
             micro_batch_size=self.config.policy.train_micro_batch_size,
+            advance_schedule=self._clock.tick(),
         )
 
     def sft_step(self, batch: PolicyBatch, *, lr: float | None = None) -> dict[str, float]:

@@ -481,10 +481,11 @@ def _grads_are_finite(model_chunks: list[torch.nn.Module]) -> bool:
 
 
 def _optimizer_step(
-    model_chunks, optimizer, scheduler, lr: float | None = None
+    model_chunks, optimizer, scheduler, lr: float | None = None, advance: bool = True
 ) -> dict[str, float]:
     """Reduce grads, skip a non-finite step, else step (at `lr` when given, outside the
-    schedule: the schedule neither advances nor keeps the override)."""
+    schedule: the schedule neither advances nor keeps the override). `advance` False holds
+    the schedule's lr for the next step (policy.scheduler.unit train_step)."""
     from megatron.core.distributed import finalize_model_grads
 
     finalize_model_grads(model_chunks)
@@ -496,7 +497,8 @@ def _optimizer_step(
             for group in optimizer.param_groups:
                 group["lr"] = lr
         _, grad_norm, _ = optimizer.step()
-        scheduler.step(increment=0 if lr is not None else 1)  # 0: restore the schedule's lr
+        # 0: restore the schedule's lr (after an override) or hold it (mid trainer step)
+        scheduler.step(increment=1 if lr is None and advance else 0)
     for chunk in model_chunks:
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
@@ -516,8 +518,10 @@ def train_step(
     loss: LossSpec,
     *,
     micro_batch_size: int,
+    advance_schedule: bool = True,
 ) -> dict[str, float]:
-    """One optimizer step of the DAPO loss on this DP rank's share of a mini-batch.
+    """One optimizer step of the DAPO loss on this DP rank's share of a mini-batch;
+    `advance_schedule` False keeps the lr for the next one (ScheduleClock).
 
     `batch` needs advantages, and rollout logprobs when `loss` asks for a rollout
     correction; old_logprobs default to the current policy's (detached) logprobs, i.e. a
@@ -568,7 +572,7 @@ def train_step(
 
     outputs = _run(model_chunks, split, loss_fn, forward_only=False)
     metrics = _finish_metrics(outputs)
-    metrics.update(_optimizer_step(model_chunks, optimizer, scheduler))
+    metrics.update(_optimizer_step(model_chunks, optimizer, scheduler, advance=advance_schedule))
     return metrics
 
 

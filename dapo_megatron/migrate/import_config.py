@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -283,6 +284,20 @@ def _summary_lines(result: ImportResult, *, prefix: str, limit: int | None = Non
     return out
 
 
+_NEEDS = re.compile(r"needs (.+?), which dapo-megatron lacks")
+
+
+def lacking_features(blocking: Sequence[Skipped]) -> str:
+    """The blocking keys grouped by what they need: "LoRA (k1, k2); <reason> (k3)". A
+    reason in the table's form ("needs X, which dapo-megatron lacks") names its feature X;
+    any other reason (a value out of range, an unresolved variable) is shown whole."""
+    groups: dict[str, list[str]] = {}
+    for s in blocking:
+        found = _NEEDS.search(s.reason)
+        groups.setdefault(found.group(1) if found else s.reason, []).append(s.key)
+    return "; ".join(f"{what} ({', '.join(keys)})" for what, keys in groups.items())
+
+
 def migration_rows() -> list[str]:
     """The migration table as markdown rows: system, their key, our key, difference."""
     rows = ["| system | their key | our key | semantic difference |", "|---|---|---|---|"]
@@ -389,15 +404,14 @@ def _import(args: argparse.Namespace) -> int:
         f"{counts[IMPACT_ALGORITHM]} changing the algorithm, {counts[IMPACT_LAYOUT]} the "
         f"layout or memory, {counts[IMPACT_HARMLESS]} harmless"
     )
-    for line in _summary_lines(result, prefix="  ", limit=5):
-        print(line)
     blocking = result.blocking
     if blocking and not args.allow_untranslated:
-        names = ", ".join(s.key for s in blocking)
+        for line in _summary_lines(result, prefix="  ", limit=5):
+            print(line)
         raise ConfigError(
-            f"nothing written: {len(blocking)} source key(s) change the run and have no "
-            f"translation: {names}; set their meaning by hand after importing with "
-            f"--allow-untranslated (each is marked UNTRANSLATED in the recipe)"
+            f"nothing written: {len(blocking)} source key(s) change the run and need what "
+            f"dapo-megatron lacks: {lacking_features(blocking)}; to write the recipe anyway "
+            "(each marked UNTRANSLATED in it, to set by hand), add --allow-untranslated"
         )
     base = os.path.relpath(BASE_CONFIG, out.resolve().parent)
     source = display_path(args.source) + (
@@ -413,6 +427,8 @@ def _import(args: argparse.Namespace) -> int:
             f"{display_path(out)} was written but does not validate yet: {e}"
         ) from None
     verdict = check_plan(out)
+    for line in _summary_lines(result, prefix="  ", limit=5):
+        print(line)
     print(f"dapo-plan: {verdict.line}")
     if blocking or result.kept_ours:
         print(

@@ -183,6 +183,4 @@ def refit_stage(
 
 def refit_receive_bytes(refit: RefitInputs, arch: ModelArch, precision_bytes: int) -> int:
     """Receive buffers alive at once on one engine GPU during a refit (module docstring)."""
-    return refit.transport.receive_buffers * bucket_buffer_bytes(
-        refit, arch, precision_bytes
-    )
+    return refit.transport.receive_buffers * bucket_buffer_bytes(refit, arch, precision_bytes)

@@ -108,8 +108,9 @@ class _FakeCuda(TorchFunctionMode):
             target = CUDA if func is torch.Tensor.cuda else _target_device(args[1:], kwargs)
             if not isinstance(t, FakeTensor) and _is_cuda(target):
                 fake_t = self.fake.from_tensor(t)
-                rest = [CUDA if _is_cuda(a) and not isinstance(a, torch.Tensor) else a
-                        for a in args[1:]]
+                rest = [
+                    CUDA if _is_cuda(a) and not isinstance(a, torch.Tensor) else a for a in args[1:]
+                ]
                 kw = {k: (CUDA if k == "device" else v) for k, v in kwargs.items()}
                 with self.fake:
                     if func is torch.Tensor.cuda:

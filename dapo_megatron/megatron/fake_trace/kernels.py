@@ -349,9 +349,9 @@ def install(*, real: bool = False) -> dict[tuple[Any, str], Any]:
     on_host = (
         {
             (dispatch, "_resolve_impl"): lambda impl, *_: "triton" if impl == "auto" else impl,
-            (pg_loss, "resolve_pg_loss_impl"): lambda impl, *_: "triton"
-            if impl == "auto"
-            else impl,
+            (pg_loss, "resolve_pg_loss_impl"): lambda impl, *_: (
+                "triton" if impl == "auto" else impl
+            ),
             (dispatch, "_triton_interpreted"): lambda: True,
             (pg_loss, "_triton_interpreted"): lambda: True,
             # The skipped launches leave the head's outputs uninitialised: the step takes
@@ -401,10 +401,16 @@ def gpu_layer_spec(config: Any, *, packed: bool = False, allow_local_spec: bool 
         # SequentialMLP runs the same GEMMs expert by expert, saving the same inputs (views
         # of one permuted tensor) and outputs: its bytes, without a grouped-GEMM kernel.
         mlp = get_moe_module_spec(use_te=False, num_experts=config.num_moe_experts)
-    if isinstance(mlp, ModuleSpec) and mlp.submodules is not None and config.num_moe_experts is None:
+    if (
+        isinstance(mlp, ModuleSpec)
+        and mlp.submodules is not None
+        and config.num_moe_experts is None
+    ):
         mlp = dataclasses.replace(
             mlp,
-            submodules=dataclasses.replace(mlp.submodules, linear_fc1=FusedNormColumnParallelLinear),
+            submodules=dataclasses.replace(
+                mlp.submodules, linear_fc1=FusedNormColumnParallelLinear
+            ),
         )
         pre_mlp: Any = IdentityOp
     else:

@@ -145,7 +145,9 @@ def format_comparison(rows: list[PhaseComparison], traces: list[RoleTrace]) -> s
         if trace.error is not None:
             lines.append(f"  {trace.role.name}: trace failed: {trace.error}")
         else:
-            lines.append(f"  {trace.role.name}: rank {trace.role.rank}, traced in {trace.wall_s:.1f} s")
+            lines.append(
+                f"  {trace.role.name}: rank {trace.role.rank}, traced in {trace.wall_s:.1f} s"
+            )
     for row in rows:
         cats = "  ".join(
             f"{c} {row.planned.get(c, 0):.2f}/{row.traced.get(c, 0):.2f}"
@@ -160,7 +162,9 @@ def format_comparison(rows: list[PhaseComparison], traces: list[RoleTrace]) -> s
     failed = [t for t in traces if t.error is not None]
     off = [r for r in rows if not r.agrees]
     if failed:
-        verdict = f"trace: {len(failed)} role(s) could not be traced; the plan above is unchecked there"
+        verdict = (
+            f"trace: {len(failed)} role(s) could not be traced; the plan above is unchecked there"
+        )
     elif off:
         worst = max(off, key=lambda r: abs(r.ratio - 1))
         verdict = (

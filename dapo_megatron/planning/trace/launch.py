@@ -127,9 +127,7 @@ def trace_role(
         env = dict(os.environ, LD_PRELOAD=str(shim), PYTHONWARNINGS="ignore")
         cmd = [sys.executable, "-m", "dapo_megatron.megatron.fake_trace", str(spec), str(out)]
         try:
-            done = subprocess.run(
-                cmd, env=env, capture_output=True, text=True, timeout=timeout_s
-            )
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
         except subprocess.TimeoutExpired:
             return RoleTrace(role, {}, timeout_s, error=f"no result within {timeout_s:.0f} s")
         if done.returncode != 0 or not out.exists():
