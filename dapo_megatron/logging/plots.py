@@ -44,6 +44,8 @@ class Panel:
 
     ``fraction``: the values lie in [0, 1], so the axis starts at 0. ``bands`` maps a
     metric to the metric holding its standard error, drawn as a shaded band of +-1 SE.
+    ``zero_note``: written on the panel when every value is 0 (the common, good case of a
+    rate such as truncation), so a flat line on the x-axis does not read as "no data".
     """
 
     title: str
@@ -51,6 +53,7 @@ class Panel:
     ylabel: str
     fraction: bool = False
     bands: Mapping[str, str] = field(default_factory=dict)
+    zero_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,7 +82,13 @@ FIGURES: tuple[FigureSpec, ...] = (
     FigureSpec(
         "reward.png",
         "Reward",
-        (Panel("Reward", (keys.REWARD_RAW_MEAN, keys.REWARD_SHAPED_MEAN), "reward"),),
+        (
+            Panel(
+                "Mean score of the samples trained on (raw and shaped)",
+                (keys.REWARD_RAW_MEAN, keys.REWARD_SHAPED_MEAN),
+                "reward",
+            ),
+        ),
     ),
     FigureSpec(
         "accuracy.png",
@@ -112,13 +121,16 @@ FIGURES: tuple[FigureSpec, ...] = (
         "Response length",
         (
             Panel(
-                "Response length", (keys.RESPONSE_LENGTH_MEAN, keys.RESPONSE_LENGTH_MAX), "tokens"
+                "Mean and longest response",
+                (keys.RESPONSE_LENGTH_MEAN, keys.RESPONSE_LENGTH_MAX),
+                "tokens",
             ),
             Panel(
                 "Truncated responses",
                 (keys.RESPONSE_LENGTH_CLIP_RATIO,),
                 "fraction of responses",
                 fraction=True,
+                zero_note="none: every response ended before generation.max_response_length",
             ),
         ),
     ),
@@ -208,6 +220,10 @@ def build_figure(
                 marker=marker,
                 markersize=3,
                 linewidth=1.2,
+                # A fraction axis starts at 0: a series of zeros (no truncated response)
+                # lies on the x-axis, where clipping halves it and the spine hides it.
+                clip_on=not panel.fraction,
+                zorder=3,
             )
             if metric in panel.bands:
                 b_steps, low, high = _band(rows, metric, panel.bands[metric])
@@ -224,7 +240,10 @@ def build_figure(
         if panel.fraction:
             # Set after drawing: the band and the autoscale margin may reach below 0.
             ax.set_ylim(bottom=0.0, top=max(ax.get_ylim()[1], 0.05))
-        ax.set_title(panel.title, fontsize=10)
+        if panel.zero_note and all(v == 0 for _, _, values in series for v in values):
+            ax.text(0.5, 0.5, panel.zero_note, transform=ax.transAxes, ha="center", fontsize=9)
+        if panel.title != spec.title:  # one figure, one title: the suptitle says it already
+            ax.set_title(panel.title, fontsize=10)
         ax.set_ylabel(panel.ylabel)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8, loc="best")

@@ -191,3 +191,66 @@ def test_write_plots_skips_missing_metrics(tmp_path):
     assert [p.name for p in write_plots(metrics, tmp_path / "plots")] == ["reward.png"]
     metrics.write_text("", encoding="utf-8")
     assert write_plots(metrics, tmp_path / "empty") == []
+
+
+def tiny_cpu_history(run_dir: Path, steps: int = 20) -> Path:
+    """metrics.jsonl as the tiny CPU recipe writes it (dapo-train, 20 steps): step 0 holds
+    validation alone; no response ever reaches the 16-token cap, so the truncation rate is
+    0.0 on every step."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    rows: list[dict[str, Any]] = [{"step": 0, keys.VAL_ACC: 0.35, keys.VAL_ACC_STDERR: 0.024}]
+    for step in range(1, steps + 1):
+        rows.append(
+            {
+                "step": step,
+                keys.REWARD_RAW_MEAN: 0.5,
+                keys.REWARD_ACC: 0.5,
+                keys.RESPONSE_LENGTH_MEAN: 2.8,
+                keys.RESPONSE_LENGTH_MAX: 4.0 + step % 3,
+                keys.RESPONSE_LENGTH_CLIP_RATIO: 0.0,
+                "response_length/cap": 16.0,
+                keys.STEP_TIME_S: 0.4,
+            }
+        )
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return metrics
+
+
+def test_truncated_responses_panel_shows_its_zeros(tmp_path):
+    # Before: the zero series lay on the x-axis of an axis starting at 0, clipped and under
+    # the spine, so the panel of a run without truncation looked empty.
+    fig = build_figures(tiny_cpu_history(tmp_path / "run"))["response_length.png"]
+    ax = next(a for a in fig.axes if a.get_title() == "Truncated responses")
+    (line,) = [ln for ln in ax.get_lines() if ln.get_label() == "responses cut at the length cap"]
+    assert list(line.get_xdata()) == list(range(1, 21))
+    assert list(line.get_ydata()) == [0.0] * 20
+    assert not line.get_clip_on() and line.get_zorder() > ax.spines["bottom"].get_zorder()
+    assert [t.get_text() for t in ax.texts] == [
+        "none: every response ended before generation.max_response_length"
+    ]
+
+
+def test_a_truncation_rate_above_zero_has_no_zero_note(tmp_path):
+    metrics = tiny_cpu_history(tmp_path / "run")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    rows[-1][keys.RESPONSE_LENGTH_CLIP_RATIO] = 0.25
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    fig = build_figures(metrics)["response_length.png"]
+    ax = next(a for a in fig.axes if a.get_title() == "Truncated responses")
+    assert len(ax.texts) == 0 and ax.get_lines()[0].get_ydata()[-1] == 0.25
+
+
+def test_each_figure_says_its_title_once(tmp_path):
+    # Before: "Response length" (and "Reward") headed the figure and its first panel.
+    figures = build_figures(tiny_cpu_history(tmp_path / "run"))
+    assert {"reward.png", "response_length.png"} <= set(figures)
+    for spec in FIGURES:
+        fig = figures.get(spec.filename)
+        if fig is None:
+            continue
+        texts = [fig.get_suptitle()] + [ax.get_title() for ax in fig.axes]
+        assert sum(spec.title.lower() in t.lower().split(" - ")[0] for t in texts) == 1, (
+            spec.filename,
+            texts,
+        )
