@@ -363,24 +363,22 @@ def warmup_in_optimizer_steps(
     dialect: str, unit: str, iters: int, per_unit: Callable[[], tuple[int, str]]
 ) -> tuple[int, str]:
     """A warm-up of `iters` `unit`s of a system that steps its lr schedule once per unit,
-    after that unit's optimizer steps, as our policy.scheduler.lr_warmup_steps (we step once
-    per optimizer step, megatron/policy_step.py), with the note. `per_unit()` gives (k, k in
-    words), the optimizer steps of one unit. With k = 1 the counts agree; otherwise the
-    source holds one lr over each unit's k optimizer steps (a staircase) where ours would
-    ramp at each: refused, naming the ramp over the same span (iters x k) to set by hand."""
+    after that unit's optimizer steps, as our policy.scheduler.lr_warmup_steps with the
+    note. The import writes policy.scheduler.unit train_step for such a system
+    (import_config.SCHEDULE_PER_TRAIN_STEP), so the count carries over unchanged and each
+    of a unit's k optimizer steps (`per_unit()`: k and k in words) trains at one lr, as
+    there (megatron/optimizer.py ScheduleClock)."""
     if iters < 0:
         raise Untranslatable(f"{iters}: a warm-up length cannot be negative")
     if iters == 0:
         return 0, "no warm-up, as here"
     k, per_step = per_unit()
-    if k != 1:
-        raise Untranslatable(
-            f"{DIALECTS[dialect]} steps its lr schedule once per {unit} and a {unit} is {k} "
-            f"optimizer steps ({per_step}): it keeps one lr over those {k}, ours ramps at "
-            f"every optimizer step; policy.scheduler.lr_warmup_steps={iters * k} ramps over "
-            "the same span (set it by hand if a ramp will do)"
-        )
-    return iters, f"same count: {iters} {unit}s, each one optimizer step ({per_step})"
+    if k == 1:
+        return iters, f"same count: {iters} {unit}s, each one optimizer step ({per_step})"
+    return iters, (
+        f"same count: {iters} {unit}s of {k} optimizer steps each ({per_step}); one lr over "
+        f"each {unit}'s {k} steps, as {DIALECTS[dialect]} (policy.scheduler.unit train_step)"
+    )
 
 
 # ---------------------------------------------------------------------------------------

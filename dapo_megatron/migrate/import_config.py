@@ -194,10 +194,26 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
     return result
 
 
+SCHEDULE_PER_TRAIN_STEP = {
+    "verl": "verl steps its lr scheduler once per trainer step, after all of the step's "
+    "mini-batches (update_actor in fsdp_workers.py and megatron_workers.py)",
+    "nemo-rl": "NeMo RL steps its lr scheduler once per training call, after all of a GRPO "
+    "step's optimizer steps (megatron_policy_worker.py and dtensor_policy_worker.py train)",
+}
+"""The systems whose lr schedule counts trainer steps (policy.scheduler.unit train_step)."""
+
+
 def _derive(chosen: dict[str, ImportedSetting], skipped: list[Skipped], dialect: str) -> None:
     """Our keys that follow from translated ones: the trainer's sequence cap is prompt +
     response when the source gives only the two lengths (verl, SkyRL, RLinf); never in
-    place of a source's own cap that was refused (NeMo RL's, when the lengths exceed it)."""
+    place of a source's own cap that was refused (NeMo RL's, when the lengths exceed it).
+    The schedule's unit is the source's (SCHEDULE_PER_TRAIN_STEP)."""
+    unit = "policy.scheduler.unit"
+    if dialect in SCHEDULE_PER_TRAIN_STEP and unit not in chosen:
+        chosen[unit] = ImportedSetting(
+            unit, "train_step", "(how the source steps its scheduler)",
+            SCHEDULE_PER_TRAIN_STEP[dialect],
+        )  # fmt: skip
     total = "policy.max_total_sequence_length"
     prompt = chosen.get("data.max_prompt_length")
     response = chosen.get("generation.max_response_length")
