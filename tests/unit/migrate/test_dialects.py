@@ -56,7 +56,7 @@ LISTED: list[tuple[str, str, Any, Any]] = [
     ("nemo-rl", "cluster.num_nodes", 4, {"cluster.num_nodes": 4}),
     ("nemo-rl", "cluster.gpus_per_node", 8, {"cluster.gpus_per_node": 8}),
     ("nemo-rl", "policy.model_name", "Qwen/Qwen2.5-Math-7B",
-     {"policy.model_name_or_path": "models/Qwen2.5-Math-7B", "policy.model_arch": "qwen2.5-math-7b"}),
+     {"policy.model_name_or_path": "Qwen/Qwen2.5-Math-7B", "policy.model_arch": "qwen2.5-math-7b"}),
     ("nemo-rl", "checkpointing.checkpoint_dir", "results/dapo", {"checkpointing.checkpoint_dir": "results/dapo"}),
     ("skyrl", "trainer.algorithm.eps_clip_low", 0.2, {"dapo.loss.clip_ratio_low": 0.2}),
     ("skyrl", "trainer.algorithm.eps_clip_high", 0.28, {"dapo.loss.clip_ratio_high": 0.28}),
