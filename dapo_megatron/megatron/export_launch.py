@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -55,6 +56,34 @@ def _environ(**values: str) -> Iterator[None]:
                 os.environ[key] = value
 
 
+EXPECTED_RANK_WARNINGS: tuple[tuple[type[Warning], str, str], ...] = (
+    # Megatron at import, on a machine without TE/Apex: the export reads and writes
+    # tensors, it runs no fused kernel, so the fallbacks change nothing it does.
+    (UserWarning, "Transformer Engine and Apex are not installed", r"megatron\.core\."),
+    (UserWarning, "Apex is not installed", r"megatron\.core\."),
+    # A default Megatron's TransformerConfig sets itself; no graph is captured here.
+    (UserWarning, "full scope is deprecated", r"megatron\.core\.transformer\."),
+    # Megatron's dist-checkpoint loader calls torch's old name for the load, and torch warns
+    # about the ShardedTensor it is handed: both Megatron's code, nothing a user can change.
+    (FutureWarning, "`load_state_dict` is deprecated", r"megatron\.core\.dist_checkpointing\."),
+    (FutureWarning, "Please use DTensor instead", r"torch\.distributed\.checkpoint\."),
+)
+"""(category, message start, issuing module) of the third-party warnings every export rank
+printed (dapo-export's console held nine of them for two lines of its own); each is matched
+by all three, so any other warning of these libraries still shows."""
+
+
+def quiet_expected_warnings() -> None:
+    """Ignore EXPECTED_RANK_WARNINGS in this process: called first in each export rank, a
+    process of the export's own, so no other code's warnings filter changes."""
+    import warnings
+
+    for category, message, module in EXPECTED_RANK_WARNINGS:
+        warnings.filterwarnings(
+            "ignore", message=re.escape(message), category=category, module=module
+        )
+
+
 def _rank_main(
     rank: int,
     world_size: int,
@@ -68,6 +97,7 @@ def _rank_main(
     threads: int,
 ) -> None:
     """One rank (spawned): the launcher variables, then the collective export."""
+    quiet_expected_warnings()
     os.environ.update(
         RANK=str(rank),
         LOCAL_RANK=str(rank),

@@ -6,12 +6,15 @@ import json
 import math
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from tiny_job import REPO, job_env, train_command
 
 pytestmark = pytest.mark.functional
+
+EXPORT_MAIN = "import sys; from dapo_megatron.cli import export_main; sys.exit(export_main())"
 
 
 def _run(tmp_path: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -73,6 +76,35 @@ def test_three_steps_of_the_tiny_recipe(tmp_path):
     assert not exported[name].equal(initial[name])  # trained, not the starting weights
     assert model.state_dict()[name].equal(exported[name])
     assert (tmp_path / "config.yaml").is_file()  # the resolved config, for dapo-export
+    _check_cli_export(tmp_path / "checkpoints" / "step_000003", tmp_path / "hf-cli")
+
+
+def _check_cli_export(checkpoint: Path, out: Path) -> None:
+    """dapo-export as the README shows it, in a process of its own: its two lines and
+    nothing else. Each export rank printed nine warnings of Megatron and torch (no TE/Apex,
+    deprecated load_state_dict and ShardedTensor) before export_launch filtered them."""
+    command = [
+        sys.executable,
+        "-c",
+        EXPORT_MAIN,
+        "--checkpoint",
+        str(checkpoint),
+        "--out",
+        str(out),
+    ]
+    done = subprocess.run(
+        command, capture_output=True, text=True, timeout=300, cwd=REPO, env=job_env()
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = (done.stdout + done.stderr).splitlines()
+    third_party = [
+        line
+        for line in lines
+        if re.search(r"Warning\b|warnings\.warn|site-packages/", line) or line.startswith("  ")
+    ]
+    assert third_party == [], "\n".join(lines)
+    assert [line.split(":")[0] for line in lines] == ["dapo-export", "dapo-export"], lines
+    assert (out / "model.safetensors").is_file()
 
 
 def _check_console(run_dir: Path, stdout: str, stderr: str) -> None:
