@@ -72,7 +72,7 @@ class PolicyPlan:
     """The policy loss's hyper-parameters."""
     total_optimizer_steps: int
     """Optimizer steps of the whole run (the lr schedule's horizon)."""
-    optimizer_steps_per_train_step: int = 1
+    optimizer_steps_per_train_step: int
     """Optimizer steps of one trainer step (its mini-batches): the lr is held over them
     when policy.scheduler.unit is train_step."""
 
@@ -166,6 +166,7 @@ def policy_plan(
         moe=moe_training(config),
         loss=build_loss_spec(config),
         total_optimizer_steps=total_optimizer_steps(config),
+        optimizer_steps_per_train_step=optimizer_steps_per_train_step(config),
     )
 
 
