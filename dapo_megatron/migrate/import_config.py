@@ -157,7 +157,7 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
         fk = foreign_key(key, dialect)
         if fk is None:
             other = foreign_key(key)
-            reason = "no counterpart here"
+            reason = "not in the importer's table: its meaning here is unknown (counted as changing the run)"
             if other is not None:
                 reason = f"not a {DIALECTS[dialect]} key (it is {other.system}'s: --from {other.dialect})"
             result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
