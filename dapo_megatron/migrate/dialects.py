@@ -329,7 +329,8 @@ def kl_coef(dialect: str, key: str, switch: str) -> ForeignKey:
 
     def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
         if ctx.get(switch, True) is False:
-            raise Untranslatable(f"unused there ({switch} is false); ours: dapo.loss.kl_coef=0")
+            # Not live there: the switch's own entry writes kl_coef 0.
+            return Translation((), f"not live: {switch} is false (no KL loss, as here)")
         return Translation(
             (("dapo.loss.kl_coef", value),),
             "same meaning: a KL loss term against the reference policy",
