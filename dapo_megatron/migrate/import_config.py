@@ -116,12 +116,19 @@ OURS_THAT_MATTER = (
     "policy.scheduler.lr_warmup_steps",
     "policy.megatron.tensor_model_parallel_size",
     "policy.megatron.pipeline_model_parallel_size",
+    "policy.megatron.context_parallel_size",
+    "policy.megatron.sequence_parallel",
     "policy.train_global_batch_size",
     "policy.max_total_sequence_length",
     "generation.max_response_length",
     "generation.engine.tensor_parallel_size",
     "dapo.num_prompts_per_step",
     "dapo.num_generations_per_prompt",
+    "dapo.max_num_steps",
+    "generation.temperature",
+    "generation.top_p",
+    "dapo.advantage.norm_by_std",
+    "dapo.advantage.leave_one_out",
     "dapo.loss.clip_ratio_low",
     "dapo.loss.clip_ratio_high",
     "dapo.loss.clip_ratio_c",
@@ -130,6 +137,9 @@ OURS_THAT_MATTER = (
     "dapo.overlong_buffer.enabled",
     "dapo.overlong_filtering",
     "data.max_prompt_length",
+    "data.train_path",
+    "cluster.num_nodes",
+    "cluster.gpus_per_node",
     "validation.num_samples_per_prompt",
     "validation.temperature",
 )
@@ -191,6 +201,14 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
     order = {k: i for i, k in enumerate(all_keys())}
     result.settings = sorted(chosen.values(), key=lambda s: order[s.key])
     result.kept_ours = [k for k in OURS_THAT_MATTER if k not in chosen]
+    dynamic = chosen.get("dapo.dynamic_sampling.enabled")
+    if (
+        dynamic is not None
+        and dynamic.value is True
+        and "dapo.dynamic_sampling.surplus" not in chosen
+    ):
+        # Ours carries the surplus groups to the next step by default; the peers discard.
+        result.kept_ours.append("dapo.dynamic_sampling.surplus")
     return result
 
 
