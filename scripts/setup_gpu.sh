@@ -35,10 +35,21 @@ pip() { "$VENV/bin/python" -m pip "$@"; }
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 
 # 1. torch, pinned (the default PyPI wheel for Linux x86_64 is a CUDA build).
-log "installing torch==$TORCH_VERSION${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}"
-pip install -q "torch==$TORCH_VERSION" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
-if [ "$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda is not None)')" != "True" ]; then
-    log "ERROR: torch $TORCH_VERSION in $VENV is not a CUDA build (a CPU wheel?); set TORCH_INDEX_URL" >&2
+#    A CPU build already here (the .venv of scripts/setup.sh holds torch 2.13.0+cpu) is
+#    removed first: pip counts 2.13.0+cpu as satisfying torch==2.13.0 and would keep it.
+installed=$("$VENV/bin/python" -c 'import torch; print(torch.__version__, torch.version.cuda)' 2>/dev/null || true)
+if [ -n "$installed" ] && [ "${installed##* }" = "None" ]; then
+    log "replacing torch ${installed% *} (a CPU build) in $VENV with the CUDA wheel"
+    pip uninstall -q -y torch
+fi
+# Without an index of its own, `===` asks for exactly "2.13.0": pip may not take a +cpu wheel
+# of that version from a find-links directory (which it ranks above the plain one).
+torch_spec="torch==$TORCH_VERSION"
+[ -n "$TORCH_INDEX_URL" ] || torch_spec="torch===$TORCH_VERSION"
+log "installing $torch_spec${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}"
+pip install -q "$torch_spec" ${TORCH_INDEX_URL:+--index-url "$TORCH_INDEX_URL"}
+if [ "$("$VENV/bin/python" -c 'import torch; print(torch.version.cuda is not None)' 2>/dev/null)" != "True" ]; then
+    log "ERROR: torch $TORCH_VERSION in $VENV is still not a CUDA build (a CPU wheel from a find-links or index?): set TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130, or use a fresh VENV=" >&2
     exit 1
 fi
 

@@ -11,6 +11,7 @@ in-process imports and on PYTHONPATH for the child process the dry run imports i
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from importlib import metadata
@@ -111,7 +112,7 @@ def test_the_worker_passes_other_errors_through(
 
 def test_setup_gpu_installs_torch_then_vllm_then_te_without_build_isolation() -> None:
     script = (REPO / "scripts" / "setup_gpu.sh").read_text()
-    torch_at = script.index('pip install -q "torch==$TORCH_VERSION"')
+    torch_at = script.index('pip install -q "$torch_spec"')
     vllm_at = script.index('pip install -q "vllm==$VLLM_VERSION"')
     te_at = script.index(
         'pip install -q --no-build-isolation "transformer-engine[pytorch]==$TE_VERSION"'
@@ -122,3 +123,78 @@ def test_setup_gpu_installs_torch_then_vllm_then_te_without_build_isolation() ->
     setup = (REPO / "setup.py").read_text()
     assert f'"transformer-engine[pytorch]=={run_plan.TE_VERSION}"' in setup
     assert "scripts/setup_gpu.sh" in setup
+
+
+# --- setup_gpu.sh into the CPU .venv of scripts/setup.sh ---------------------------------
+
+# A stand-in for $VENV/bin/python: it answers the script's torch queries from a state file
+# and records every `-m pip` call, with pip's own rule that torch 2.13.0+cpu satisfies
+# torch==2.13.0 (only `===2.13.0`, or no torch at all, installs the CUDA wheel).
+FAKE_PYTHON = r"""#!/usr/bin/env bash
+state=$(dirname "$0")/../torch-state
+if [ "$1" = "-m" ] && [ "$2" = "pip" ]; then
+    shift 2
+    echo "$*" >> "$(dirname "$0")/../pip-calls"
+    case "$*" in
+        "uninstall -q -y torch") echo none > "$state" ;;
+        *"torch==="*) if [ -n "$STUB_CPU_ONLY" ]; then echo cpu; else echo cuda; fi > "$state" ;;
+        *"torch=="*) [ "$(cat "$state")" = none ] && echo cuda > "$state" ;;
+    esac
+    exit 0
+fi
+if [ "$1" = "-" ]; then cat > /dev/null; echo "[setup-gpu] torch 2.13.0 (CUDA 13.0): ok"; exit 0; fi
+case "$(cat "$state")" in
+    none) echo "ModuleNotFoundError: No module named 'torch'" >&2; exit 1 ;;
+    cpu) case "$2" in *"is not None"*) echo False ;; *) echo "2.13.0+cpu None" ;; esac ;;
+    cuda) case "$2" in *"is not None"*) echo True ;; *) echo "2.13.0 13.0" ;; esac ;;
+esac
+"""
+
+
+def _fake_cpu_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    python = venv / "bin" / "python"
+    python.write_text(FAKE_PYTHON)
+    python.chmod(0o755)
+    (venv / "torch-state").write_text("cpu\n")
+    return venv
+
+
+def _setup_gpu(venv: Path, **env: str) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if k not in ("TORCH_INDEX_URL", "VENV")}
+    environ.update(VENV=str(venv), CUDA_HOME="/usr/local/cuda", **env)
+    return subprocess.run(
+        ["bash", str(REPO / "scripts" / "setup_gpu.sh")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=environ,
+    )
+
+
+def test_setup_gpu_replaces_the_cpu_torch_of_an_existing_venv(tmp_path: Path) -> None:
+    # Before: `pip install torch==2.13.0` kept 2.13.0+cpu (it satisfies the pin) and the
+    # script stopped with "not a CUDA build (a CPU wheel?); set TORCH_INDEX_URL".
+    venv = _fake_cpu_venv(tmp_path)
+    done = _setup_gpu(venv)
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = (venv / "pip-calls").read_text().splitlines()
+    assert calls[:2] == ["uninstall -q -y torch", "install -q torch===2.13.0"], calls
+    assert (venv / "torch-state").read_text().strip() == "cuda"
+    assert (
+        f"[setup-gpu] replacing torch 2.13.0+cpu (a CPU build) in {venv} with the CUDA wheel"
+        in done.stdout.splitlines()
+    )
+
+
+def test_setup_gpu_stops_in_one_line_when_the_cuda_wheel_does_not_come(tmp_path: Path) -> None:
+    venv = _fake_cpu_venv(tmp_path)
+    done = _setup_gpu(venv, STUB_CPU_ONLY="1")  # an index that serves only CPU builds
+    assert done.returncode == 1
+    errors = done.stderr.strip().splitlines()
+    assert len(errors) == 1 and errors[0].startswith(
+        f"[setup-gpu] ERROR: torch 2.13.0 in {venv} is still not a CUDA build"
+    )
+    assert "TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130" in errors[0]
+    assert not any("vllm" in c for c in (venv / "pip-calls").read_text().splitlines())
