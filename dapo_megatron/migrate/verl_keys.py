@@ -8,18 +8,16 @@ from typing import Any, TypeGuard
 
 from dapo_megatron.migrate.dialects import (
     IMPACT_HARMLESS,
-    IMPACT_LAYOUT,
     ForeignKey,
     Translation,
     Untranslatable,
+    as_here,
     as_int,
     choice,
     custom,
-    hub_model,
-    kl_coef,
     kl_estimator,
-    kl_switch,
     mapped,
+    off,
     policy_mini_batch,
     same,
     same_agg,
@@ -39,24 +37,79 @@ from dapo_megatron.migrate.shared_keys import (
     UNLIMITED_WHY,
     VERL,
 )
+from dapo_megatron.migrate.verl_data import VERL_DATA_KEYS, data_inactive
+from dapo_megatron.migrate.verl_layout import (
+    VERL_ACTOR,
+    VERL_LAYOUT_KEYS,
+    VERL_ROLLOUT,
+    layout_inactive,
+)
+
+FILTER_KEY = "algorithm.filter_groups.enable"
+
+
+def _filtering(ctx: Mapping[str, Any]) -> bool:
+    return ctx.get(FILTER_KEY) is True
+
+
+def trained_prompts(ctx: Mapping[str, Any]) -> tuple[int, str]:
+    """(Prompts verl trains per step, in words). verl-recipe dapo_ray_trainer.py `fit`: the
+    dataloader yields gen_batch_size prompts (ray_trainer.py _create_dataloader,
+    `data.get("gen_batch_size", train_batch_size)`); with filter_groups off `batch =
+    new_batch`, the whole generated batch is trained; with it on, kept groups accumulate
+    until train_batch_size and `batch[:traj_bsz]` (train_batch_size x n) is trained."""
+    prompts = ctx.get("data.train_batch_size")
+    if not _positive_int(prompts):
+        raise Untranslatable("data.train_batch_size is not a positive integer")
+    if _filtering(ctx):
+        return prompts, f"train_batch_size {prompts} (filter_groups on)"
+    gen = ctx.get("data.gen_batch_size", prompts)
+    if not _positive_int(gen):
+        raise Untranslatable(f"data.gen_batch_size {gen!r} is not a positive integer")
+    if gen == prompts:
+        return gen, f"train_batch_size {prompts}"
+    return gen, f"gen_batch_size {gen} (filter_groups off: the whole generated batch)"
+
+
+def _verl_train_batch(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    n, words = trained_prompts({**ctx, "data.train_batch_size": as_int(value)})
+    if n == value:
+        return Translation((("dapo.num_prompts_per_step", n),), "same meaning: prompts per step")
+    return Translation(
+        (("dapo.num_prompts_per_step", n),),
+        f"not train_batch_size: verl trains the whole generated batch, {words} "
+        "(dapo_ray_trainer.py fit: `batch = new_batch`)",
+    )
 
 
 def _verl_gen_batch(value: Any, ctx: Mapping[str, Any]) -> Translation:
     gen = as_int(value)
-    prompts = ctx.get("data.train_batch_size")
-    if not isinstance(prompts, int) or isinstance(prompts, bool) or prompts <= 0:
-        raise Untranslatable(
-            "verl generates gen_batch_size prompts every round; ours generates "
-            "batch_multiplier x the groups still missing: set "
-            "dapo.dynamic_sampling.batch_multiplier = gen_batch_size / data.train_batch_size "
-            "(e.g. 1536 / 512 = 3)"
+    ctx = {**ctx, "data.gen_batch_size": gen}
+    if not _filtering(ctx):
+        n, words = trained_prompts(ctx)
+        return Translation(
+            (("dapo.num_prompts_per_step", n),),
+            f"filter_groups off: each step trains its {words} (dapo_ray_trainer.py fit)",
         )
+    prompts = as_int(ctx.get("data.train_batch_size"))
     ratio = gen / prompts
     return Translation(
         ((f"{DS}.batch_multiplier", max(1.0, ratio)),),
         f"approximately: round 1 draws {gen} = {ratio:g} x {prompts} prompts in both; verl's "
         f"later rounds draw {gen} again, ours {ratio:g} x the groups still missing",
     )
+
+
+def _verl_filter(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value is True:
+        return Translation(
+            ((f"{DS}.enabled", True), (f"{DS}.surplus", "discard")),
+            "same meaning; groups kept beyond train_batch_size are discarded, as verl's "
+            "`batch = batch[:traj_bsz]` (dapo_ray_trainer.py fit) does: surplus discard",
+        )
+    if value is False:
+        return Translation(((f"{DS}.enabled", False),), "same meaning: no filtering")
+    raise Untranslatable(f"{value!r}: expected true or false")
 
 
 def _verl_metric(value: Any, ctx: Mapping[str, Any]) -> Translation:
@@ -76,15 +129,6 @@ def _verl_overlong_enable(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if not isinstance(value, bool):
         raise Untranslatable(f"{value!r}: expected true or false")
     return Translation(((f"{OB}.enabled", value),), "same meaning")
-
-
-def _verl_save_freq(value: Any, ctx: Mapping[str, Any]) -> Translation:
-    n = as_int(value)
-    if n <= 0:
-        return Translation((("checkpointing.enabled", False),), f"{n}: verl never saves")
-    return Translation(
-        (("checkpointing.enabled", True), ("checkpointing.save_period", n)), "same meaning"
-    )
 
 
 # ---------------------------------------------------------------------------------------
@@ -118,6 +162,8 @@ def _verl_updates_per_step(ctx: Mapping[str, Any]) -> tuple[int, str]:
         f"{VERL_ACTOR}.ppo_epochs",
     )
     prompts, mini, epochs = (ctx.get(k) for k in keys)
+    if _positive_int(prompts):
+        prompts, batch_words = trained_prompts(ctx)
     if not (_positive_int(prompts) and _positive_int(mini) and _positive_int(epochs)):
         raise Untranslatable(
             "verl counts it in trainer steps, ours in optimizer steps: converting needs "
@@ -125,10 +171,9 @@ def _verl_updates_per_step(ctx: Mapping[str, Any]) -> tuple[int, str]:
         )
     if prompts % mini:
         raise Untranslatable(
-            f"data.train_batch_size {prompts} is not a whole number of ppo_mini_batch_size "
-            f"{mini} mini-batches"
+            f"{batch_words} is not a whole number of ppo_mini_batch_size {mini} mini-batches"
         )
-    words = f"train_batch_size {prompts} / ppo_mini_batch_size {mini} x ppo_epochs {epochs}"
+    words = f"{batch_words} / ppo_mini_batch_size {mini} x ppo_epochs {epochs}"
     return prompts // mini * epochs, words
 
 
@@ -195,31 +240,48 @@ def _verl_epochs(value: Any, ctx: Mapping[str, Any]) -> Translation:
     return Translation((), "one pass, as here")
 
 
+KL_SWITCH = f"{VERL_ACTOR}.use_kl_loss"
+
+
+def _verl_kl_switch(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    # verl's actor adds kl_loss_coef x KL(ref) to the loss only when use_kl_loss is true
+    # (workers/actor/megatron_actor.py / dp_actor.py); ours when dapo.loss.kl_coef > 0.
+    if value is True:
+        return Translation((), "true: the KL loss term, its coefficient from kl_loss_coef")
+    if value is False:
+        return Translation((("dapo.loss.kl_coef", 0.0),), "false: no KL loss, kl_coef 0")
+    raise Untranslatable(f"{value!r}: expected true or false")
+
+
+def _verl_kl_coef(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if ctx.get(KL_SWITCH) is not True:
+        return Translation((), "not read: use_kl_loss is false")
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+        raise Untranslatable(f"{value!r}: expected a coefficient >= 0")
+    return Translation(
+        (("dapo.loss.kl_coef", float(value)),),
+        "same meaning: a KL loss term against the reference policy",
+    )
+
+
 def _verl_val_temperature(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if value == 0 or ctx.get(f"{VERL_ROLLOUT}.val_kwargs.do_sample") is False:
         return Translation((("validation.greedy", True),), "greedy validation")
     return Translation((("validation.temperature", value),), "same meaning")
 
 
-def _one_file(value: Any, ctx: Mapping[str, Any]) -> Any:
-    if isinstance(value, list):
-        if len(value) != 1:
-            raise Untranslatable(f"{len(value)} files; ours reads one")
-        value = value[0]
-    if not isinstance(value, str):
-        raise Untranslatable(f"{value!r}: expected a path")
-    return value
-
-
-VERL_ACTOR = "actor_rollout_ref.actor"
-VERL_ROLLOUT = "actor_rollout_ref.rollout"
-
 VERL_KEYS: tuple[ForeignKey, ...] = (
     same(VERL, f"{VERL_ACTOR}.clip_ratio_low", CLIP_LOW, LOW_WHY),
     same(VERL, f"{VERL_ACTOR}.clip_ratio_high", CLIP_HIGH, HIGH_WHY),
     same(VERL, f"{VERL_ACTOR}.clip_ratio_c", CLIP_C, DUAL_WHY),
     same_agg(VERL, f"{VERL_ACTOR}.loss_agg_mode"),
-    same(VERL, "algorithm.filter_groups.enable", f"{DS}.enabled"),
+    custom(
+        VERL,
+        FILTER_KEY,
+        f"{DS}.enabled (+ surplus)",
+        "same meaning; true: surplus groups discarded, as verl's batch[:traj_bsz]",
+        _verl_filter,
+    ),
     custom(
         VERL,
         "algorithm.filter_groups.metric",
@@ -238,8 +300,9 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         VERL,
         "data.gen_batch_size",
         f"{DS}.batch_multiplier",
-        "no exact equivalent: verl generates {v} prompts every round; converted to "
-        "{v} / data.train_batch_size x the groups still missing",
+        "filter_groups off: the prompts trained per step; on: no exact equivalent, verl "
+        "generates {v} prompts every round; converted to {v} / data.train_batch_size x the "
+        "groups still missing",
         _verl_gen_batch,
     ),
     custom(
@@ -257,11 +320,15 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         "same ramp; verl's penalty is not clamped at -{v} (it reaches it at "
         "data.max_response_length), ours stays in [-{v}, 0]",
     ),
-    same(VERL, f"{VERL_ROLLOUT}.n", "dapo.num_generations_per_prompt"),
-    same(VERL, "data.train_batch_size", "dapo.num_prompts_per_step"),
+    custom(
+        VERL,
+        "data.train_batch_size",
+        "dapo.num_prompts_per_step",
+        "same meaning with filter_groups on; off: verl trains the whole gen_batch_size batch",
+        _verl_train_batch,
+    ),
     same(VERL, "data.max_prompt_length", "data.max_prompt_length"),
     same(VERL, "data.max_response_length", MAX_RESPONSE),
-    hub_model("actor_rollout_ref.model.path", VERL),
     same(VERL, f"{VERL_ACTOR}.optim.lr", "policy.optimizer.lr"),
     policy_mini_batch(VERL, f"{VERL_ACTOR}.ppo_mini_batch_size", f"{VERL_ROLLOUT}.n"),
     same(
@@ -270,8 +337,20 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         "dapo.loss.entropy_coef",
         "same meaning: the loss subtracts {v} x entropy",
     ),
-    kl_switch(VERL, f"{VERL_ACTOR}.use_kl_loss"),
-    kl_coef(VERL, f"{VERL_ACTOR}.kl_loss_coef", f"{VERL_ACTOR}.use_kl_loss"),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.use_kl_loss",
+        "dapo.loss.kl_coef",
+        "false: dapo.loss.kl_coef = 0; true: kl_loss_coef is carried",
+        _verl_kl_switch,
+    ),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.kl_loss_coef",
+        "dapo.loss.kl_coef",
+        "same meaning while `use_kl_loss` is true (unused otherwise)",
+        _verl_kl_coef,
+    ),
     kl_estimator(VERL, f"{VERL_ACTOR}.kl_loss_type"),
     same(VERL, f"{VERL_ROLLOUT}.temperature", "generation.temperature"),
     same(VERL, f"{VERL_ROLLOUT}.top_p", "generation.top_p"),
@@ -286,21 +365,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         f"{VERL_ROLLOUT}.gpu_memory_utilization",
         "generation.engine.gpu_memory_utilization",
     ),
-    same(
-        VERL,
-        f"{VERL_ACTOR}.megatron.tensor_model_parallel_size",
-        "policy.megatron.tensor_model_parallel_size",
-    ),
-    same(
-        VERL,
-        f"{VERL_ACTOR}.megatron.pipeline_model_parallel_size",
-        "policy.megatron.pipeline_model_parallel_size",
-    ),
-    same(
-        VERL,
-        f"{VERL_ACTOR}.megatron.context_parallel_size",
-        "policy.megatron.context_parallel_size",
-    ),
     same(VERL, "trainer.nnodes", "cluster.num_nodes"),
     same(VERL, "trainer.n_gpus_per_node", "cluster.gpus_per_node"),
     same(
@@ -309,21 +373,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         "dapo.max_num_steps",
         "same unit: trainer steps, one policy update each (verl-recipe dapo_ray_trainer.py "
         "fit counts global_steps), as ours",
-    ),
-    custom(
-        VERL,
-        "trainer.save_freq",
-        "checkpointing.save_period (or enabled)",
-        "<= 0: never save (verl ray_trainer.py saves only when save_freq > 0): "
-        "checkpointing.enabled false",
-        _verl_save_freq,
-    ),
-    mapped(
-        VERL,
-        "trainer.test_freq",
-        "validation.val_period",
-        "<= 0: never validate during training: 0",
-        lambda v, ctx: max(0, as_int(v)),
     ),
     custom(
         VERL,
@@ -419,30 +468,55 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         "false: greedy validation (true here)",
         lambda v, ctx: not v,
     ),
-    mapped(VERL, "data.train_files", "data.train_path", "one file: same meaning", _one_file),
-    mapped(VERL, "data.val_files", "data.val_path", "one file: same meaning", _one_file),
     same(VERL, "trainer.val_before_train", "validation.val_at_start"),
     same(VERL, "trainer.default_local_dir", "checkpointing.checkpoint_dir"),
+    same(
+        VERL,
+        f"{VERL_ACTOR}.grad_clip",
+        "policy.optimizer.clip_grad",
+        "same meaning: the global gradient norm cap (the FSDP actor's name of optim.clip_grad)",
+    ),
+    custom(
+        VERL,
+        f"{VERL_ACTOR}.optim.lr_decay_style",
+        "policy.scheduler.lr_decay_style",
+        "Megatron's name of lr_scheduler_type: constant carried, others refused",
+        _verl_warmup_style,
+    ),
+    as_here(
+        VERL,
+        f"{VERL_ROLLOUT}.val_kwargs.top_k",
+        "top-k sampling in validation",
+        off(-1, 0, None),
+        "validation samples with top-p only (no top-k)",
+    ),
+    same(VERL, f"{VERL_ROLLOUT}.n", "dapo.num_generations_per_prompt"),
+    *VERL_LAYOUT_KEYS,
+    *VERL_DATA_KEYS,
 )
 
 
 VERL_TIERS: dict[str, str] = {
     "reward_model.reward_kwargs.overlong_buffer_cfg.log": IMPACT_HARMLESS,  # metrics
-    "actor_rollout_ref.rollout.name": IMPACT_LAYOUT,  # inference engine (vllm, sglang)
+    "reward.reward_kwargs.overlong_buffer_cfg.log": IMPACT_HARMLESS,  # metrics
+    "trainer.default_local_dir": IMPACT_HARMLESS,  # the checkpoint directory
 }
 """Verl keys (or subtrees ending in ".") classified by what the source does with them,
 read before the patterns of dialects.impact."""
 
 
 VERL_DEFAULTS: dict[str, Any] = {
-    # verl/trainer/config/_generated_ppo_megatron_trainer.yaml (actor, rollout, trainer) and
-    # verl-recipe dapo/config/dapo_trainer.yaml (filter_groups, overlong_buffer_cfg).
+    # verl/trainer/config/_generated_ppo_megatron_trainer.yaml (actor, rollout, data,
+    # trainer, algorithm) and verl-recipe dapo/config/dapo_megatron_trainer.yaml /
+    # dapo_trainer.yaml (filter_groups, reward_kwargs.overlong_buffer_cfg, gen_batch_size =
+    # train_batch_size, reward manager dapo).
     f"{VERL_ACTOR}.clip_ratio_low": 0.2,
     f"{VERL_ACTOR}.clip_ratio_high": 0.2,
     f"{VERL_ACTOR}.clip_ratio_c": 3.0,
     f"{VERL_ACTOR}.loss_agg_mode": "token-mean",
     f"{VERL_ACTOR}.entropy_coeff": 0,
     f"{VERL_ACTOR}.use_kl_loss": False,
+    f"{VERL_ACTOR}.kl_loss_coef": 0.001,
     f"{VERL_ACTOR}.optim.lr": 1.0e-6,
     f"{VERL_ACTOR}.optim.lr_warmup_steps": -1,
     f"{VERL_ACTOR}.optim.lr_warmup_steps_ratio": 0.0,
@@ -450,10 +524,18 @@ VERL_DEFAULTS: dict[str, Any] = {
     f"{VERL_ACTOR}.optim.clip_grad": 1.0,
     f"{VERL_ACTOR}.ppo_epochs": 1,
     f"{VERL_ACTOR}.ppo_mini_batch_size": 256,
+    f"{VERL_ACTOR}.megatron.tensor_model_parallel_size": 1,
+    f"{VERL_ACTOR}.megatron.pipeline_model_parallel_size": 1,
+    f"{VERL_ACTOR}.megatron.context_parallel_size": 1,
+    f"{VERL_ACTOR}.megatron.expert_model_parallel_size": 1,
+    f"{VERL_ACTOR}.megatron.sequence_parallel": True,
+    f"{VERL_ACTOR}.use_dynamic_bsz": False,
     f"{VERL_ROLLOUT}.n": 1,
     f"{VERL_ROLLOUT}.temperature": 1.0,
     f"{VERL_ROLLOUT}.top_p": 1.0,
     f"{VERL_ROLLOUT}.top_k": -1,
+    f"{VERL_ROLLOUT}.tensor_model_parallel_size": 2,
+    f"{VERL_ROLLOUT}.gpu_memory_utilization": 0.5,
     f"{VERL_ROLLOUT}.val_kwargs.n": 1,
     f"{VERL_ROLLOUT}.val_kwargs.temperature": 0,
     f"{VERL_ROLLOUT}.val_kwargs.top_p": 1.0,
@@ -461,15 +543,24 @@ VERL_DEFAULTS: dict[str, Any] = {
     "data.train_batch_size": 1024,
     "data.max_prompt_length": 512,
     "data.max_response_length": 512,
+    "data.shuffle": True,
     "algorithm.filter_groups.enable": False,
+    "algorithm.norm_adv_by_std_in_grpo": True,
+    "algorithm.adv_estimator": "gae",
+    "reward_model.reward_manager": "naive",
     "reward.reward_kwargs.overlong_buffer_cfg.enable": False,
+    "trainer.nnodes": 1,
+    "trainer.n_gpus_per_node": 8,
     "trainer.save_freq": -1,
     "trainer.test_freq": -1,
+    "trainer.val_before_train": True,
+    "trainer.total_epochs": 30,
 }
 """The value the source's code or base config gives a key that a config omits, for the
-keys that change a run (an omitted key takes the source's default, never ours)."""
+keys that change a run (an omitted key takes the source's default, never ours). verl has no
+overlong filtering (dapo.overlong_filtering stays off: VERL_FIXED)."""
 
 
 def inactive(flat: Mapping[str, Any]) -> dict[str, str]:
     """Keys of a config that are not live in verl (key -> why)."""
-    return {}
+    return {**layout_inactive(flat), **data_inactive(flat)}
