@@ -17,6 +17,7 @@ Features refused are listed by hand per file, from reading the script.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shlex
 from pathlib import Path
@@ -153,10 +154,8 @@ def _script(name: str) -> dict[str, Any]:
             r"\s", re.sub(r"\$\(\([^()]*\)\)|\"[^\"]*\"|'[^']*'|\$\{[^}]*\}", "", m.group(2))
         ):
             value = _expand(m.group(2), env)
-            try:
+            with contextlib.suppress(ValueError):
                 value = " ".join(shlex.split(value)) if value else ""
-            except ValueError:
-                pass
             env[m.group(1)] = value
             continue
         try:
