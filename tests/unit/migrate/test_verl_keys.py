@@ -56,16 +56,28 @@ def _import(name: str, *overrides: str) -> tuple[dict[str, Any], dict[str, str]]
 
 
 @pytest.mark.parametrize("name", DAPO_SCRIPTS)
-def test_dapo_scripts_warmup_is_refused_naming_the_ramp(name):
-    # 512 / 32 = 16 optimizer steps per trainer step: verl holds each lr over 16, ours
-    # would ramp; 10 x 16 = 160 is named, never written
+def test_dapo_scripts_warmup_is_carried_per_trainer_step(name):
+    # 512 / 32 = 16 optimizer steps per trainer step: verl holds each lr over 16; ours does
+    # too with policy.scheduler.unit train_step, so the count 10 carries over unchanged
     v, skipped = _import(name)
-    assert WARMUP not in v and v["policy.optimizer.lr"] == 1e-6
-    reason = skipped[STEPS]
-    assert "a trainer step is 16 optimizer steps" in reason
-    assert "train_batch_size 512 / ppo_mini_batch_size 32 x ppo_epochs 1" in reason
-    assert f"{WARMUP}=160" in reason
-    assert RATIO not in skipped  # not read while lr_warmup_steps > 0: one refusal, not two
+    assert v[WARMUP] == 10 and v["policy.scheduler.unit"] == "train_step"
+    assert v["policy.optimizer.lr"] == 1e-6
+    assert STEPS not in skipped and RATIO not in skipped
+
+
+def test_warmup_note_counts_the_trained_batch():
+    # filter_groups on: train_batch_size 512 is trained (gen_batch_size 1536 only generated)
+    result = translate("verl", read_source(DATA / "run_dapo_qwen2.5_32b.sh", {"HOME": "/h"}))
+    note = next(s.note for s in result.settings if s.key == WARMUP)
+    assert "10 trainer steps of 16 optimizer steps each" in note
+    assert "train_batch_size 512 (filter_groups on) / ppo_mini_batch_size 32" in note
+    # filter_groups off with gen_batch_size 1536: the whole generated batch is trained,
+    # 1536 / 32 = 48 optimizer steps per trainer step (dapo_ray_trainer.py fit)
+    flat = read_source(DATA / "run_dapo_qwen2.5_32b.sh", {"HOME": "/h"})
+    apply_foreign_overrides(flat, ["algorithm.filter_groups.enable=false"])
+    result = translate("verl", flat)
+    note = next(s.note for s in result.settings if s.key == WARMUP)
+    assert "of 48 optimizer steps each" in note and "gen_batch_size 1536" in note
 
 
 def test_grpo_example_without_warmup_imports_no_warmup():
@@ -145,8 +157,9 @@ def test_translated_warmup_gives_verls_lr_at_every_step(megatron):
 
 
 def test_several_optimizer_steps_per_trainer_step_are_a_staircase():
-    """Why k = 16 is refused: verl holds each lr for 16 optimizer steps; the nearest ramp,
-    160 optimizer steps, meets it only at the first optimizer step of each trainer step."""
+    """Why k = 16 needs our train_step unit: verl holds each lr for 16 optimizer steps; a
+    ramp over 160 optimizer steps meets it only at the first optimizer step of each trainer
+    step."""
     theirs = _verl_lrs(1e-6, 10, 12, 16, megatron=True)
     ramp = _our_lrs({"policy.optimizer.lr": 1e-6, WARMUP: 160}, 12 * 16)
     assert theirs[16:32] == [theirs[16]] * 16 and theirs[16] == pytest.approx(1e-7)
@@ -181,13 +194,11 @@ def test_ratio_cases():
         ({**total, STEPS: 0}, "legacy FSDP worker then has no warm-up"),
         ({**total, f"{ACTOR}.optim.lr_decay_steps": 100}, "lr_decay_steps is set"),
         ({**BATCH, STEPS: -1}, "trainer.total_training_steps is not set"),
-        ({**total, "data.train_batch_size": 128}, "a trainer step is 2 optimizer steps"),
     ]
     for ctx, phrase in cases:
         assert phrase in _refusal(RATIO, 0.1, ctx)
-    assert "policy.scheduler.lr_warmup_steps=60" in _refusal(
-        RATIO, 0.1, {**total, "data.train_batch_size": 128}
-    )  # 30 trainer steps x 2
+    two = fk.convert(0.1, {**total, "data.train_batch_size": 128})  # 2 optimizer steps each
+    assert dict(two.settings) == {WARMUP: 30} and "of 2 optimizer steps each" in two.note
     assert "expected a fraction" in _refusal(RATIO, 2, total)
 
 
@@ -197,7 +208,7 @@ def test_steps_cases():
     assert dict(fk.convert(7, BATCH).settings) == {WARMUP: 7}
     assert fk.convert(-1, BATCH).settings == ()  # the ratio's row decides
     epochs = {**BATCH, f"{ACTOR}.ppo_epochs": 2}  # 2 passes: 2 optimizer steps per step
-    assert "policy.scheduler.lr_warmup_steps=14" in _refusal(STEPS, 7, epochs)
+    assert dict(fk.convert(7, epochs).settings) == {WARMUP: 7}  # 7 trainer steps of 2
     assert "not a whole number" in _refusal(STEPS, 7, {**BATCH, MINI: 48})
     assert "converting needs" in _refusal(STEPS, 7, {})
     # the loader's one-line hint reads the key alone: refused there too, never a number
