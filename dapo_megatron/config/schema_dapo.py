@@ -34,6 +34,12 @@ class AdvantageConfig:
     """Baseline each sample with the mean of its group's others (RLOO)."""
     eps: float
     """Added to the std before dividing."""
+    std_over: Literal["group", "others"]
+    """Whose std divides a sample: group | others (its N - 1 others', NeMo RL's).
+
+    Whose reward std divides a sample's advantage (with norm_by_std): group, the whole
+    group's; others, the unbiased std of the sample's N - 1 others, the advantage left
+    unscaled where they all agree (NeMo RL's leave-one-out estimator, with leave_one_out)."""
 
 
 @dataclass
