@@ -1,6 +1,13 @@
-"""RLinf's keys in the table (docs reference/algorithms/dapo.rst,
-examples/reasoning/config/math/*.yaml), with their converters; dialect_keys.py joins the
-tables."""
+"""RLinf's algorithm keys in the table (docs reference/algorithms/dapo.rst,
+examples/reasoning/config/math/*.yaml), with their converters, RLinf's defaults, tiers and
+live-key rule; rlinf_layout.py has the layout, engine and data keys, and dialect_keys.py
+joins the tables.
+
+Read at RLinf/RLinf a3816b596478dcd8a5c69a6ec1468c9519f77b5b: rlinf/workers/actor/
+megatron_actor_worker.py (the loss, per micro-batch), rlinf/workers/megatron_worker.py
+(_setup_valid_token_scale), rlinf/utils/utils.py (get_loss_agg_func), rlinf/config.py
+(validate_reasoning_cfg), rlinf/runners/reasoning_runner.py (the dataloader).
+"""
 
 from __future__ import annotations
 
@@ -17,10 +24,12 @@ from dapo_megatron.migrate.dialects import (
     custom,
     kl_estimator,
     mapped,
+    off,
     same,
-    same_agg,
 )
+from dapo_megatron.migrate.rlinf_layout import RLINF_LAYOUT_KEYS, noop, only, top_k
 from dapo_megatron.migrate.shared_keys import (
+    AGG,
     CLIP_C,
     CLIP_HIGH,
     CLIP_LOW,
@@ -109,6 +118,145 @@ def _rlinf_placement(value: Any, ctx: Mapping[str, Any]) -> Translation:
     )
 
 
+def rlinf_agg(value: Any, ctx: Mapping[str, Any]) -> str:
+    """Our loss_agg_mode for RLinf's loss_agg_func, read from megatron_actor_worker.py's
+    loss_func: each micro-batch's loss is loss_agg_func over that micro-batch alone
+    (utils.py: token-mean = masked_mean, seq-mean-token-mean, seq-mean-token-sum), Megatron
+    averages the micro-batches and the DP ranks, and use_valid_token_scale multiplies each
+    by its valid tokens / the mini-batch's (megatron_worker.py _setup_valid_token_scale, x
+    DP x micro-batches). So: token-mean with the scale is ours; without it, a token mean per
+    micro-batch averaged: with micro-batches of one sample (training_batch_size_per_gpu 1,
+    no dynamic batch size) that is seq-mean-token-mean. The seq-mean modes are ours with
+    fixed micro-batches and no scale (equal micro-batches average to the whole mean)."""
+    scale = ctx.get("algorithm.use_valid_token_scale", False)
+    micro = ctx.get("algorithm.training_batch_size_per_gpu", 1)
+    dynamic = ctx.get("runner.enable_dynamic_batch_size", False) is True
+    if value == "token-mean" and scale is True:
+        return "token-mean"
+    if value not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
+        raise Untranslatable(f"needs RLinf's {value} aggregation, which dapo-megatron lacks")
+    if scale is True:
+        raise Untranslatable(
+            f"needs {value} per micro-batch weighted by its share of the mini-batch's tokens "
+            "(use_valid_token_scale), which dapo-megatron lacks"
+        )
+    if dynamic:
+        raise Untranslatable(
+            f"needs a {value} per token-packed micro-batch, averaged over micro-batches "
+            "(enable_dynamic_batch_size without use_valid_token_scale), which dapo-megatron lacks"
+        )
+    if value != "token-mean":
+        return value
+    if micro == 1:
+        return "seq-mean-token-mean"
+    raise Untranslatable(
+        f"needs a token mean per micro-batch of {micro} samples, averaged over micro-batches "
+        "(use_valid_token_scale false), which dapo-megatron lacks (with "
+        "training_batch_size_per_gpu 1 it is seq-mean-token-mean)"
+    )
+
+
+def _loss_agg(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if "algorithm.use_valid_token_scale" not in ctx and value in (
+        "token-mean",
+        "seq-mean-token-mean",
+        "seq-mean-token-sum",
+    ):
+        return Translation(
+            ((AGG, value),),
+            "same name; the same meaning with use_valid_token_scale true (token-mean) or "
+            "fixed micro-batches (seq-mean modes)",
+        )
+    agg = rlinf_agg(value, ctx)
+    note = (
+        "same meaning"
+        if agg == value
+        else (
+            "converted: a token mean per one-sample micro-batch, averaged over micro-batches "
+            "(use_valid_token_scale false), is a mean of per-sequence token means"
+        )
+    )
+    return Translation(((AGG, agg),), note)
+
+
+def _early_stop(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """megatron_actor_worker.py loss_func zeroes a micro-batch whose DP-averaged ratio
+    exceeds early_stop_imp_ratio; the ratio is near 1, so a bound of 1e9 never acts."""
+    if value is None or value >= 1e6:
+        return Translation((), "never acts (the ratio stays near 1), as here")
+    raise Untranslatable(
+        f"needs abandoning a micro-batch whose mean ratio exceeds {value}, which "
+        "dapo-megatron lacks"
+    )
+
+
+def _adv(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """advantages.py compute_grpo_advantages: (r - group mean) / (group std + 1e-6), std
+    unbiased (torch.std), as ours; normalize_advantages is read by GAE only."""
+    if value != "grpo":
+        raise Untranslatable(f"needs RLinf's {value} advantage, which dapo-megatron lacks")
+    return Translation(
+        (("dapo.advantage.norm_by_std", True), ("dapo.advantage.leave_one_out", False)),
+        "GRPO: group mean and std, as here",
+    )
+
+
+def _recompute_logprobs(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """megatron_actor_worker.py: old_logprobs are the recomputed ones, else the engine's
+    rollout_logprobs."""
+    if value is True:
+        return Translation((), "old log-probs from the policy, as here")
+    raise Untranslatable(
+        "needs the engine's log-probs as the old policy in the ratio, which dapo-megatron "
+        "lacks (here: the policy's own)"
+    )
+
+
+def _gen_batches(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """reasoning_runner.py: the dataloader batch is rollout_batch_size x max_num_gen_batches
+    prompts, and no code filters zero-variance groups: RLinf has no dynamic sampling."""
+    if value == 1:
+        return Translation(
+            ((f"{DS}.enabled", False),),
+            "no dynamic sampling: RLinf's reasoning runner keeps every group",
+        )
+    raise Untranslatable(
+        f"needs a dataloader batch of {value} rounds' prompts trained at once, which "
+        "dapo-megatron lacks"
+    )
+
+
+def _loss_type(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """megatron_actor_worker.py: the actor loss masks with response_mask only, so
+    truncated responses train too."""
+    if value != "actor":
+        raise Untranslatable(f"needs RLinf's {value} loss, which dapo-megatron lacks")
+    return Translation(
+        (("dapo.overlong_filtering", False),), "the PPO actor loss; truncated responses train"
+    )
+
+
+def _warmup_iters(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """config.py: lr_warmup_fraction (null by default) wins over lr_warmup_iters in
+    Megatron's OptimizerParamScheduler; iters count optimizer steps, as ours."""
+    if ctx.get("actor.lr_sched.lr_warmup_fraction") not in (None, 0, 0.0):
+        return Translation((), "read with lr_warmup_fraction, which wins")
+    return Translation(
+        (("policy.scheduler.lr_warmup_steps", as_int(value)),), "same unit: optimizer steps"
+    )
+
+
+def _warmup_fraction(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value in (None, 0, 0.0):
+        return Translation((), "no fraction: lr_warmup_iters decides")
+    decay = ctx.get("actor.lr_sched.lr_decay_iters")
+    raise Untranslatable(
+        f"needs Megatron's warm-up of {value} x lr_decay_iters {decay} optimizer steps counted "
+        "in samples (a fraction of one step leaves the first step at lr_warmup_init), which "
+        "dapo-megatron lacks"
+    )
+
+
 RLINF_KEYS: tuple[ForeignKey, ...] = (
     same(RLINF, "algorithm.group_size", "dapo.num_generations_per_prompt"),
     _rlinf_clip(CLIP_LOW, "algorithm.clip_ratio_low"),
@@ -121,17 +269,6 @@ RLINF_KEYS: tuple[ForeignKey, ...] = (
         lambda v, ctx: Translation((), "read with clip_ratio_low/high"),
     ),
     same(RLINF, "algorithm.clip_ratio_c", CLIP_C, DUAL_WHY),
-    same(
-        RLINF,
-        "actor.model.tensor_model_parallel_size",
-        "policy.megatron.tensor_model_parallel_size",
-    ),
-    same(
-        RLINF,
-        "actor.model.pipeline_model_parallel_size",
-        "policy.megatron.pipeline_model_parallel_size",
-    ),
-    same(RLINF, "actor.model.context_parallel_size", "policy.megatron.context_parallel_size"),
     same(RLINF, "rollout.tensor_parallel_size", "generation.engine.tensor_parallel_size"),
     same(RLINF, "actor.optim.lr", "policy.optimizer.lr"),
     same(RLINF, "actor.optim.weight_decay", "policy.optimizer.weight_decay"),
@@ -143,7 +280,6 @@ RLINF_KEYS: tuple[ForeignKey, ...] = (
         "all: every GPU of the nodes; a GPU index or range: that many GPUs of one node",
         _rlinf_placement,
     ),
-    same_agg(RLINF, "algorithm.loss_agg_func"),
     mapped(
         RLINF,
         "algorithm.max_resample",
@@ -184,7 +320,77 @@ RLINF_KEYS: tuple[ForeignKey, ...] = (
     ),
     same(RLINF, "data.rollout_batch_size", "dapo.num_prompts_per_step"),
     same(RLINF, "cluster.num_nodes", "cluster.num_nodes"),
-)
+    custom(
+        RLINF,
+        "algorithm.loss_agg_func",
+        AGG,
+        "token-mean with use_valid_token_scale: same; without it, a token mean per "
+        "micro-batch averaged (one-sample micro-batches: seq-mean-token-mean)",
+        _loss_agg,
+    ),
+    noop("algorithm.use_valid_token_scale", "read with algorithm.loss_agg_func"),
+    custom(RLINF, "algorithm.early_stop_imp_ratio", "(none)", "1e9: never acts", _early_stop),
+    custom(RLINF, "algorithm.adv_type", "dapo.advantage.*", "grpo: as here", _adv),
+    noop("algorithm.normalize_advantages", "read by GAE only (advantages.py)"),
+    custom(
+        RLINF,
+        "algorithm.loss_type",
+        "dapo.overlong_filtering",
+        "actor: the PPO actor loss over every response, truncated ones too",
+        _loss_type,
+    ),
+    noop("algorithm.calculate_entropy", "an entropy metric; the bonus is entropy_bonus"),
+    custom(
+        RLINF,
+        "algorithm.recompute_logprobs",
+        "(none: the policy's old log-probs)",
+        "true: as here; false refused",
+        _recompute_logprobs,
+    ),
+    noop("algorithm.shuffle_rollout", "the order of samples within a step"),
+    custom(
+        RLINF,
+        "algorithm.max_num_gen_batches",
+        f"{DS}.enabled",
+        "1: no dynamic sampling (RLinf has none); others refused",
+        _gen_batches,
+    ),
+    only("algorithm.sampling_params.do_sample", "greedy rollouts", off(True), "sampling"),
+    same(RLINF, "algorithm.sampling_params.temperature", "generation.temperature"),
+    same(RLINF, "algorithm.sampling_params.top_p", "generation.top_p"),
+    mapped(
+        RLINF,
+        "algorithm.sampling_params.top_k",
+        "generation.top_k",
+        "same meaning; 1000000 (beyond any vocabulary) is off",
+        top_k,
+    ),
+    same(RLINF, "algorithm.sampling_params.max_new_tokens", MAX_RESPONSE),
+    only(
+        "algorithm.sampling_params.repetition_penalty", "a repetition penalty", off(1.0, 1), "none"
+    ),
+    only(
+        "algorithm.sampling_params.min_new_tokens",
+        "a minimum response length",
+        off(0, 1),
+        "none (1: only an immediate EOS is barred there)",
+    ),
+    custom(
+        RLINF,
+        "actor.lr_sched.lr_warmup_iters",
+        "policy.scheduler.lr_warmup_steps",
+        "same unit when lr_warmup_fraction is null",
+        _warmup_iters,
+    ),
+    custom(
+        RLINF,
+        "actor.lr_sched.lr_warmup_fraction",
+        "(none)",
+        "null or 0: lr_warmup_iters decides; else refused",
+        _warmup_fraction,
+    ),
+    noop("actor.lr_sched.lr_decay_iters", "read with lr_decay_style (constant) and the warm-up"),
+) + RLINF_LAYOUT_KEYS
 
 
 RLINF_TIERS: dict[str, str] = {
@@ -212,16 +418,27 @@ RLINF_TIERS: dict[str, str] = {
     "rollout.sglang.torch_compile_max_bs": IMPACT_LAYOUT,
     "rollout.vllm.enable_flash_infer_sampler": IMPACT_LAYOUT,
     "runner.max_tokens_per_mbs": IMPACT_LAYOUT,  # micro-batch token budget
+    "runner.max_epochs": IMPACT_HARMLESS,  # when the run stops (rlinf_layout._epochs)
 }
 """Rlinf keys (or subtrees ending in ".") classified by what the source does with them,
 read before the patterns of dialects.impact."""
 
 
 RLINF_DEFAULTS: dict[str, Any] = {
-    # RLinf: rlinf/workers/actor/megatron_actor_worker.py reads clip_ratio_low/high with
-    # .get() (absent = null = ratio_clip_eps).
+    # megatron_actor_worker.py reads clip_ratio_low/high with .get() (absent = null =
+    # ratio_clip_eps).
     "algorithm.clip_ratio_low": None,
     "algorithm.clip_ratio_high": None,
+    # config.py validate_reasoning_cfg: training_batch_size_per_gpu 1, n_minibatches 1,
+    # max_num_gen_batches 1 when absent.
+    "algorithm.training_batch_size_per_gpu": 1,
+    "algorithm.n_minibatches": 1,
+    "algorithm.max_num_gen_batches": 1,
+    "algorithm.loss_type": "actor",
+    # config.py: lr_warmup_iters 0 and lr_warmup_fraction null when absent.
+    "actor.lr_sched.lr_warmup_iters": 0,
+    "actor.model.context_parallel_size": 1,
+    "actor.model.sequence_parallel": False,
 }
 """The value the source's code or base config gives a key that a config omits, for the
 keys that change a run (an omitted key takes the source's default, never ours)."""
@@ -229,4 +446,33 @@ keys that change a run (an omitted key takes the source's default, never ours)."
 
 def inactive(flat: Mapping[str, Any]) -> dict[str, str]:
     """Keys of a config that are not live in RLinf (key -> why)."""
-    return {}
+    out: dict[str, str] = {}
+    for key in (
+        "algorithm.safe_length",
+        "algorithm.len_reward_penalty",
+        "algorithm.max_resample",
+        "algorithm.max_length",
+    ):
+        if key in flat:
+            out[key] = (
+                "not live: RLinf's code does not read it at this commit (only its DAPO guide, "
+                "docs/source-en/rst_source/reference/algorithms/dapo.rst, names it)"
+            )
+    new = flat.get("algorithm.sampling_params.max_new_tokens")
+    if isinstance(new, str) and new.replace(" ", "").startswith("${subtract:${runner.seq_length},"):
+        out["algorithm.sampling_params.max_new_tokens"] = (
+            "not live as written: RLinf resolves it to runner.seq_length - "
+            "data.max_prompt_length, carried with runner.seq_length"
+        )
+    if isinstance(flat.get("rollout.return_logprobs"), str):
+        out["rollout.return_logprobs"] = (
+            "not live as written: read with algorithm.recompute_logprobs"
+        )
+    if (
+        flat.get("runner.enable_dynamic_batch_size") is not True
+        and "runner.max_tokens_per_mbs" in flat
+    ):
+        out["runner.max_tokens_per_mbs"] = "not live: runner.enable_dynamic_batch_size is false"
+    if flat.get("algorithm.kl_beta", 0) == 0 and "algorithm.kl_penalty_type" in flat:
+        out["algorithm.kl_penalty_type"] = "not live: algorithm.kl_beta is 0"
+    return out

@@ -1,5 +1,14 @@
-"""SkyRL's keys in the table (skyrl-train: config/ppo_base_config.yaml,
-examples/algorithms/dapo/*), with their converters; dialect_keys.py joins the tables."""
+"""SkyRL's algorithm keys in the table, with their converters, SkyRL's defaults, tiers and
+live-key rule; the layout, engine and data keys are in skyrl_layout.py, and dialect_keys.py
+joins the tables.
+
+Read at NovaSky-AI/SkyRL a9564572eb8e91076be43c1bd5e4615e3de17265: skyrl/train/config/
+config.py (the dataclasses: every default below), skyrl/train/trainer.py and
+skyrl/train/utils/trainer_utils.py (dynamic sampling), skyrl/backends/skyrl_train/utils/
+ppo_utils.py (loss reduction, policy losses), off_policy_correction_utils.py (TIS),
+workers/megatron/megatron_model_wrapper.py (the KL term) and examples/train/algorithms/dapo/
+main_dapo.py (the overlong penalty).
+"""
 
 from __future__ import annotations
 
@@ -13,14 +22,13 @@ from dapo_megatron.migrate.dialects import (
     Translation,
     Untranslatable,
     as_int,
-    choice,
     custom,
     hub_model,
-    kl_coef,
-    kl_switch,
     mapped,
+    off,
     policy_mini_batch,
     same,
+    sampling_top_k,
 )
 from dapo_megatron.migrate.shared_keys import (
     AGG,
@@ -35,6 +43,7 @@ from dapo_megatron.migrate.shared_keys import (
     SKYRL,
     UNLIMITED_WHY,
 )
+from dapo_megatron.migrate.skyrl_layout import SKYRL_LAYOUT_KEYS, noop, only
 
 
 def _skyrl_ds_type(value: Any, ctx: Mapping[str, Any]) -> bool:
@@ -45,10 +54,10 @@ def _skyrl_ds_type(value: Any, ctx: Mapping[str, Any]) -> bool:
     if value == "replace":
         raise Untranslatable(
             "SkyRL's replace (POLARIS) overwrites zero-variance groups with copies of "
-            "informative ones; ours filters and generates more rounds: set "
-            "dapo.dynamic_sampling.enabled=true"
+            "informative ones; needs that replacement, which dapo-megatron lacks (here: "
+            "dapo.dynamic_sampling.enabled=true filters and generates more rounds)"
         )
-    raise Untranslatable(f"{value!r}: SkyRL knows filter, replace and null")
+    raise Untranslatable(f"needs SkyRL's {value!r} dynamic sampling, which dapo-megatron lacks")
 
 
 def _skyrl_overlong_length(key: str) -> ForeignKey:
@@ -83,48 +92,274 @@ def _skyrl_loss_type(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if value == "dual_clip":
         c = ctx.get("trainer.algorithm.clip_ratio_c", 3.0)
         return Translation(((CLIP_C, c),), f"dual clip with clip_ratio_c {c}")
-    raise Untranslatable(f"{value!r}: only regular and dual_clip have a counterpart here")
+    raise Untranslatable(f"needs SkyRL's {value} policy loss, which dapo-megatron lacks")
 
 
-SKYRL_KEYS: tuple[ForeignKey, ...] = (
-    same(SKYRL, "trainer.algorithm.eps_clip_low", CLIP_LOW, LOW_WHY),
-    same(SKYRL, "trainer.algorithm.eps_clip_high", CLIP_HIGH, HIGH_WHY),
+ALGO = "trainer.algorithm"
+OPC = f"{ALGO}.off_policy_correction"
+EVAL = "generator.eval_sampling_params"
+OPT = "trainer.policy.optimizer_config"
+
+
+def _max_batches(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """trainer.py handle_dynamic_sampling raises once `sample_batch_count >=
+    max_sample_batches` while more groups are needed (<= 0: never); each round is one
+    dataloader batch of train_batch_size prompts. trainer_utils.py handle_filter_sampling
+    keeps the first train_batch_size x n samples and drops the rest (state reset): the
+    surplus is discarded, and a round draws train_batch_size prompts (multiplier 1)."""
+    n = as_int(value)
+    settings: list[tuple[str, Any]] = [(f"{DS}.max_gen_batches", n)]
+    note = "same meaning: at most {v} full rounds of train_batch_size prompts, <= 0 unlimited"
+    if ctx.get(f"{ALGO}.dynamic_sampling.type") == "filter":
+        settings += [(f"{DS}.surplus", "discard"), (f"{DS}.batch_multiplier", 1.0)]
+        note += (
+            "; groups beyond train_batch_size are discarded (handle_filter_sampling "
+            "truncates), and round 1 draws train_batch_size prompts (later rounds here draw "
+            "only the groups still needed where SkyRL draws a whole batch)"
+        )
+    return Translation(tuple(settings), note.replace("{v}", str(n)))
+
+
+def skyrl_agg(ctx: Mapping[str, Any]) -> str:
+    """Our loss_agg_mode for SkyRL's loss_reduction (ppo_utils.py
+    apply_loss_reduction_to_advantages_minibatch, applied per mini-batch by trainer.py
+    _normalize_advantages): token_mean divides by the mini-batch's valid tokens, as ours;
+    sequence_mean averages each sequence's token mean over the mini-batch;
+    token_mean_legacy takes a token mean per slice of micro_train_batch_size_per_gpu samples
+    and averages the slices: a slice of one sample is one sequence, so with 1 it is
+    seq-mean-token-mean, and with more it has no counterpart."""
+    value = ctx.get(f"{ALGO}.loss_reduction", "token_mean")
+    if value == "token_mean":
+        return "token-mean"
+    if value == "sequence_mean":
+        return "seq-mean-token-mean"
+    if value == "seq_mean_token_sum_norm":
+        return "seq-mean-token-sum-norm"
+    if value == "token_mean_legacy":
+        micro = ctx.get("trainer.micro_train_batch_size_per_gpu", 1)
+        if micro == 1 and as_int(ctx.get("trainer.max_tokens_per_microbatch", -1)) <= 0:
+            return "seq-mean-token-mean"
+        raise Untranslatable(
+            f"needs a token mean per slice of {micro} samples averaged over the slices "
+            "(SkyRL's token_mean_legacy), which dapo-megatron lacks (here: token-mean over "
+            "the mini-batch; with micro_train_batch_size_per_gpu=1 it is seq-mean-token-mean)"
+        )
+    raise Untranslatable(f"needs SkyRL's {value} loss reduction, which dapo-megatron lacks")
+
+
+def _loss_reduction(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    agg = skyrl_agg({**ctx, f"{ALGO}.loss_reduction": value})
+    settings: list[tuple[str, Any]] = [(AGG, agg)]
+    if agg == "seq-mean-token-sum-norm":
+        length = ctx.get(f"{ALGO}.max_seq_len")
+        if length is None:
+            raise Untranslatable("seq_mean_token_sum_norm needs trainer.algorithm.max_seq_len")
+        settings.append(("dapo.loss.loss_scale_length", as_int(length)))
+    note = (
+        "same meaning"
+        if value != "token_mean_legacy"
+        else ("converted: a token mean per sample, averaged (micro_train_batch_size_per_gpu 1)")
+    )
+    return Translation(tuple(settings), note)
+
+
+def _kl_loss(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """megatron_model_wrapper.py: the KL term is masked_mean over each sequence's tokens,
+    then the mean over sequences (and micro-batches), whatever loss_reduction is; ours
+    aggregates it with the policy loss (algorithms/loss.py policy_loss)."""
+    if value is False:
+        return Translation((("dapo.loss.kl_coef", 0.0),), "no KL loss: kl_coef 0")
+    agg = skyrl_agg(ctx)
+    if agg != "seq-mean-token-mean":
+        raise Untranslatable(
+            f"needs a KL term averaged per sequence beside a {agg} policy loss, which "
+            "dapo-megatron lacks (here: both aggregated alike)"
+        )
+    coef = ctx.get(f"{ALGO}.kl_loss_coef", 0.001)
+    est = {"k1": "k1", "k2": "k2", "k3": "k3", "low_var_kl": "k3"}.get(
+        ctx.get(f"{ALGO}.kl_estimator_type", "k3")
+    )
+    if est is None:
+        raise Untranslatable("needs a KL estimator other than k1/k2/k3, which dapo-megatron lacks")
+    return Translation(
+        (("dapo.loss.kl_coef", coef), ("dapo.loss.kl_estimator", est)),
+        f"a per-sequence-mean KL loss, coefficient {coef}, estimator {est}",
+    )
+
+
+def _tis(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """off_policy_correction_utils.py compute_tis_ratio: token: min(exp(old - rollout),
+    token_tis_ratio_clip_high) per token; sequence: min(exp(sum of old - rollout),
+    sequence_tis_ratio_clip_high); both multiply the per-token loss, as ours."""
+    if value is None:
+        return Translation((("dapo.loss.rollout_correction", "none"),), "no correction, as here")
+    if value not in ("token", "sequence"):
+        raise Untranslatable(f"needs {value} importance weights, which dapo-megatron lacks")
+    cap = ctx.get(f"{OPC}.{value}_tis_ratio_clip_high", 2.0 if value == "token" else 5.0)
+    return Translation(
+        (
+            ("dapo.loss.rollout_correction", "tis"),
+            ("dapo.loss.rollout_correction_level", value),
+            ("dapo.loss.tis_cap", cap),
+        ),
+        f"same meaning: {value}-level truncated importance weights, capped at {cap}",
+    )
+
+
+def _use_tis(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """utils.py validate_cfg: the deprecated use_tis sets tis_ratio_type token with
+    token_tis_ratio_clip_high = tis_imp_ratio_cap."""
+    if value is not True:
+        return Translation((), "off (the off_policy_correction keys decide)")
+    return _tis(
+        "token",
+        {**ctx, f"{OPC}.token_tis_ratio_clip_high": ctx.get(f"{ALGO}.tis_imp_ratio_cap", -1.0)},
+    )
+
+
+def _eval(which: str) -> Any:
+    """config.py GeneratorConfig: without eval_sampling_params, evaluation is greedy
+    (temperature 0) at the training cap; once any is given, the others take
+    SamplingParams' defaults (temperature 1.0, top_p 1.0, max_generate_length 1024)."""
+
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
+        given = any(
+            ctx.get(f"{EVAL}.{k}") is not None
+            for k in ("temperature", "top_p", "max_generate_length")
+        )
+        if value is None and not given:
+            if which == "temperature":
+                return Translation(
+                    (("validation.greedy", True),), "no eval_sampling_params: greedy"
+                )
+            return Translation((), "no eval_sampling_params: greedy at the training cap")
+        if value is None:
+            value = {"temperature": 1.0, "top_p": 1.0, "max_generate_length": 1024}[which]
+        if which == "temperature":
+            if value == 0:
+                return Translation(
+                    (("validation.greedy", True), ("validation.temperature", 1.0)),
+                    "temperature 0: greedy (validation.temperature is then unused)",
+                )
+            return Translation((("validation.temperature", value),), "same meaning")
+        if which == "top_p":
+            return Translation((("validation.top_p", value),), "same meaning")
+        cap = ctx.get("generator.sampling_params.max_generate_length", 1024)
+        if value == cap:
+            return Translation((), "the training cap, as here")
+        raise Untranslatable(
+            f"needs a validation response cap ({value}) apart from training's ({cap}), which "
+            "dapo-megatron lacks (here: generation.max_response_length for both)"
+        )
+
+    return convert
+
+
+def _eval_interval(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    n = as_int(value)
+    return Translation((("validation.val_period", max(n, 0)),), "same meaning; -1 (off) is 0 here")
+
+
+def _scheduler(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value in ("constant_with_warmup", "constant"):
+        return Translation(
+            (("policy.scheduler.lr_decay_style", "constant"),), "a constant lr after warm-up"
+        )
+    raise Untranslatable(f"needs SkyRL's {value} schedule, which dapo-megatron lacks")
+
+
+def _betas(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    b1, b2 = value
+    return Translation(
+        (("policy.optimizer.adam_beta1", b1), ("policy.optimizer.adam_beta2", b2)), "same meaning"
+    )
+
+
+def _overlong_default(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value is None:
+        return Translation(
+            ((f"{OB}.enabled", False),),
+            "no overlong penalty: only examples/train/algorithms/dapo/main_dapo.py adds one",
+        )
+    return _skyrl_overlong_length("x").convert(value, ctx)
+
+
+def _strategy(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value == "megatron":
+        return Translation((), "Megatron-Core, as here")
+    raise Untranslatable(f"needs {value} training, which dapo-megatron lacks (here: Megatron-Core)")
+
+
+def _epochs(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    raise Untranslatable(
+        f"{value} pass(es) over the data: a step count that depends on the dataset's size "
+        "after SkyRL's prompt-length filter; set dapo.max_num_steps (the lr is constant "
+        "after warm-up in both, so it decides when the run stops, not what a step does)"
+    )
+
+
+def _estimator(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """ppo_utils.py compute_grpo_outcome_advantage: (r - group mean), divided by the group
+    std when grpo_norm_by_std."""
+    if value == "grpo":
+        return Translation(
+            (("dapo.advantage.leave_one_out", False),), "GRPO: the whole group's mean, as here"
+        )
+    raise Untranslatable(f"needs the {value} advantage estimator, which dapo-megatron lacks")
+
+
+def _read_with(key: str, other: str) -> ForeignKey:
+    return noop(key, f"read with {other}")
+
+
+SKYRL_ALGO_KEYS: tuple[ForeignKey, ...] = (
+    same(SKYRL, f"{ALGO}.eps_clip_low", CLIP_LOW, LOW_WHY),
+    same(SKYRL, f"{ALGO}.eps_clip_high", CLIP_HIGH, HIGH_WHY),
     mapped(
         SKYRL,
-        "trainer.algorithm.dynamic_sampling.type",
+        f"{ALGO}.dynamic_sampling.type",
         f"{DS}.enabled",
-        "filter: true, null: false; SkyRL filters on the (shaped) reward, ours on the raw "
-        "verifier metric",
+        "filter: true, null: false; SkyRL filters on the environment's reward before the "
+        "overlong penalty (trainer.py), the aime reward is +1/-1: ours on accuracy, the same",
         _skyrl_ds_type,
     ),
-    same(
+    custom(
         SKYRL,
-        "trainer.algorithm.dynamic_sampling.max_sample_batches",
-        f"{DS}.max_gen_batches",
-        UNLIMITED_WHY + " (SkyRL raises once `rounds >= {v}` and more are needed)",
+        f"{ALGO}.dynamic_sampling.max_sample_batches",
+        f"{DS}.max_gen_batches (+ surplus, batch_multiplier)",
+        UNLIMITED_WHY + "; with filter: surplus discard, batch_multiplier 1",
+        _max_batches,
     ),
-    choice(
+    _read_with(f"{ALGO}.dynamic_sampling.min_replace_ratio", f"{ALGO}.dynamic_sampling.type"),
+    custom(
         SKYRL,
-        "trainer.algorithm.loss_reduction",
+        f"{ALGO}.loss_reduction",
         AGG,
-        {
-            "token_mean": "token-mean",
-            "sequence_mean": "seq-mean-token-mean",
-            "seq_mean_token_sum_norm": "seq-mean-token-sum-norm",
-        },
+        "token_mean: token-mean; sequence_mean: seq-mean-token-mean; seq_mean_token_sum_norm "
+        "(with max_seq_len); token_mean_legacy: seq-mean-token-mean with one-sample "
+        "micro-batches, else refused",
+        _loss_reduction,
     ),
+    _read_with(f"{ALGO}.max_seq_len", f"{ALGO}.loss_reduction"),
     same(SKYRL, "generator.apply_overlong_filtering", "dapo.overlong_filtering"),
-    _skyrl_overlong_length("trainer.algorithm.overlong_buffer.len"),
-    _skyrl_overlong_length("trainer.algorithm.overlong_buffer_len"),
+    _skyrl_overlong_length(f"{ALGO}.overlong_buffer.len"),
+    custom(
+        SKYRL,
+        f"{ALGO}.overlong_buffer_len",
+        f"{OB}.length (+ enabled)",
+        "same ramp over the last {v} tokens of the response cap (main_dapo.py); absent: "
+        "no penalty (SkyRL's base trainer)",
+        _overlong_default,
+    ),
     same(
         SKYRL,
-        "trainer.algorithm.overlong_buffer.penalty_factor",
+        f"{ALGO}.overlong_buffer.penalty_factor",
         f"{OB}.penalty_factor",
         "same meaning: the penalty lies in [-{v}, 0]",
     ),
     same(
         SKYRL,
-        "trainer.algorithm.overlong_buffer_penalty_factor",
+        f"{ALGO}.overlong_buffer_penalty_factor",
         f"{OB}.penalty_factor",
         "same meaning: the penalty lies in [-{v}, 0]",
     ),
@@ -132,39 +367,73 @@ SKYRL_KEYS: tuple[ForeignKey, ...] = (
     same(SKYRL, "generator.n_samples_per_prompt", "dapo.num_generations_per_prompt"),
     hub_model("trainer.policy.model.path", SKYRL),
     policy_mini_batch(SKYRL, "trainer.policy_mini_batch_size", "generator.n_samples_per_prompt"),
+    noop("trainer.critic_mini_batch_size", "no critic: GRPO"),
     same(SKYRL, "generator.sampling_params.max_generate_length", MAX_RESPONSE),
     same(SKYRL, "generator.sampling_params.temperature", "generation.temperature"),
     same(SKYRL, "generator.sampling_params.top_p", "generation.top_p"),
+    mapped(
+        SKYRL,
+        "generator.sampling_params.top_k",
+        "generation.top_k",
+        "same meaning (-1: off)",
+        sampling_top_k,
+    ),
+    only("generator.sampling_params.min_p", "min-p sampling", off(0.0, 0), "no min-p"),
+    only(
+        "generator.sampling_params.repetition_penalty", "a repetition penalty", off(1.0, 1), "none"
+    ),
+    only("generator.sampling_params.stop", "stop strings", off(None), "the tokenizer's EOS"),
+    noop("generator.sampling_params.logprobs", "the engine's log-probs of the sampled tokens"),
     same(SKYRL, "trainer.max_prompt_length", "data.max_prompt_length"),
-    same(SKYRL, "trainer.policy.optimizer_config.lr", "policy.optimizer.lr"),
-    kl_switch(SKYRL, "trainer.algorithm.use_kl_loss"),
-    kl_coef(SKYRL, "trainer.algorithm.kl_loss_coef", "trainer.algorithm.use_kl_loss"),
-    same(SKYRL, "trainer.eval_interval", "validation.val_period"),
-    same(SKYRL, "trainer.eval_before_train", "validation.val_at_start"),
-    same(SKYRL, "trainer.ckpt_interval", "checkpointing.save_period"),
-    same(SKYRL, "trainer.ckpt_path", "checkpointing.checkpoint_dir"),
-    same(SKYRL, "trainer.seed", "run.seed"),
-    same(SKYRL, "trainer.placement.policy_num_nodes", "cluster.num_nodes"),
-    same(SKYRL, "trainer.placement.policy_num_gpus_per_node", "cluster.gpus_per_node"),
+    same(SKYRL, f"{OPT}.lr", "policy.optimizer.lr"),
+    same(SKYRL, f"{OPT}.weight_decay", "policy.optimizer.weight_decay"),
+    same(SKYRL, f"{OPT}.max_grad_norm", "policy.optimizer.clip_grad"),
     same(
         SKYRL,
-        "generator.inference_engine_tensor_parallel_size",
-        "generation.engine.tensor_parallel_size",
-    ),
-    same(SKYRL, "generator.gpu_memory_utilization", "generation.engine.gpu_memory_utilization"),
-    same(
-        SKYRL,
-        "generator.inference_engine.tensor_parallel_size",
-        "generation.engine.tensor_parallel_size",
-    ),
-    same(
-        SKYRL,
-        "generator.inference_engine.gpu_memory_utilization",
-        "generation.engine.gpu_memory_utilization",
+        f"{OPT}.num_warmup_steps",
+        "policy.scheduler.lr_warmup_steps",
+        "same unit: SkyRL steps its scheduler once per optimizer step",
     ),
     custom(
         SKYRL,
-        "trainer.algorithm.clip_ratio_c",
+        f"{OPT}.scheduler",
+        "policy.scheduler.lr_decay_style",
+        "constant_with_warmup: constant after the warm-up; others refused",
+        _scheduler,
+    ),
+    custom(SKYRL, f"{OPT}.adam_betas", "policy.optimizer.adam_beta1 (+ adam_beta2)", "same meaning", _betas),
+    noop(f"{OPT}.offload_after_step", "where optimizer states live between steps"),
+    custom(
+        SKYRL,
+        f"{ALGO}.use_kl_loss",
+        "dapo.loss.kl_coef (+ kl_estimator)",
+        "false: kl_coef 0; true: kl_loss_coef when the policy loss is per-sequence too "
+        "(SkyRL averages the KL per sequence)",
+        _kl_loss,
+    ),
+    _read_with(f"{ALGO}.kl_loss_coef", f"{ALGO}.use_kl_loss"),
+    _read_with(f"{ALGO}.kl_estimator_type", f"{ALGO}.use_kl_loss"),
+    only(f"{ALGO}.use_kl_in_reward", "a KL penalty in the reward", off(False), "none"),
+    only(f"{ALGO}.use_entropy_loss", "SkyRL's per-sequence entropy loss", off(False), "none"),
+    _read_with(f"{ALGO}.entropy_loss_coef", f"{ALGO}.use_entropy_loss"),
+    custom(
+        SKYRL,
+        f"{ALGO}.advantage_estimator",
+        "dapo.advantage.leave_one_out",
+        "grpo: the group mean as baseline (not leave-one-out); others refused",
+        _estimator,
+    ),
+    same(SKYRL, f"{ALGO}.grpo_norm_by_std", "dapo.advantage.norm_by_std"),
+    only(f"{ALGO}.advantage_batch_normalize", "batch-normalised advantages", off(False), "none"),
+    only(
+        f"{ALGO}.zero_variance_filter",
+        "loss-masking zero-variance groups",
+        off(False),
+        "none (dynamic sampling removes them instead)",
+    ),
+    custom(
+        SKYRL,
+        f"{ALGO}.clip_ratio_c",
         CLIP_C,
         "the dual-clip bound, applied only when policy_loss_type is dual_clip (SkyRL "
         "ppo_utils.py); otherwise null (off)",
@@ -172,67 +441,244 @@ SKYRL_KEYS: tuple[ForeignKey, ...] = (
     ),
     custom(
         SKYRL,
-        "trainer.algorithm.policy_loss_type",
+        f"{ALGO}.policy_loss_type",
         f"{CLIP_C} (read with clip_ratio_c)",
         "regular: the clipped surrogate (dual clip off); dual_clip: with clip_ratio_c; "
-        "others have no counterpart",
+        "others refused",
         _skyrl_loss_type,
     ),
-    same(
+    custom(
         SKYRL,
-        "trainer.policy.optimizer_config.num_warmup_steps",
-        "policy.scheduler.lr_warmup_steps",
-        "same unit: SkyRL steps its scheduler once per optimizer step",
+        f"{OPC}.tis_ratio_type",
+        "dapo.loss.rollout_correction (+ level, tis_cap)",
+        "null: none; token / sequence: truncated importance weights",
+        _tis,
     ),
-    same(SKYRL, "trainer.policy.optimizer_config.weight_decay", "policy.optimizer.weight_decay"),
-    same(SKYRL, "trainer.policy.optimizer_config.max_grad_norm", "policy.optimizer.clip_grad"),
-    same(
+    _read_with(f"{OPC}.token_tis_ratio_clip_high", f"{OPC}.tis_ratio_type"),
+    _read_with(f"{OPC}.sequence_tis_ratio_clip_high", f"{OPC}.tis_ratio_type"),
+    custom(
         SKYRL,
-        "trainer.policy.megatron_config.tensor_model_parallel_size",
-        "policy.megatron.tensor_model_parallel_size",
+        f"{ALGO}.use_tis",
+        "dapo.loss.rollout_correction (+ tis_cap)",
+        "true: token TIS capped at tis_imp_ratio_cap (deprecated there)",
+        _use_tis,
     ),
-    same(
-        SKYRL,
-        "trainer.policy.megatron_config.pipeline_model_parallel_size",
-        "policy.megatron.pipeline_model_parallel_size",
+    _read_with(f"{ALGO}.tis_imp_ratio_cap", f"{ALGO}.use_tis"),
+    only(
+        f"{OPC}.sequence_mask_metric",
+        "SkyRL's sequence masking by a ratio metric",
+        off(None),
+        "none",
     ),
-    same(
-        SKYRL,
-        "trainer.policy.megatron_config.context_parallel_size",
-        "policy.megatron.context_parallel_size",
+    *(
+        _read_with(f"{OPC}.{k}", f"{OPC}.sequence_mask_metric")
+        for k in ("geo_mask_high", "geo_mask_low", "product_mask_high", "product_mask_low")
+    ),
+    *(
+        only(f"{OPC}.{k}", "SkyRL's outlier token masking", off(None), "none")
+        for k in (
+            "outlier_token_is_threshold_low",
+            "outlier_token_is_threshold_high",
+            "token_mask_is_threshold_low",
+            "token_mask_is_threshold_high",
+        )
     ),
     same(SKYRL, "generator.eval_n_samples_per_prompt", "validation.num_samples_per_prompt"),
-    same(SKYRL, "generator.eval_sampling_params.temperature", "validation.temperature"),
-    same(SKYRL, "generator.eval_sampling_params.top_p", "validation.top_p"),
+    custom(
+        SKYRL,
+        f"{EVAL}.temperature",
+        "validation.temperature (or greedy)",
+        "same meaning; 0 or no eval_sampling_params: greedy",
+        _eval("temperature"),
+    ),
+    custom(SKYRL, f"{EVAL}.top_p", "validation.top_p", "same meaning", _eval("top_p")),
+    custom(
+        SKYRL,
+        f"{EVAL}.max_generate_length",
+        "(none: the training cap here)",
+        "the training cap: as here; another cap refused",
+        _eval("max_generate_length"),
+    ),
+    custom(
+        SKYRL, "trainer.eval_interval", "validation.val_period", "same; -1 (off): 0", _eval_interval
+    ),
+    same(SKYRL, "trainer.eval_before_train", "validation.val_at_start"),
+    same(SKYRL, "trainer.ckpt_interval", "checkpointing.save_period"),
+    same(SKYRL, "trainer.ckpt_path", "checkpointing.checkpoint_dir"),
+    same(SKYRL, "trainer.seed", "run.seed"),
+    same(SKYRL, "trainer.max_training_steps", "dapo.max_num_steps"),
+    custom(SKYRL, "trainer.epochs", "(none: dapo.max_num_steps)", "passes over the data", _epochs),
+    only("trainer.update_epochs_per_batch", "several passes over each batch", off(1), "one pass"),
+    noop(
+        "trainer.recompute_old_logprobs_per_minibatch",
+        "when old log-probs are computed: the same values",
+    ),
+    custom(
+        SKYRL,
+        "trainer.strategy",
+        "(none: Megatron-Core here)",
+        "megatron: as here; FSDP refused",
+        _strategy,
+    ),
+    only("trainer.policy.sequence_parallel_size", "Ulysses sequence parallelism", off(1), "none"),
+    noop("trainer.policy.fsdp_config.fsdp_size", "read with trainer.strategy"),
+    only("trainer.policy.model.lora.rank", "LoRA", off(0), "full fine-tuning"),
+    *(
+        _read_with(f"trainer.policy.model.lora.{k}", "trainer.policy.model.lora.rank")
+        for k in ("alpha", "dropout", "target_modules", "init_method", "exclude_modules")
+    ),
+    only(
+        "trainer.policy.model.fake_int4_qat.enabled",
+        "fake-INT4 quantisation-aware training",
+        off(False),
+        "bf16 weights",
+    ),
+    *(
+        _read_with(f"trainer.policy.model.fake_int4_qat.{k}", "fake_int4_qat.enabled")
+        for k in ("group_size", "scale_divisor", "bf16_base_path", "symmetric")
+    ),
+    only("trainer.mtp.enabled", "multi-token prediction (MTP) training", off(False), "none"),
+    *(
+        _read_with(f"trainer.mtp.{k}", "trainer.mtp.enabled")
+        for k in ("num_speculative_tokens", "loss_weight")
+    ),
+    only(
+        "trainer.fully_async.enabled",
+        "SkyRL's fully asynchronous training",
+        off(False),
+        "synchronous steps",
+    ),
+    *(
+        _read_with(f"trainer.fully_async.{k}", "trainer.fully_async.enabled")
+        for k in (
+            "max_staleness_steps",
+            "num_parallel_generation_workers",
+            "clear_kv_cache_on_weight_sync",
+            "sample_full_batch",
+        )
+    ),
 )
+"""SkyRL's algorithm, optimizer and evaluation keys."""
+
+SKYRL_KEYS: tuple[ForeignKey, ...] = SKYRL_ALGO_KEYS + SKYRL_LAYOUT_KEYS
+"""All of SkyRL's keys (skyrl_layout.py has the layout, engine and data ones)."""
 
 
 SKYRL_TIERS: dict[str, str] = {
+    "trainer.ckpt_path": IMPACT_HARMLESS,  # a directory
+    "trainer.export_path": IMPACT_HARMLESS,
+    "trainer.epochs": IMPACT_HARMLESS,  # when the run stops (_epochs says why)
     "trainer.max_ckpts_to_keep": IMPACT_HARMLESS,
     "trainer.eval_batch_size": IMPACT_HARMLESS,  # evaluation batching
+    "trainer.remove_microbatch_padding": IMPACT_HARMLESS,  # packing: any value trains alike
     "trainer.strategy": IMPACT_LAYOUT,  # FSDP / Megatron backend
     "generator.batched": IMPACT_LAYOUT,  # batched vs per-request generation
 }
-"""Skyrl keys (or subtrees ending in ".") classified by what the source does with them,
+"""SkyRL keys (or subtrees ending in ".") classified by what the source does with them,
 read before the patterns of dialects.impact."""
 
 
 SKYRL_DEFAULTS: dict[str, Any] = {
-    # skyrl/train/config/config.py (the dataclass defaults).
-    "trainer.algorithm.eps_clip_low": 0.2,
-    "trainer.algorithm.eps_clip_high": 0.2,
-    "trainer.algorithm.policy_loss_type": "regular",
-    "trainer.algorithm.loss_reduction": "token_mean",
-    "trainer.algorithm.dynamic_sampling.type": None,
-    "trainer.policy.optimizer_config.lr": 1.0e-6,
-    "trainer.policy.optimizer_config.num_warmup_steps": 0,
+    # skyrl/train/config/config.py, the dataclass defaults (AlgorithmConfig, TrainerConfig,
+    # OptimizerConfig, GeneratorConfig, SamplingParams, PlacementConfig, MegatronConfig).
+    f"{ALGO}.eps_clip_low": 0.2,
+    f"{ALGO}.eps_clip_high": 0.2,
+    f"{ALGO}.policy_loss_type": "regular",
+    f"{ALGO}.loss_reduction": "token_mean",
+    f"{ALGO}.dynamic_sampling.type": None,
+    f"{ALGO}.dynamic_sampling.max_sample_batches": 30,
+    f"{ALGO}.use_kl_loss": True,
+    f"{ALGO}.advantage_estimator": "grpo",
+    f"{ALGO}.grpo_norm_by_std": True,
+    f"{OPC}.tis_ratio_type": None,
+    # main_dapo.py's DAPOAlgorithmConfig adds overlong_buffer_len (512); the base trainer
+    # has none, and every shipped main_dapo script sets it: absent means no penalty.
+    f"{ALGO}.overlong_buffer_len": None,
+    f"{OPT}.lr": 1.0e-6,
+    f"{OPT}.weight_decay": 1.0e-2,
+    f"{OPT}.max_grad_norm": 1.0,
+    f"{OPT}.num_warmup_steps": 0,
+    f"{OPT}.scheduler": "constant_with_warmup",
+    f"{OPT}.adam_betas": [0.9, 0.999],
+    "trainer.train_batch_size": 1024,
+    "trainer.policy_mini_batch_size": 256,
+    "trainer.micro_train_batch_size_per_gpu": 1,
+    "trainer.micro_forward_batch_size_per_gpu": 1,
+    "trainer.max_prompt_length": 512,
+    "trainer.gradient_checkpointing": True,
+    "trainer.strategy": "fsdp",
+    "trainer.placement.colocate_all": True,
+    "trainer.placement.policy_num_nodes": 1,
+    "trainer.placement.policy_num_gpus_per_node": 1,
+    "trainer.policy.megatron_config.tensor_model_parallel_size": 1,
+    "trainer.policy.megatron_config.pipeline_model_parallel_size": 1,
+    "trainer.policy.model.path": "Qwen/Qwen2.5-1.5B-Instruct",
+    "generator.n_samples_per_prompt": 5,
     "generator.apply_overlong_filtering": False,
     "generator.sampling_params.max_generate_length": 1024,
+    "generator.sampling_params.temperature": 1.0,
+    "generator.sampling_params.top_p": 1.0,
+    "trainer.policy.megatron_config.context_parallel_size": 1,
+    "generator.eval_n_samples_per_prompt": 1,
+    f"{EVAL}.temperature": None,
+    f"{EVAL}.top_p": None,
+    f"{EVAL}.max_generate_length": None,
+    "generator.inference_engine.backend": "vllm",
+    "generator.inference_engine.tensor_parallel_size": 1,
+    "generator.inference_engine.gpu_memory_utilization": 0.8,
+    "generator.inference_engine.max_num_seqs": 1024,
+    "environment.env_class": "gsm8k",
 }
 """The value the source's code or base config gives a key that a config omits, for the
 keys that change a run (an omitted key takes the source's default, never ours)."""
 
 
 def inactive(flat: Mapping[str, Any]) -> dict[str, str]:
-    """Keys of a config that are not live in SkyRL (key -> why)."""
-    return {}
+    """Keys of a config that are not live in SkyRL (key -> why): a feature's settings
+    while the feature is off (config.py reads them only then)."""
+    out: dict[str, str] = {}
+
+    def dead(prefix: str, why: str, keep: str = "") -> None:
+        for key in flat:
+            if key.lstrip("+").startswith(prefix) and key.lstrip("+") != keep:
+                out[key] = f"not live: {why}"
+
+    if flat.get(f"{ALGO}.dynamic_sampling.type") is None:
+        dead(
+            f"{ALGO}.dynamic_sampling.",
+            "dynamic_sampling.type is null",
+            f"{ALGO}.dynamic_sampling.type",
+        )
+    if flat.get(f"{ALGO}.use_kl_loss", True) is False:
+        for k in ("kl_loss_coef", "kl_estimator_type"):
+            dead(f"{ALGO}.{k}", "use_kl_loss is false")
+    if flat.get(f"{ALGO}.use_entropy_loss", False) is False:
+        dead(f"{ALGO}.entropy_loss_coef", "use_entropy_loss is false")
+    if flat.get(f"{OPC}.tis_ratio_type") is None and flat.get(f"{ALGO}.use_tis") is not True:
+        dead(f"{OPC}.token_tis_ratio_clip_high", "tis_ratio_type is null")
+        dead(f"{OPC}.sequence_tis_ratio_clip_high", "tis_ratio_type is null")
+    if flat.get(f"{ALGO}.use_tis") is not True:
+        dead(f"{ALGO}.tis_imp_ratio_cap", "use_tis is false")
+    if flat.get(f"{OPC}.sequence_mask_metric") is None:
+        for k in ("geo_mask_high", "geo_mask_low", "product_mask_high", "product_mask_low"):
+            dead(f"{OPC}.{k}", "sequence_mask_metric is null")
+    if flat.get("trainer.policy.model.lora.rank", 0) == 0:
+        dead("trainer.policy.model.lora.", "lora.rank is 0", "trainer.policy.model.lora.rank")
+        dead(f"{MEG_LORA}", "lora.rank is 0")
+    if flat.get("trainer.policy.model.fake_int4_qat.enabled", False) is False:
+        dead(
+            "trainer.policy.model.fake_int4_qat.",
+            "fake_int4_qat.enabled is false",
+            "trainer.policy.model.fake_int4_qat.enabled",
+        )
+    if flat.get("trainer.mtp.enabled", False) is False:
+        dead("trainer.mtp.", "mtp.enabled is false", "trainer.mtp.enabled")
+        dead("trainer.policy.megatron_config.mtp_", "mtp.enabled is false")
+    if flat.get("trainer.fully_async.enabled", False) is False:
+        dead("trainer.fully_async.", "fully_async.enabled is false", "trainer.fully_async.enabled")
+    if flat.get("trainer.strategy") == "megatron":
+        dead("trainer.policy.fsdp_config.", "trainer.strategy is megatron")
+    return out
+
+
+MEG_LORA = "trainer.policy.megatron_config.lora_config."
