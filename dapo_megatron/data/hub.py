@@ -29,10 +29,19 @@ from dapo_megatron.config.model_source import (
     hub_offline,
     hub_reachable,
     looks_like_hub_id,
+    names_a_local_folder,
 )
+from dapo_megatron.shared.commands import tool_command
 
-PREPARE_COMMAND = "dapo-prepare --config RECIPE"
-"""What fetches a recipe's hub inputs on a machine with internet (dapo_megatron/prepare.py)."""
+PREPARE_ARGS = "--config RECIPE"
+"""dapo-prepare's arguments in a message that does not know the run's recipe."""
+
+
+def prepare_command(prepare_args: str = PREPARE_ARGS) -> str:
+    """What fetches a recipe's hub inputs on a machine with internet (dapo_megatron/prepare.py),
+    spelled as the README shows it (shared/commands.py)."""
+    return f"{tool_command('dapo-prepare')} {prepare_args}"
+
 
 MODEL_PATTERNS = (
     "*.json",  # config.json, generation_config.json, the shard index, tokenizer configs
@@ -59,13 +68,9 @@ def hub_cache(env: Mapping[str, str] | None = None) -> Path:
 
 def is_hub_model_id(value: str) -> bool:
     """Whether a model/tokenizer path is meant as a hub id: ``Org/Name``, not a local path
-    (nothing at it, and its first component is no local directory: ``models/Qwen3-8B``
-    beside a ``models/`` folder is a local checkpoint still to be copied there)."""
-    return (
-        looks_like_hub_id(value)
-        and not Path(value).exists()
-        and not Path(value.split("/", 1)[0]).is_dir()
-    )
+    (nothing at it, and its first component is no local directory nor a conventional one:
+    ``models/Qwen3-8B`` is a local checkpoint still to be copied there)."""
+    return looks_like_hub_id(value) and not Path(value).exists() and not names_a_local_folder(value)
 
 
 def cached_snapshot(
@@ -128,7 +133,7 @@ def unavailable(
     return ConfigError(
         f"{what} = {value}: {where} the Hugging Face cache {cache_dir} and not downloadable "
         f"here ({reason}). On a machine with internet access (a login node) run "
-        f"`{PREPARE_COMMAND}` with this run's recipe and overrides: it downloads everything "
+        f"`{prepare_command()}` with this run's recipe and overrides: it downloads everything "
         "the recipe names into that cache (share it with the compute nodes: HF_HOME or "
         f"HF_HUB_CACHE) and prints where each file went; or set {what} to a local path"
     )

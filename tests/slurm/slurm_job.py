@@ -276,9 +276,10 @@ class Job:
         lines = [x for x in out.splitlines() if x.startswith("preempted:")]
         assert len(lines) == 1, self.explain()
         assert lines[0].startswith(
-            f"preempted: SIGTERM; saved step {last}; the last checkpoint is {step_dir}; "
-            "`dapo-train --config"
+            f"preempted: SIGTERM; saved step {last}; the last checkpoint is {step_dir}; `"
         ), lines[0]
+        # The tool as a path that runs from the job's directory (shared/commands.py).
+        assert re.search(r"; `\S*/dapo-train --config", lines[0]), lines[0]
         assert lines[0].endswith("resumes from it"), lines[0]
         assert verify_checkpoint(step_dir) is None, verify_checkpoint(step_dir)
         return last

@@ -77,8 +77,8 @@ def test_recipes_are_one_gpu_colocated_vllm():
         assert cfg.policy.max_tokens_per_microbatch is not None
         assert cfg.policy.max_tokens_per_microbatch >= cfg.policy.max_total_sequence_length
         text = (REPO / "recipes" / name).read_text()
-        assert f"# Launch: dapo-train --config recipes/{name}\n" in text
-        assert f"dapo-plan --config recipes/{name}" in text
+        assert f"# Launch: .venv/bin/dapo-train --config recipes/{name}\n" in text
+        assert f"# Check it fits first: .venv/bin/dapo-plan --config recipes/{name}" in text
 
 
 @pytest.fixture

@@ -46,7 +46,7 @@ def test_launch_line_requests_eight_gpus_and_the_recipes_nodes(recipe: Path) -> 
     assert line is not None, f"{recipe.name}: no '# Launch:' header line"
     num_nodes = load_config(recipe, validate=False).config.cluster.num_nodes
     expected = (
-        f'COMMAND="dapo-train --config recipes/{recipe.name}" '
+        f'COMMAND=".venv/bin/dapo-train --config recipes/{recipe.name}" '
         f"sbatch --nodes={num_nodes} --gpus-per-node=8 slurm/ray.sub"
     )
     assert line == expected, f"{recipe.name}: launch line\n  {line}\nexpected\n  {expected}"

@@ -11,6 +11,7 @@ from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.data import hub
 from dapo_megatron.data.datasets import load_prompt_file
 from dapo_megatron.data.hub_datasets import parse_hf_uri, resolve_data_path
+from dapo_megatron.shared.commands import tool_command
 from unit.fake_hub import (
     COMMIT,
     REAL_OFFLINE_REASON,
@@ -120,7 +121,10 @@ def test_offline_without_cache_names_dapo_prepare(
     message = str(e.value)
     assert message.startswith("data.train_path = hf://openai/gsm8k: not in the Hugging Face cache")
     assert "HF_HUB_OFFLINE is set" in message
-    assert "`dapo-prepare --config RECIPE`" in message and "set data.train_path" in message
+    assert (
+        f"`{tool_command('dapo-prepare')} --config RECIPE`" in message
+        and "set data.train_path" in message
+    )
     assert fake_hub.downloads == []
 
 
