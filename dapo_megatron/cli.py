@@ -19,11 +19,12 @@ import yaml
 
 import dapo_megatron.migrate  # noqa: F401  (registers the foreign-key hints the loader prints)
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.loader import LoadedConfig, load_config
+from dapo_megatron.config.loader import LoadedConfig, display_path, load_config
 from dapo_megatron.config.run_plan import RunPlan, runtime_problems
 from dapo_megatron.planning.capacity import DEFAULT_CARD, card_names, parse_gpu_mem
 from dapo_megatron.planning.capacity import DEFAULT_GPU_MEM_GIB as DEFAULT_CAPACITY_GIB
 from dapo_megatron.planning.summary import format_plan
+from dapo_megatron.shared.commands import tool_command
 
 # The main job when no --config is given: the tiny CPU recipe shipped with the package.
 DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "dapo-tiny-cpu.yaml"
@@ -111,15 +112,20 @@ def resolved_config_yaml(loaded: LoadedConfig) -> str:
     return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
 
 
-def check_runnable(plan: RunPlan) -> None:
+def check_runnable(plan: RunPlan, prepare_args: str | None = None) -> None:
     """The checks a dry run and a real run share beyond the config itself, before any
     worker starts: what this machine must provide (devices) and the inputs the run reads
     (data files, model weights, tokenizer; dapo_megatron/planning/preflight.py). Raises ConfigError
-    listing every problem."""
-    from dapo_megatron.planning.preflight import preflight
+    listing every problem. ``prepare_args``: the run's ``--config`` and overrides, which a
+    missing model's message repeats in the dapo-prepare command that fetches it."""
+    from dapo_megatron.planning.preflight import PREPARE_ARGS, preflight
 
     problems = runtime_problems(plan) + preflight(
-        plan.config, plan.device, run_dir=plan.run_dir, checkpoint_dir=plan.checkpoint_dir
+        plan.config,
+        plan.device,
+        run_dir=plan.run_dir,
+        checkpoint_dir=plan.checkpoint_dir,
+        prepare_args=prepare_args or PREPARE_ARGS,
     )
     if len(problems) == 1:
         raise ConfigError(problems[0])  # one problem, one line
@@ -308,7 +314,7 @@ def train_main(argv: Sequence[str] | None = None) -> int:
     raw = list(sys.argv[1:] if argv is None else argv)
     # Overrides may sit between or after flags (`a=1 --dry-run b=2`).
     args = parser.parse_intermixed_args(raw)
-    command = shlex.join(["dapo-train", *(a for a in raw if a != "--dry-run")])
+    command = shlex.join([tool_command("dapo-train"), *(a for a in raw if a != "--dry-run")])
 
     def main() -> int:
         loaded = load_config(_recipe(args.config), args.overrides)
@@ -316,7 +322,13 @@ def train_main(argv: Sequence[str] | None = None) -> int:
             print(resolved_config_yaml(loaded), end="")
             return 0
         print(format_plan(loaded))
-        check_runnable(loaded.require_plan())
+        # What dapo-prepare needs to fetch this run's inputs: its recipe, and its overrides
+        # but the model's (the missing-model message sets that one to the hub id).
+        prepare_args = shlex.join(
+            ["--config", display_path(_recipe(args.config))]
+            + [o for o in args.overrides if not o.startswith("policy.model_name_or_path=")]
+        )
+        check_runnable(loaded.require_plan(), prepare_args)
         if args.dry_run:
             finished = _finished(loaded.require_plan(), notes=True)
             print(

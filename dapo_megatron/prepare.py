@@ -15,19 +15,24 @@ data/hub.py), all into the Hugging Face cache, and prints where each went and th
 that does not can pass the printed overrides. Running it again downloads nothing.
 
 The recipe is type-checked, not validated: fetching needs no layout that fits the devices
-of the machine it runs on.
+of the machine it runs on. Every input the recipe names is checked, local ones too: a
+missing local data file is named (key and path) beside the hub ones, and a missing local
+model directory named like a released model (``models/Qwen3-0.6B-Base``) gets the command
+that fetches it by its hub id; any problem exits 2, one line each.
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 import dapo_megatron.migrate  # noqa: F401  (registers the foreign-key hints the loader prints)
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.loader import load_config
+from dapo_megatron.config.loader import display_path, load_config
+from dapo_megatron.config.model_source import missing_local_model_hint
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.data.hub import fetch_model, hub_cache, is_hub_model_id
 from dapo_megatron.data.hub_datasets import converted_root, is_hf_uri
@@ -37,19 +42,22 @@ DEFAULT_RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "dapo-tiny
 
 
 def fetch_data(config: DapoMegatronConfig) -> tuple[list[tuple[str, str, Path]], list[str]]:
-    """Fetch and convert the hf:// data files; ((key, value, local file) each, problems).
+    """Fetch and convert the hf:// data files, and check the local ones; ((key, value, local
+    file) of each hub one, problems: one per file missing or unreadable, naming its key).
 
     The data check of the pre-flight does the fetching (so the converted files are also
-    read through once, and a bad row is reported here, not on the cluster)."""
+    read through once, and a bad row is reported here, not on the cluster). Before, a recipe
+    whose data were all local paths was "nothing on the hub" and exited 0 with its data
+    missing, so the cluster run was the first to say so."""
     from dapo_megatron.data.datasets import check_data_files
     from dapo_megatron.data.hub_datasets import resolve_data_path
 
     data = config.data
     named = [(f"data.{k}", getattr(data, k)) for k in ("train_path", "val_path")]
-    named = [(key, value) for key, value in named if is_hf_uri(value)]
-    if not named:
-        return [], []
+    if not any(value for _, value in named):
+        return [], []  # a generated task (data.format arithmetic) reads no file
     problems = check_data_files(data)
+    named = [(key, value) for key, value in named if value and is_hf_uri(value)]
     if problems:
         return [], problems
     # Fetched and converted above: this finds the converted files in the cache.
@@ -58,9 +66,20 @@ def fetch_data(config: DapoMegatronConfig) -> tuple[list[tuple[str, str, Path]],
     ], []
 
 
-def fetch_models(config: DapoMegatronConfig) -> tuple[list[tuple[str, str, Path]], list[str]]:
-    """Fetch a hub model (and a hub tokenizer); ((key, value, snapshot) each, problems)."""
+def fetch_models(
+    config: DapoMegatronConfig, prepare_args: str = "--config RECIPE"
+) -> tuple[list[tuple[str, str, Path]], list[str]]:
+    """Fetch a hub model (and a hub tokenizer); ((key, value, snapshot) each, problems). A
+    missing local model named like a released one is a problem naming the command that
+    fetches it by its hub id (``prepare_args``: this command's recipe and overrides)."""
+    from dapo_megatron.planning.preflight import model_will_be_created
+
     policy = config.policy
+    path = policy.model_name_or_path
+    if not is_hub_model_id(path) and not Path(path).exists() and not model_will_be_created(policy):
+        hint = missing_local_model_hint("policy.model_name_or_path", path, prepare_args)
+        if hint is not None:
+            return [], [hint]
     wanted = [("policy.model_name_or_path", policy.model_name_or_path, False)]
     if policy.tokenizer_name_or_path:
         wanted.append(("policy.tokenizer_name_or_path", policy.tokenizer_name_or_path, True))
@@ -78,10 +97,13 @@ def fetch_models(config: DapoMegatronConfig) -> tuple[list[tuple[str, str, Path]
     return fetched, problems
 
 
-def prepare(config: DapoMegatronConfig) -> tuple[list[tuple[str, str, Path]], list[str]]:
-    """Fetch every hub input of ``config``; ((key, value, local path) each, problems)."""
+def prepare(
+    config: DapoMegatronConfig, prepare_args: str = "--config RECIPE"
+) -> tuple[list[tuple[str, str, Path]], list[str]]:
+    """Fetch every hub input of ``config`` and check the local ones; ((key, value, local
+    path) each, problems)."""
     data, data_problems = fetch_data(config)
-    models, model_problems = fetch_models(config)
+    models, model_problems = fetch_models(config, prepare_args)
     return data + models, data_problems + model_problems
 
 
@@ -101,8 +123,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parser.parse_intermixed_args(argv)
     try:
-        config = load_config(args.config or DEFAULT_RECIPE, args.overrides, validate=False).config
-        fetched, problems = prepare(config)
+        recipe = args.config or DEFAULT_RECIPE
+        config = load_config(recipe, args.overrides, validate=False).config
+        prepare_args = shlex.join(
+            ["--config", display_path(recipe)]
+            + [o for o in args.overrides if not o.startswith("policy.model_name_or_path=")]
+        )
+        fetched, problems = prepare(config, prepare_args)
     except ConfigError as e:
         fetched, problems = [], [str(e)]
     for problem in problems:

@@ -38,6 +38,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path, PurePosixPath
 from urllib.parse import urlsplit
 
+from dapo_megatron.shared.commands import tool_command
+
 ARCH_KEEPING_SUFFIXES = ("-base", "-instruct", "-chat")
 """Name suffixes of a checkpoint of the same architecture (the pretrained model, its chat
 tune): stripped before a name is matched with a preset. Lower case; matched case-blind."""
@@ -50,6 +52,29 @@ _HUB_ID = re.compile(rf"^{_HUB_PART}/{_HUB_PART}$")
 _RELEASE_SUFFIX = re.compile(r"-(?:\d{4}|v\d+(?:\.\d+)*)$")
 
 _TRUE = ("1", "true", "yes", "on")
+
+LOCAL_MODEL_DIRS = ("models", "checkpoints", "ckpts", "weights")
+"""First path components that mean a local folder, never a hub org, even before the folder
+exists: the README tells a user to put the model in ``models/<HF name>``, and the hub was
+asked for ``models/Qwen3-0.6B-Base`` (a 404, or offline an error naming the wrong id)."""
+
+HUB_ORGS: tuple[tuple[str, str], ...] = (
+    ("qwen", "Qwen"),  # Qwen2, Qwen2.5, Qwen2.5-Math, Qwen3, Qwen3-MoE
+    ("meta-llama-", "meta-llama"),
+    ("llama-", "meta-llama"),
+    ("deepseek", "deepseek-ai"),
+    ("mistral-", "mistralai"),
+    ("mixtral-", "mistralai"),
+    ("gemma", "google"),
+    ("phi-", "microsoft"),
+    ("olmo", "allenai"),
+)
+"""Lower-case name prefix -> the hub org that publishes that family, for the hint of a missing
+local model (``models/Qwen3-0.6B-Base`` -> ``Qwen/Qwen3-0.6B-Base``)."""
+
+_MODEL_SIZE = re.compile(r"(?:^|[-_.])\d+(?:\.\d+)?[bBmM](?:$|[-_.])")
+"""A parameter count in a name (``-0.6B-``, ``-70B``, ``-A3B``'s ``3B``): the mark of a
+released model's name, which ``model`` or ``step_000150`` lack."""
 
 
 def model_basename(model_name_or_path: str) -> str:
@@ -91,6 +116,43 @@ def has_release_suffix(model_name_or_path: str) -> bool:
 def looks_like_hub_id(model_name_or_path: str) -> bool:
     """``Org/Name`` with the characters the hub allows (not ``/abs``, ``./rel``, ``a/b/c``)."""
     return _HUB_ID.match(model_name_or_path) is not None and ".." not in model_name_or_path
+
+
+def names_a_local_folder(model_name_or_path: str) -> bool:
+    """Whether an ``Org/Name``-shaped value is a local path: its first component is a folder
+    here, or one of LOCAL_MODEL_DIRS (``models/Qwen3-8B`` before ``models/`` exists)."""
+    first = model_name_or_path.split("/", 1)[0]
+    return first.lower() in LOCAL_MODEL_DIRS or Path(first).is_dir()
+
+
+def hub_org_for_name(name: str) -> str | None:
+    """The hub org of a model family by its name's prefix (HUB_ORGS), or None."""
+    lower = model_basename(name).lower()
+    return next((org for prefix, org in HUB_ORGS if lower.startswith(prefix)), None)
+
+
+def missing_local_model_hint(key: str, value: str, prepare_args: str) -> str | None:
+    """One line for a local model path with nothing at it whose last component reads as a
+    released model's name: the hub id it likely is and the dapo-prepare command that
+    fetches it, or None for other names (``runs/x/model``).
+
+    ``prepare_args``: the run's ``--config RECIPE`` and overrides, for the exact command."""
+    name = model_basename(value)
+    org = hub_org_for_name(name)
+    if org is None and not _MODEL_SIZE.search(name):
+        return None
+    hub_id = f"{org or 'ORG'}/{name}"
+    command = " ".join(p for p in (tool_command("dapo-prepare"), prepare_args) if p)
+    command += f" {key}={hub_id}"
+    known = (
+        f"it names the hub model {hub_id}"
+        if org
+        else "if it is a hub model, its org is unknown here (ORG: its owner on huggingface.co)"
+    )
+    return (
+        f"{key} = {value} does not exist; {known}: fetch it with `{command}` (where there is "
+        f"internet) and run with {key}={hub_id}, or copy the model into {value}"
+    )
 
 
 def hf_hub_cache_dir(env: Mapping[str, str], home: Path) -> Path:
@@ -183,7 +245,7 @@ def locate_config_json(
     if cached is not None:
         return cached, str(cached)
     looked.append(f"not in the Hugging Face cache {cache_dir}")
-    if Path(model_name_or_path.split("/", 1)[0]).is_dir():
+    if names_a_local_folder(model_name_or_path):
         return None, "; ".join(looked)
     if hub_offline(env):
         looked.append("hub offline")

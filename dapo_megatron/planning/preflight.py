@@ -46,10 +46,11 @@ from pathlib import Path
 from typing import Any
 
 from dapo_megatron.config.errors import ConfigError
+from dapo_megatron.config.model_source import missing_local_model_hint
 from dapo_megatron.config.schema import ClusterConfig, DapoMegatronConfig
 from dapo_megatron.config.schema_policy import PolicyConfig
 from dapo_megatron.data.datasets import check_data_files
-from dapo_megatron.data.hub import fetch_model, is_hub_model_id
+from dapo_megatron.data.hub import PREPARE_ARGS, fetch_model, is_hub_model_id
 from dapo_megatron.data.hub_datasets import is_hf_uri, resolve_data_path
 from dapo_megatron.data.tokenizer import load_tokenizer, policy_tokenizer_source
 from dapo_megatron.planning.resume_check import resume_point
@@ -69,6 +70,7 @@ def preflight(
     *,
     run_dir: Path | None = None,
     checkpoint_dir: Path | None = None,
+    prepare_args: str = PREPARE_ARGS,
 ) -> list[str]:
     """Every problem of the run's inputs, one line each (key, path, fix); [] when none.
 
@@ -78,13 +80,17 @@ def preflight(
         run_dir, checkpoint_dir: the run's directories (RunPlan); when given, what they
             hold is checked too (planning/resume_check.py: the checkpoint to resume, its
             data fingerprint, a used directory with nothing to resume).
+        prepare_args: the run's ``--config RECIPE`` and overrides, for the exact
+            dapo-prepare command of a missing model (check_model).
     """
     problems = check_data_files(config.data)
     if not problems:
         use_local_data_copies(config)
     hub_problems = use_local_model_copies(config.policy)
     # A hub model that could not be fetched has nothing to check yet: its one line says why.
-    problems += hub_problems or check_model(config.policy) + check_tokenizer(config.policy)
+    problems += hub_problems or check_model(config.policy, prepare_args) + check_tokenizer(
+        config.policy
+    )
     problems += check_devices(config.cluster, device)
     problems += check_generation_backend(config, device)
     if run_dir is not None and checkpoint_dir is not None and not problems:
@@ -148,7 +154,7 @@ def model_will_be_created(policy: PolicyConfig) -> bool:
     )
 
 
-def check_model(policy: PolicyConfig) -> list[str]:
+def check_model(policy: PolicyConfig, prepare_args: str = PREPARE_ARGS) -> list[str]:
     """Problems of the model directory: config.json, weights, shard index. A hub id is
     checked in its HF-cache snapshot (fetched there when missing; `preflight` has already
     pointed the config at it, so this is for direct callers)."""
@@ -160,6 +166,11 @@ def check_model(policy: PolicyConfig) -> list[str]:
             path = fetch_model(policy.model_name_or_path, what=MODEL_KEY)
         except ConfigError as e:
             return [str(e)]
+    if not path.exists():
+        # models/Qwen3-0.6B-Base, as the README suggests, before the model was put there.
+        hint = missing_local_model_hint(MODEL_KEY, policy.model_name_or_path, prepare_args)
+        if hint is not None:
+            return [hint]
     if not path.is_dir():
         what = "does not exist" if not path.exists() else "is not a directory"
         return [

@@ -145,8 +145,9 @@ def test_dapo_plan_plans_each_qwen3_by_its_name(
         line = model_line(out)
         assert_plans(line, PRESETS[preset])
         assert f"(preset {preset}, from the name {size}{suffix})" in line
-    # Not in the cache, so the hub was asked (and answered nothing).
-    assert hub.asked == [f"models/{size}{suffix}", f"Qwen/{size}{suffix}"]
+    # Not in the cache, so the hub was asked (and answered nothing) about the hub id; never
+    # about models/..., a local folder still to be filled (README: models/<HF name>).
+    assert hub.asked == [f"Qwen/{size}{suffix}"]
 
 
 def test_names_that_keep_the_architecture() -> None:
