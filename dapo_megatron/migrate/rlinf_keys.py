@@ -132,6 +132,13 @@ def rlinf_agg(value: Any, ctx: Mapping[str, Any]) -> str:
     micro = ctx.get("algorithm.training_batch_size_per_gpu", 1)
     dynamic = ctx.get("runner.enable_dynamic_batch_size", False) is True
     if value == "token-mean" and scale is True:
+        if any(k.startswith("cluster.component_placement.actor") for k in ctx if "," not in k):
+            # A pipelined actor gets no whole batch: _setup_valid_token_scale(None) divides
+            # by average_response_len x micro-batches x micro_batch_size, an estimate.
+            raise Untranslatable(
+                "needs a token mean over an estimated token count (a pipelined actor, "
+                "megatron_worker.py _setup_valid_token_scale), which dapo-megatron lacks"
+            )
         return "token-mean"
     if value not in ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum"):
         raise Untranslatable(f"needs RLinf's {value} aggregation, which dapo-megatron lacks")
