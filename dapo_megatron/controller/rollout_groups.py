@@ -113,7 +113,11 @@ def build_policy_batch(
     adv = config.dapo.advantage
     rewards_GN = torch.tensor([g.rewards for g in groups], dtype=torch.float64)
     advantages = group_advantages(
-        rewards_GN, norm_by_std=adv.norm_by_std, leave_one_out=adv.leave_one_out, eps=adv.eps
+        rewards_GN,
+        norm_by_std=adv.norm_by_std,
+        leave_one_out=adv.leave_one_out,
+        eps=adv.eps,
+        std_over=adv.std_over,
     ).reshape(-1)
     rows = [(g.prompt_ids, s) for g in groups for s in g.samples]
     # One flat list per field and one scatter each: a per-row loop of small tensor copies
