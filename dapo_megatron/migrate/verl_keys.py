@@ -85,6 +85,14 @@ def _verl_train_batch(value: Any, ctx: Mapping[str, Any]) -> Translation:
 def _verl_gen_batch(value: Any, ctx: Mapping[str, Any]) -> Translation:
     gen = as_int(value)
     ctx = {**ctx, "data.gen_batch_size": gen}
+    if not _positive_int(ctx.get("data.train_batch_size")):
+        raise Untranslatable(
+            "verl generates gen_batch_size prompts every round; with filter_groups on ours "
+            "generates batch_multiplier x the groups still missing: set "
+            "dapo.dynamic_sampling.batch_multiplier = gen_batch_size / data.train_batch_size "
+            "(e.g. 1536 / 512 = 3); with it off verl trains all gen_batch_size prompts: set "
+            "dapo.num_prompts_per_step = gen_batch_size"
+        )
     if not _filtering(ctx):
         n, words = trained_prompts(ctx)
         return Translation(
@@ -498,7 +506,6 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
 
 VERL_TIERS: dict[str, str] = {
     "reward_model.reward_kwargs.overlong_buffer_cfg.log": IMPACT_HARMLESS,  # metrics
-    "reward.reward_kwargs.overlong_buffer_cfg.log": IMPACT_HARMLESS,  # metrics
     "trainer.default_local_dir": IMPACT_HARMLESS,  # the checkpoint directory
 }
 """Verl keys (or subtrees ending in ".") classified by what the source does with them,

@@ -33,6 +33,7 @@ TP_KEY = f"{MEGATRON}.tensor_model_parallel_size"
 SP_KEY = f"{MEGATRON}.sequence_parallel"
 CP_KEY = f"{MEGATRON}.context_parallel_size"
 DYN_KEY = f"{VERL_ACTOR}.use_dynamic_bsz"
+LP_DYN_KEY = f"{VERL_ROLLOUT}.log_prob_use_dynamic_bsz"
 OFFLOAD = "CPU offload (parameters, gradients or optimizer states kept in host memory)"
 
 
@@ -127,13 +128,42 @@ def _recompute(value: Any, ctx: Mapping[str, Any]) -> Translation:
     )
 
 
+def _fsdp(ctx: Mapping[str, Any]) -> bool:
+    """An FSDP-worker config: verl's actor strategy fsdp/fsdp2 (ppo_trainer.yaml), seen by
+    its fsdp_config keys or the strategy key."""
+    strategy = ctx.get(f"{VERL_ACTOR}.strategy")
+    if isinstance(strategy, str):
+        return strategy.startswith("fsdp")
+    return any(k.startswith(f"{VERL_ACTOR}.fsdp_config.") for k in ctx)
+
+
+def _gradient_checkpointing(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if not _fsdp(ctx):
+        return Translation((), "not read by verl's Megatron workers (recompute_granularity is)")
+    if not isinstance(value, bool):
+        raise Untranslatable(f"{value!r}: expected true or false")
+    ours = "full" if value else "none"
+    return Translation(
+        (("policy.megatron.recompute_granularity", ours),),
+        f"FSDP worker: {'HF gradient checkpointing recomputes every decoder layer (our full)' if value else 'no recompute'}",
+    )
+
+
 def _recompute_part(value: Any, ctx: Mapping[str, Any]) -> Translation:
     return Translation((), "read with recompute_granularity")
 
 
+def _dynamic_on(ctx: Mapping[str, Any], key: str) -> bool:
+    """Whether `key` (actor.use_dynamic_bsz or rollout.log_prob_use_dynamic_bsz) is on; the
+    latter defaults to the former (_generated_ppo_megatron_trainer.yaml oc.select)."""
+    if key != DYN_KEY and key not in ctx:
+        key = DYN_KEY
+    return ctx.get(key) is True
+
+
 def _micro(ours: str, dyn_key: str) -> Any:
     def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
-        if ctx.get(dyn_key) is True:
+        if _dynamic_on(ctx, dyn_key):
             return Translation((), f"not read: {dyn_key} is true (token budgets decide)")
         return Translation(((ours, as_int(value)),), "same meaning: samples per GPU")
 
@@ -310,12 +340,13 @@ VERL_LAYOUT_KEYS: tuple[ForeignKey, ...] = (
     custom(
         VERL, f"{OTC}.recompute_modules", "(read with recompute_granularity)", "", _recompute_part
     ),
-    as_here(
+    custom(
         VERL,
         "actor_rollout_ref.model.enable_gradient_checkpointing",
-        "HF gradient checkpointing in an FSDP worker",
-        _any,
-        "verl's Megatron workers do not read it (recompute_granularity decides)",
+        "policy.megatron.recompute_granularity (FSDP workers)",
+        "FSDP: true is HF gradient checkpointing, every decoder layer recomputed (our full); "
+        "Megatron workers do not read it",
+        _gradient_checkpointing,
     ),
     *(_kernel(f"{OTC}.{k}") for k in _KERNELS),
     as_here(
@@ -539,7 +570,7 @@ def layout_inactive(flat: Mapping[str, Any]) -> dict[str, str]:
             out[key] = "not live: no reference model without use_kl_loss or use_kl_in_reward"
     if flat.get(DYN_KEY) is not True:
         out[f"{VERL_ACTOR}.ppo_max_token_len_per_gpu"] = "not live: use_dynamic_bsz is false"
-    if flat.get(f"{VERL_ROLLOUT}.log_prob_use_dynamic_bsz") is not True:
+    if not _dynamic_on(flat, LP_DYN_KEY):
         out[f"{VERL_ROLLOUT}.log_prob_max_token_len_per_gpu"] = (
             "not live: log_prob_use_dynamic_bsz is false"
         )
