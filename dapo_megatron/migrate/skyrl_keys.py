@@ -439,6 +439,7 @@ SKYRL_DEFAULTS: dict[str, Any] = {
     "generator.sampling_params.temperature": 1.0,
     "generator.sampling_params.top_p": 1.0,
     "trainer.policy.megatron_config.context_parallel_size": 1,
+    "trainer.policy.megatron_config.expert_model_parallel_size": 1,
     "generator.eval_n_samples_per_prompt": 1,
     f"{EVAL}.temperature": None,
     f"{EVAL}.top_p": None,

@@ -1,0 +1,332 @@
+"""Every SkyRL script in tests/data/foreign/skyrl (SOURCES.md there): its outcome, and the
+run-changing values it carries, against the script's own text.
+
+The expected values come from an independent reading of each script (`script_overrides`
+below: its `NAME=value` lines and `key=value` Hydra overrides, with SkyRL's dataclass
+defaults of skyrl/train/config/config.py at a9564572 where a script omits a key), never
+from the importer. A file either plans (exit 0 and dapo-plan says it fits) or is refused
+(exit 2) naming each feature dapo-megatron lacks.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from dapo_megatron.config import load_config
+from dapo_megatron.migrate.foreign_source import read_source
+from dapo_megatron.migrate.import_config import main as import_main
+from dapo_megatron.migrate.import_config import translate
+from dapo_megatron.migrate.plan_check import check_plan
+
+DATA = Path(__file__).resolve().parents[2] / "data" / "foreign" / "skyrl"
+HOME = "/home/u"
+
+# -- an independent reader of a SkyRL launch script --------------------------------------
+
+_VAR = re.compile(r"^(?:export\s+)?([A-Za-z_]\w*)=(.*)$")
+_DEFAULT = re.compile(r'^: "\$\{(\w+):=([^}]*)\}"$')  # : "${NAME:=default}"
+_OVERRIDE = re.compile(r"^\+{0,2}([a-z_][\w]*(?:\.[\w]+)+)=(.*)$")
+
+
+def _expand(text: str, env: dict[str, str]) -> str:
+    text = re.sub(r"\s+#.*$", "", text.strip())
+    for _ in range(4):
+        text = re.sub(r"\$\{(\w+):-\"?([^}\"]*)\"?\}", lambda m: env.get(m[1], m[2]), text)
+        text = re.sub(r"\$\{(\w+)\}", lambda m: env.get(m[1], m[0]), text)
+        text = re.sub(r"\$(\w+)", lambda m: env.get(m[1], m[0]), text)
+    text = text.replace('"', "").replace("'", "")
+    arith = re.fullmatch(r"\$\(\((.*)\)\)", text)
+    if arith:
+        expr = re.sub(r"[A-Za-z_]\w*", lambda m: env.get(m[0], m[0]), arith[1])
+        text = str(eval(expr, {"__builtins__": {}}))  # e.g. 1024 * 4
+    return text
+
+
+def script_overrides(name: str) -> dict[str, str]:
+    """The script's Hydra overrides, key -> value text, its shell variables substituted."""
+    env = {"HOME": HOME}
+    out: dict[str, str] = {}
+    for raw in (DATA / name).read_text().splitlines():
+        line = raw.strip().removesuffix("\\").strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _OVERRIDE.match(line)
+        if m:
+            out[m[1]] = _expand(m[2], env)
+            continue
+        m = _VAR.match(line) or _DEFAULT.match(line)
+        if m and (m.re is _VAR or m[1] not in env):
+            env[m[1]] = _expand(m[2], env)
+    return out
+
+
+def _num(text: str) -> Any:
+    if text in ("true", "True"):
+        return True
+    if text in ("false", "False"):
+        return False
+    try:
+        return int(text)
+    except ValueError:
+        return float(text)
+
+
+# SkyRL's defaults (config.py dataclasses) for the keys each file is checked on.
+DEFAULTS = {
+    "trainer.policy.megatron_config.tensor_model_parallel_size": "1",
+    "trainer.policy.megatron_config.pipeline_model_parallel_size": "1",
+    "trainer.policy.megatron_config.context_parallel_size": "1",
+    "trainer.policy.megatron_config.expert_model_parallel_size": "1",
+    "trainer.placement.policy_num_nodes": "1",
+    "trainer.placement.policy_num_gpus_per_node": "1",
+    "trainer.train_batch_size": "1024",
+    "trainer.policy_mini_batch_size": "256",
+    "trainer.micro_train_batch_size_per_gpu": "1",
+    "generator.n_samples_per_prompt": "5",
+    "trainer.policy.optimizer_config.lr": "1e-6",
+    "trainer.policy.optimizer_config.num_warmup_steps": "0",
+    "trainer.algorithm.eps_clip_low": "0.2",
+    "trainer.algorithm.eps_clip_high": "0.2",
+    "trainer.max_prompt_length": "512",
+    "generator.sampling_params.max_generate_length": "1024",
+    "generator.inference_engine.tensor_parallel_size": "1",
+}
+
+
+def expected(name: str) -> dict[str, Any]:
+    """Our values, derived from the script text alone."""
+    ov = {**DEFAULTS, **script_overrides(name)}
+    meg = "trainer.policy.megatron_config"
+    tp = _num(ov[f"{meg}.tensor_model_parallel_size"])
+    n = _num(ov["generator.n_samples_per_prompt"])
+    out: dict[str, Any] = {
+        "policy.megatron.tensor_model_parallel_size": tp,
+        "policy.megatron.pipeline_model_parallel_size": _num(
+            ov[f"{meg}.pipeline_model_parallel_size"]
+        ),
+        "policy.megatron.context_parallel_size": _num(ov[f"{meg}.context_parallel_size"]),
+        "policy.megatron.expert_model_parallel_size": _num(ov[f"{meg}.expert_model_parallel_size"]),
+        # megatron_worker.py: sequence_parallel = TP > 1 (Megatron strategy)
+        "policy.megatron.sequence_parallel": tp > 1 and ov.get("trainer.strategy") == "megatron",
+        "cluster.num_nodes": _num(ov["trainer.placement.policy_num_nodes"]),
+        "cluster.gpus_per_node": _num(ov["trainer.placement.policy_num_gpus_per_node"]),
+        "dapo.num_prompts_per_step": _num(ov["trainer.train_batch_size"]),
+        "dapo.num_generations_per_prompt": n,
+        "policy.train_global_batch_size": _num(ov["trainer.policy_mini_batch_size"]) * n,
+        "policy.train_micro_batch_size": _num(ov["trainer.micro_train_batch_size_per_gpu"]),
+        "policy.optimizer.lr": float(ov["trainer.policy.optimizer_config.lr"]),
+        "policy.scheduler.lr_warmup_steps": _num(
+            ov["trainer.policy.optimizer_config.num_warmup_steps"]
+        ),
+        "dapo.loss.clip_ratio_low": float(ov["trainer.algorithm.eps_clip_low"]),
+        "dapo.loss.clip_ratio_high": float(ov["trainer.algorithm.eps_clip_high"]),
+        "data.max_prompt_length": _num(ov["trainer.max_prompt_length"]),
+        "generation.max_response_length": _num(ov["generator.sampling_params.max_generate_length"]),
+        "generation.engine.tensor_parallel_size": _num(
+            ov["generator.inference_engine.tensor_parallel_size"]
+        ),
+    }
+    if ov.get("trainer.placement.colocate_all") in ("false", "False"):
+        # engines on GPUs of their own: num_engines x engine TP beside the policy's (one node)
+        engines = _num(ov.get("generator.inference_engine.num_engines", "1"))
+        engine_gpus = engines * out["generation.engine.tensor_parallel_size"]
+        out["cluster.gpus_per_node"] += engine_gpus
+        out["cluster.generation_num_devices"] = engine_gpus
+    out["policy.max_total_sequence_length"] = (
+        out["data.max_prompt_length"] + out["generation.max_response_length"]
+    )
+    ds = ov.get("trainer.algorithm.dynamic_sampling.type")
+    out["dapo.dynamic_sampling.enabled"] = ds == "filter"
+    if ds == "filter":  # trainer_utils.py handle_filter_sampling truncates: surplus dropped
+        out["dapo.dynamic_sampling.surplus"] = "discard"
+        out["dapo.dynamic_sampling.max_gen_batches"] = _num(
+            ov.get("trainer.algorithm.dynamic_sampling.max_sample_batches", "30")
+        )
+    length = ov.get(
+        "trainer.algorithm.overlong_buffer_len", ov.get("trainer.algorithm.overlong_buffer.len")
+    )
+    out["dapo.overlong_buffer.enabled"] = length is not None
+    if length is not None:
+        out["dapo.overlong_buffer.length"] = _num(length)
+    if "generator.apply_overlong_filtering" in ov:
+        out["dapo.overlong_filtering"] = _num(ov["generator.apply_overlong_filtering"])
+    red = ov.get("trainer.algorithm.loss_reduction", "token_mean")
+    micro = out["policy.train_micro_batch_size"]
+    agg = {"token_mean": "token-mean", "sequence_mean": "seq-mean-token-mean"}.get(red)
+    if red == "token_mean_legacy" and micro == 1:
+        agg = "seq-mean-token-mean"  # a token mean per one-sample slice, averaged
+    if agg is not None:
+        out["dapo.loss.loss_agg_mode"] = agg
+    return out
+
+
+# -- the outcomes, file by file (read from each script: its model, LoRA, strategy, ...) ----
+
+PLANS = ["run_megatron_dapo_qwen3_4b.sh"]
+
+LEGACY = "SkyRL's token_mean_legacy"
+KL = "a KL term averaged per sequence"
+GSM8K = ("SkyRL's GSM8K prompts", "SkyRL's strict GSM8K reward")
+ETP = "an expert tensor-parallel size (1) apart from TP"
+VLM = "a vision-language checkpoint trained as text only"
+PAO = "a precision-aware optimizer"
+REFUSED: dict[str, tuple[str, ...]] = {
+    "fully_async_run_gsm8k_megatron_lora.sh": (
+        *GSM8K, "LoRA", KL, "SkyRL's rollout_is policy loss", "SkyRL's fully asynchronous training",
+    ),
+    "run_dapo_gsm8k.sh": (*GSM8K, LEGACY, "fsdp training"),
+    "run_dapo_qwen2.5_32b_aime.sh": (LEGACY, "Ulysses sequence parallelism", "fsdp training"),
+    "run_dapo_qwen2.5_math_7b_aime.sh": (LEGACY, "fsdp training"),
+    "run_dapo_qwen3_1.7b_aime.sh": (LEGACY, "fsdp training"),
+    "run_dapo_qwen3_30b_a3b_lora_megatron_aime.sh": (LEGACY, "LoRA", ETP),
+    "run_dapo_qwen3_30b_a3b_megatron_aime.sh": (LEGACY, ETP),
+    "run_megatron.sh": (*GSM8K, KL),
+    "run_megatron_dapo_mimo_7b_rl.sh": ("the MiMo architecture",),
+    "run_megatron_dapo_mimo_7b_rl_specdecode.sh": ("the MiMo architecture", "multi-token prediction"),
+    "run_megatron_dapo_qwen3.5_35b_a3b.sh": ("the Qwen3.5 architecture", VLM, ETP, PAO),
+    "run_megatron_dapo_qwen3.5_9b.sh": ("the Qwen3.5 architecture",),
+    "run_megatron_dapo_qwen3.5_9b_specdecode.sh": ("the Qwen3.5 architecture", "multi-token prediction"),
+    "run_megatron_dapo_qwen3.6_27b_lora.sh": ("2 data files", "the Qwen3.6 architecture", VLM, "LoRA", PAO),
+    "run_megatron_dapo_qwen3.6_35b_a3b_lora.sh": ("the Qwen3.6 architecture", VLM, "LoRA", ETP, PAO),
+    "run_megatron_dapo_qwen3.6_35b_a3b_lora_int4_qat.sh": ("the Qwen3.6 architecture", VLM, "LoRA", ETP, PAO),
+    "run_megatron_dapo_qwen3_235b_a22b_lora.sh": ("LoRA", ETP, PAO, "an uneven pipeline split"),
+    "run_megatron_dapo_qwen3_30b_a3b.sh": (ETP,),
+    "run_megatron_dapo_qwen3_30b_a3b_lora.sh": ("LoRA", ETP),
+    "run_megatron_dapo_qwen3_4b_lora.sh": ("LoRA",),
+    "run_megatron_grpo_glm4_7_30b.sh": (*GSM8K, "the GLM architecture", "a router override"),
+    "run_megatron_lora_qwen3-0.6b.sh": (*GSM8K, "LoRA", KL),
+    "run_megatron_lora_qwen3-30b-a3b.sh": (*GSM8K, "LoRA", KL, ETP),
+    "run_megatron_moonlight.sh": (*GSM8K, "Moonlight", KL, ETP, "an uneven pipeline split"),
+    "run_megatron_nemotron_mini_4b.sh": (*GSM8K, "the Nemotron-H hybrid Mamba architecture", KL),
+    "run_megatron_qwen3-235b-a22b.sh": (*GSM8K, ETP, PAO, "an uneven pipeline split"),
+    "run_megatron_qwen3-30b-a3b.sh": (*GSM8K, KL, ETP),
+    "run_megatron_qwen3.5.sh": (*GSM8K, "the Qwen3.5 architecture", VLM, KL),
+    "run_megatron_qwen3.5_35b_a3b.sh": (*GSM8K, "the Qwen3.5 architecture", VLM, ETP, PAO),
+}  # fmt: skip
+
+
+def test_every_script_has_an_outcome_and_a_source_row():
+    files = sorted(p.name for p in DATA.glob("*.sh"))
+    assert files == sorted([*PLANS, *REFUSED])
+    sources = (DATA / "SOURCES.md").read_text()
+    for name in files:
+        assert f"| {name} |" in sources
+
+
+def _import(tmp_path: Path, name: str, *extra: str) -> tuple[int, str, str, Path]:
+    out = tmp_path / "r.yaml"
+    argv = ["--from", "skyrl", str(DATA / name), "-o", str(out), "--shell-var", f"HOME={HOME}"]
+    return import_main([*argv, *extra]), "", "", out
+
+
+@pytest.mark.parametrize("name", PLANS)
+def test_planned_scripts_import_and_fit(tmp_path, capsys, name):
+    rc, _, _, out = _import(tmp_path, name)
+    printed = capsys.readouterr()
+    assert rc == 0, printed.err
+    assert check_plan(out).fits is True
+    assert "dapo-plan: " in printed.out and "memory: fits" in printed.out
+    cfg = load_config(out)
+    for key, value in expected(name).items():
+        got = cfg.config
+        for part in key.split("."):
+            got = getattr(got, part)
+        assert got == value, key
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_refused_scripts_name_each_missing_feature(tmp_path, capsys, name):
+    rc, _, _, out = _import(tmp_path, name)
+    err = capsys.readouterr().err
+    assert rc == 2 and not out.exists(), err
+    for feature in REFUSED[name]:
+        assert feature in err, feature
+    assert "no counterpart here" not in err
+
+
+@pytest.mark.parametrize("name", [*PLANS, *sorted(REFUSED)])
+def test_carried_values_match_the_script(name):
+    """What is carried equals the script's meaning, refused or not (a refused key carries
+    nothing: it is absent, never our default)."""
+    result = translate("skyrl", read_source(DATA / name, {"HOME": HOME}))
+    got = {s.key: s.value for s in result.settings}
+    refused = {s.key for s in result.skipped if s.blocking}
+    for key, value in expected(name).items():
+        if key == "dapo.loss.loss_agg_mode" and "trainer.algorithm.loss_reduction" in refused:
+            continue
+        if key in got:
+            assert got[key] == value, key
+        else:
+            assert key in ("dapo.loss.loss_agg_mode",), key
+    assert not [s for s in result.skipped if s.reason == "no counterpart here"]
+
+
+def test_the_4b_dapo_script_reads_as_skyrl_runs_it():
+    """run_megatron_dapo_qwen3_4b.sh by hand: TP4 PP2 (SP on, as SkyRL's worker sets it for
+    TP > 1), 1 node x 8 GPUs colocated, 4 engines of TP2 at 0.8, DAPO data by name."""
+    v = {
+        s.key: s.value
+        for s in translate(
+            "skyrl", read_source(DATA / "run_megatron_dapo_qwen3_4b.sh", {"HOME": HOME})
+        ).settings
+    }
+    assert v["policy.megatron.sequence_parallel"] is True
+    assert (v["cluster.colocated"], v["generation.engine.num_engines"]) == (True, 4)
+    assert v["generation.engine.gpu_memory_utilization"] == 0.8
+    assert v["policy.megatron.recompute_granularity"] == "full"  # SkyRL's default kwargs
+    assert v["data.train_path"] == "hf://BytedTsinghua-SIA/DAPO-Math-17k"
+    assert v["data.val_path"] == "hf://BytedTsinghua-SIA/AIME-2024"
+    assert (v["reward.verifier"], v["data.format"]) == ("math", "dapo_math")
+    assert (v["validation.temperature"], v["validation.top_p"]) == (1.0, 0.7)
+    assert v["dapo.loss.clip_ratio_c"] == 10.0  # policy_loss_type dual_clip
+    assert v["generation.backend"] == "vllm"
+
+
+def test_unresolved_home_refuses_the_model_path_but_not_the_dapo_data(tmp_path, capsys):
+    """Without --shell-var HOME the DAPO files are still recognised by name; a model path
+    under $HOME would be refused, never replaced by our default model."""
+    result = translate("skyrl", read_source(DATA / "run_megatron_dapo_qwen3_4b.sh", {}))
+    v = {s.key: s.value for s in result.settings}
+    assert v["data.train_path"] == "hf://BytedTsinghua-SIA/DAPO-Math-17k"
+    local = (
+        (DATA / "run_megatron_dapo_qwen3_4b.sh")
+        .read_text()
+        .replace('MODEL_NAME="Qwen/Qwen3-4B-Base"', 'MODEL_NAME="$HOME/models/Qwen3-4B-Base"')
+    )
+    src = tmp_path / "local.sh"
+    src.write_text(local)
+    rc = import_main(["--from", "skyrl", str(src), "-o", str(tmp_path / "r.yaml")])
+    assert rc == 2 and "trainer.policy.model.path" in capsys.readouterr().err
+
+
+def test_dynamic_sampling_filter_discards_the_surplus():
+    """trainer_utils.py handle_filter_sampling keeps the first train_batch_size groups and
+    drops the rest: never our default `carry`."""
+    result = translate("skyrl", read_source(DATA / "run_dapo_gsm8k.sh", {"HOME": HOME}))
+    v = {s.key: s.value for s in result.settings}
+    assert (v["dapo.dynamic_sampling.surplus"], v["dapo.dynamic_sampling.batch_multiplier"]) == (
+        "discard",
+        1.0,
+    )
+
+
+@pytest.mark.parametrize(
+    "micro, agg",
+    [(1, "seq-mean-token-mean"), (2, None)],
+)
+def test_token_mean_legacy_is_a_mean_per_micro_batch(micro, agg):
+    """ppo_utils.py: token_mean_legacy normalises each slice of micro_train_batch_size_per_gpu
+    samples by its own tokens and averages the slices: one-sample slices are sequences."""
+    flat = {
+        "trainer.strategy": "megatron",
+        "trainer.algorithm.loss_reduction": "token_mean_legacy",
+        "trainer.micro_train_batch_size_per_gpu": micro,
+        "trainer.algorithm.use_kl_loss": False,
+    }
+    result = translate("skyrl", flat)
+    v = {s.key: s.value for s in result.settings}
+    assert v.get("dapo.loss.loss_agg_mode") == agg
