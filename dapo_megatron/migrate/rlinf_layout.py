@@ -51,6 +51,12 @@ def _model(value: Any, ctx: Mapping[str, Any]) -> Translation:
     return hub_model("rollout.model.model_path", RLINF).convert(value, ctx)
 
 
+def _tokenizer(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if not isinstance(value, str) or value.startswith("/path/to/"):
+        raise Untranslatable(f"{value} is a placeholder path; set policy.tokenizer_name_or_path")
+    return Translation((("policy.tokenizer_name_or_path", value),), "same meaning")
+
+
 def _etp(value: Any, ctx: Mapping[str, Any]) -> Translation:
     """Ours always splits experts over the TP ranks (megatron/model.py)."""
     tp = ctx.get(f"{M}.tensor_model_parallel_size", 1)
@@ -439,7 +445,13 @@ RLINF_LAYOUT_KEYS: tuple[ForeignKey, ...] = (
         _model,
     ),
     noop("rollout.model.model_type", "the checkpoint's architecture (read from its config)"),
-    noop("actor.tokenizer.tokenizer_model", "the policy checkpoint's tokenizer, as here"),
+    custom(
+        RLINF,
+        "actor.tokenizer.tokenizer_model",
+        "policy.tokenizer_name_or_path",
+        "same meaning; the shipped /path/to/ placeholders refused",
+        _tokenizer,
+    ),
     only("rollout.eos", "an EOS apart from the tokenizer's", off(None), "the tokenizer's EOS"),
     only(
         "rollout.padding", "a padding id apart from the tokenizer's", off(None), "the tokenizer's"
