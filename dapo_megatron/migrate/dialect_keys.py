@@ -44,6 +44,7 @@ from dapo_megatron.migrate.verl_keys import (
     VERL_TIERS,
 )
 from dapo_megatron.migrate.verl_keys import inactive as verl_inactive
+from dapo_megatron.shared.commands import tool_command
 
 # ---------------------------------------------------------------------------------------
 # The source's defaults for keys a config omits, and which parts of a config are live
@@ -134,7 +135,7 @@ def explain_foreign(flat: Mapping[str, Any], source: str) -> str | None:
     more = ""
     if len(found) > 1:
         more = (
-            f"; {len(found) - 1} more {fk.system} key(s) follow: `dapo-import-config --from "
+            f"; {len(found) - 1} more {fk.system} key(s) follow: `{tool_command('dapo-import-config')} --from "
             f"{fk.dialect} FILE -o recipes/mine.yaml` translates a whole config"
         )
     try:

@@ -1,6 +1,6 @@
 """dapo-import-config: write one of our recipes from a NeMo RL, SkyRL, RLinf or verl config.
 
-    dapo-import-config --from verl run_dapo_qwen2.5_7b.sh -o recipes/mine.yaml [k=v ...]
+    .venv/bin/dapo-import-config --from verl run_dapo_qwen2.5_7b.sh -o recipes/mine.yaml [k=v ...]
 
 The recipe is `defaults:` our base config plus every translated key, each line commented
 with the source key and how the meaning differs; every source key that was not translated
@@ -44,6 +44,7 @@ from dapo_megatron.migrate.foreign_source import (
     resolve_interpolations,
 )
 from dapo_megatron.migrate.plan_check import check_plan
+from dapo_megatron.shared.commands import tool_command
 
 BASE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "dapo_base.yaml"
 """Our base config, which every imported recipe names in `defaults:`."""
@@ -404,7 +405,7 @@ def _import(args: argparse.Namespace) -> int:
     for flag, value in (("--from", args.dialect), ("FILE", args.source), ("-o", args.output)):
         if value is None:
             raise ConfigError(
-                f"{flag} is required: dapo-import-config --from "
+                f"{flag} is required: {tool_command('dapo-import-config')} --from "
                 f"{'|'.join(DIALECTS)} FILE -o recipes/mine.yaml"
             )
     out: Path = args.output
@@ -471,12 +472,13 @@ def _import(args: argparse.Namespace) -> int:
         )
     elif verdict.fits:
         print(
-            f"valid and planned; check the machine too: dapo-train --config {display_path(out)} --dry-run"
+            f"valid and planned; check the machine too: {tool_command('dapo-train')} --config "
+            f"{display_path(out)} --dry-run"
         )
     if verdict.fits is False:
         print(
             f"error: {display_path(out)} was written but does not fit: {verdict.line}; "
-            "change the layout or the lengths named above (dapo-plan --config "
+            f"change the layout or the lengths named above ({tool_command('dapo-plan')} --config "
             f"{display_path(out)} shows every phase)",
             file=sys.stderr,
         )
