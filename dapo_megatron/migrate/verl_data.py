@@ -176,6 +176,24 @@ def _reward_manager(value: Any, ctx: Mapping[str, Any]) -> bool:
     )
 
 
+def _verl_filter_overlong(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value is True:
+        return Translation(
+            (),
+            "same as here: a prompt over data.max_prompt_length is dropped (verl: "
+            "rl_dataset.py maybe_filter_out_long_prompts; ours skips and counts it)",
+        )
+    if value is False:
+        return Translation(
+            (),
+            "false: verl keeps an over-long prompt and its agent loop pads prompts to "
+            "rollout.prompt_length without truncating (experimental/agent_loop/agent_loop.py), "
+            "so a batch holding one fails there; on the data of a run that completes (none "
+            "over-long) ours does the same",
+        )
+    raise Untranslatable(f"{value!r}: expected true or false")
+
+
 def _verl_reward_manager(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if not _reward_manager(value, ctx):
         raise Untranslatable(f"needs the {value} reward manager, which dapo-megatron lacks")
@@ -238,14 +256,13 @@ VERL_DATA_KEYS: tuple[ForeignKey, ...] = (
     ),
     same(VERL, "data.prompt_key", "data.prompt_key"),
     same(VERL, "data.shuffle", "data.shuffle"),
-    as_here(
+    custom(
         VERL,
         "data.filter_overlong_prompts",
-        "keeping over-long prompts",
-        _any_bool,
-        "a prompt over data.max_prompt_length is skipped and counted; verl drops it when "
-        "true and keeps it whole when false (rl_dataset.py maybe_filter_out_long_prompts); "
-        "the DAPO data has no prompt that long",
+        "(none: over-long prompts are skipped)",
+        "true: prompts over data.max_prompt_length dropped, as here; false: verl's run fails "
+        "on one, so a run that completes had none",
+        _verl_filter_overlong,
     ),
     as_here(
         VERL,
