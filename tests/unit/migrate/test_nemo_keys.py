@@ -77,22 +77,23 @@ def test_megatron_warmup_iters_are_optimizer_steps_at_one_batch_per_step(name, w
 
 
 @pytest.mark.parametrize(
-    "name, key, k, ramp",
+    "name, key, k, iters",
     [
-        # Megatron, 64 prompts x 32 samples / 512 = 4 optimizer steps per GRPO step; 50 x 4
-        ("grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml", "policy.megatron_cfg.scheduler.lr_warmup_iters", 4, 200),
-        # DTensor, 512 x 16 / 512 = 16; LinearLR over 10 GRPO steps: 160
-        ("dapo-qwen2.5-7b.v2.yaml", "policy.scheduler", 16, 160),
-        ("dapo-qwen2.5-7b-16n4g-fsdp2cp2.v2.yaml", "policy.scheduler", 16, 160),
-        # DTensor, 128 x 8 / 64 = 16; the base's LinearLR over 50: 800
-        ("grpo-deepscaler-1.5b-8K.yaml", "policy.scheduler", 16, 800),
+        # Megatron, 64 prompts x 32 samples / 512 = 4 optimizer steps per GRPO step; 50 iters
+        ("grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml", "policy.megatron_cfg.scheduler.lr_warmup_iters", 4, 50),
+        # DTensor, 512 x 16 / 512 = 16; LinearLR over 10 GRPO steps
+        ("dapo-qwen2.5-7b.v2.yaml", "policy.scheduler", 16, 10),
+        ("dapo-qwen2.5-7b-16n4g-fsdp2cp2.v2.yaml", "policy.scheduler", 16, 10),
+        # DTensor, 128 x 8 / 64 = 16; the base's LinearLR over 50
+        ("grpo-deepscaler-1.5b-8K.yaml", "policy.scheduler", 16, 50),
     ],
 )  # fmt: skip
-def test_warmup_is_refused_when_a_grpo_step_is_several_optimizer_steps(name, key, k, ramp):
+def test_warmup_counts_grpo_steps_when_a_step_is_several_optimizer_steps(name, key, k, iters):
+    # NeMo RL steps its scheduler once per GRPO step: the count carries over unchanged with
+    # policy.scheduler.unit train_step (one lr over each GRPO step's k optimizer steps)
     v, skipped = _import(LLM + name)
-    assert WARMUP not in v  # never our default passed off as theirs: named instead
-    assert f"a GRPO step is {k} optimizer steps" in skipped[key]
-    assert f"policy.scheduler.lr_warmup_steps={ramp}" in skipped[key]
+    assert key not in skipped
+    assert (v[WARMUP], v["policy.scheduler.unit"]) == (iters, "train_step")
 
 
 def test_translated_warmup_gives_nemo_rls_lr_at_every_step():
