@@ -16,7 +16,6 @@ from dapo_megatron.migrate.dialects import (
     choice,
     custom,
     kl_estimator,
-    mapped,
     off,
     policy_mini_batch,
     same,
@@ -272,6 +271,20 @@ def _verl_kl_coef(value: Any, ctx: Mapping[str, Any]) -> Translation:
     )
 
 
+def _verl_top_k(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    k = sampling_top_k(value, ctx)
+    note = "off (-1 here)" if k == -1 else f"same meaning: the {k} most likely tokens"
+    return Translation((("generation.top_k", k),), f"{_shown(value)}: {note}")
+
+
+def _verl_do_sample(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if not isinstance(value, bool):
+        raise Untranslatable(f"{value!r}: expected true or false")
+    if value:
+        return Translation((("validation.greedy", False),), "true: sampled validation")
+    return Translation((("validation.greedy", True),), "false: greedy validation")
+
+
 def _verl_val_temperature(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if value == 0 or ctx.get(f"{VERL_ROLLOUT}.val_kwargs.do_sample") is False:
         return Translation((("validation.greedy", True),), "greedy validation")
@@ -362,7 +375,13 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
     kl_estimator(VERL, f"{VERL_ACTOR}.kl_loss_type"),
     same(VERL, f"{VERL_ROLLOUT}.temperature", "generation.temperature"),
     same(VERL, f"{VERL_ROLLOUT}.top_p", "generation.top_p"),
-    mapped(VERL, f"{VERL_ROLLOUT}.top_k", "generation.top_k", "0: -1 (off)", sampling_top_k),
+    custom(
+        VERL,
+        f"{VERL_ROLLOUT}.top_k",
+        "generation.top_k",
+        "same meaning; 0 and -1: off (-1 here)",
+        _verl_top_k,
+    ),
     same(
         VERL,
         f"{VERL_ROLLOUT}.tensor_model_parallel_size",
@@ -469,12 +488,12 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
         _verl_val_temperature,
     ),
     same(VERL, f"{VERL_ROLLOUT}.val_kwargs.top_p", "validation.top_p"),
-    mapped(
+    custom(
         VERL,
         f"{VERL_ROLLOUT}.val_kwargs.do_sample",
         "validation.greedy",
-        "false: greedy validation (true here)",
-        lambda v, ctx: not v,
+        "false: greedy validation (validation.greedy true); true: sampled (false)",
+        _verl_do_sample,
     ),
     same(VERL, "trainer.val_before_train", "validation.val_at_start"),
     same(VERL, "trainer.default_local_dir", "checkpointing.checkpoint_dir"),

@@ -180,13 +180,20 @@ def _dynamic(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if value is not True:
         return Translation((), "padded micro-batches of ppo_micro_batch_size_per_gpu, as here")
     budget = ctx.get(f"{VERL_ACTOR}.ppo_max_token_len_per_gpu", 16384)
-    cp = ctx.get(CP_KEY, 1)
-    cp = cp if isinstance(cp, int) and cp > 0 else 1
+    # the sequence is split over CP ranks: megatron_actor.py multiplies the budget by
+    # context_parallel_size, dp_actor.py (FSDP) by ulysses_sequence_parallel_size
+    ulysses = ctx.get(f"{VERL_ACTOR}.ulysses_sequence_parallel_size", 1)
+    if _fsdp(ctx) and isinstance(ulysses, int) and ulysses > 1:
+        cp, actor, name = ulysses, "dp_actor.py", "Ulysses size"
+    else:
+        cp = ctx.get(CP_KEY, 1)
+        cp = cp if isinstance(cp, int) and cp > 0 else 1
+        actor, name = "megatron_actor.py", "CP"
     tokens = as_int(budget) * cp
     return Translation(
         (("policy.max_tokens_per_microbatch", tokens),),
-        f"sequence packing with a token budget: ppo_max_token_len_per_gpu {budget} x CP {cp} "
-        "(megatron_actor.py); verl balances ceil(tokens / budget) micro-batches "
+        f"sequence packing with a token budget: ppo_max_token_len_per_gpu {budget} x {name} "
+        f"{cp} ({actor}); verl balances ceil(tokens / budget) micro-batches "
         "(seqlen_balancing.py rearrange_micro_batches), ours packs up to the budget",
     )
 

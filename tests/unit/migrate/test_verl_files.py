@@ -241,7 +241,11 @@ def _ours(raw: dict[str, Any]) -> dict[str, Any]:
             if raw[f"{root}.enable"]:
                 exp["dapo.overlong_buffer.length"] = raw[f"{root}.len"]
     if raw.get(f"{A}.use_dynamic_bsz") is True:
-        cp = raw.get(f"{M}.context_parallel_size", 1)
+        # the budget is per CP rank: x Megatron CP (megatron_actor.py) or x the Ulysses
+        # size of an FSDP worker (dp_actor.py)
+        cp = raw.get(
+            f"{M}.context_parallel_size", raw.get(f"{A}.ulysses_sequence_parallel_size", 1)
+        )
         # verl's default budget: 16384 (_generated_ppo_megatron_trainer.yaml)
         budget = raw.get(f"{A}.ppo_max_token_len_per_gpu", 16384)
         exp["policy.max_tokens_per_microbatch"] = budget * cp
