@@ -239,7 +239,9 @@ def _loss_type(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if value != "actor":
         raise Untranslatable(f"needs RLinf's {value} loss, which dapo-megatron lacks")
     return Translation(
-        (("dapo.overlong_filtering", False),), "the PPO actor loss; truncated responses train"
+        (("dapo.overlong_filtering", False), (f"{OB}.enabled", False)),
+        "the PPO actor loss on the verifier's reward: truncated responses train, and no "
+        "length penalty (safe_length and len_reward_penalty are read by no RLinf code)",
     )
 
 
@@ -337,12 +339,18 @@ RLINF_KEYS: tuple[ForeignKey, ...] = (
     ),
     noop("algorithm.use_valid_token_scale", "read with algorithm.loss_agg_func"),
     custom(RLINF, "algorithm.early_stop_imp_ratio", "(none)", "1e9: never acts", _early_stop),
-    custom(RLINF, "algorithm.adv_type", "dapo.advantage.*", "grpo: as here", _adv),
+    custom(
+        RLINF,
+        "algorithm.adv_type",
+        "dapo.advantage.norm_by_std (+ leave_one_out)",
+        "grpo: as here",
+        _adv,
+    ),
     noop("algorithm.normalize_advantages", "read by GAE only (advantages.py)"),
     custom(
         RLINF,
         "algorithm.loss_type",
-        "dapo.overlong_filtering",
+        "dapo.overlong_filtering (+ overlong_buffer.enabled)",
         "actor: the PPO actor loss over every response, truncated ones too",
         _loss_type,
     ),
@@ -442,6 +450,9 @@ RLINF_DEFAULTS: dict[str, Any] = {
     "algorithm.n_minibatches": 1,
     "algorithm.max_num_gen_batches": 1,
     "algorithm.loss_type": "actor",
+    # megatron_actor_worker.py reads cfg.algorithm.use_valid_token_scale as an attribute:
+    # a config without it gets None (no scaling) from OmegaConf outside struct mode.
+    "algorithm.use_valid_token_scale": False,
     # config.py: lr_warmup_iters 0 and lr_warmup_fraction null when absent.
     "actor.lr_sched.lr_warmup_iters": 0,
     "actor.model.context_parallel_size": 1,

@@ -164,13 +164,11 @@ def _reward(value: Any, ctx: Mapping[str, Any]) -> Translation:
     return Translation(
         (
             ("reward.verifier", "math"),
-            ("dapo.overlong_buffer.enabled", False),
             ("dapo.reward_scaling.enabled", True),
             ("dapo.reward_scaling.target_min", -1.0 * scale),
             ("dapo.reward_scaling.target_max", 1.0 * scale),
         ),
-        f"the math reward, +{scale} correct / -{scale} otherwise, no length penalty (RLinf "
-        "has none); RLinf accepts any of "
+        f"the math reward, +{scale} correct / -{scale} otherwise; RLinf accepts any of "
         "several references, ours compares with the one ground truth",
     )
 

@@ -363,7 +363,7 @@ SKYRL_LAYOUT_KEYS: tuple[ForeignKey, ...] = (
     custom(
         SKYRL,
         "trainer.placement.colocate_all",
-        "cluster.num_nodes, cluster.gpus_per_node, cluster.colocated (+ generation_num_devices)",
+        "cluster.num_nodes (+ gpus_per_node, colocated, generation_num_devices)",
         "the policy's nodes x GPUs; colocated as there; split: the engines' GPUs beside the "
         "policy's on one node",
         _placement,
