@@ -206,7 +206,8 @@ SKYRL_ALGO_KEYS: tuple[ForeignKey, ...] = (
         SKYRL,
         f"{OPT}.num_warmup_steps",
         "policy.scheduler.lr_warmup_steps",
-        "same unit: SkyRL steps its scheduler once per optimizer step",
+        "same unit from lr 0: SkyRL's Megatron OptimizerParamScheduler (distributed/megatron/"
+        "optimizer.py) steps once per optimizer step (megatron_strategy.py), as ours",
     ),
     custom(
         SKYRL,

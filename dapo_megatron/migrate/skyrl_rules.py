@@ -26,6 +26,9 @@ def _max_batches(value: Any, ctx: Mapping[str, Any]) -> Translation:
     keeps the first train_batch_size x n samples and drops the rest (state reset): the
     surplus is discarded, and a round draws train_batch_size prompts (multiplier 1)."""
     n = as_int(value)
+    kind = f"{ALGO}.dynamic_sampling.type"
+    if kind in ctx and ctx[kind] != "filter":
+        return Translation((), f"unused: dynamic_sampling.type is {ctx[kind]}")
     settings: list[tuple[str, Any]] = [(f"{DS}.max_gen_batches", n)]
     note = "same meaning: at most {v} full rounds of train_batch_size prompts, <= 0 unlimited"
     if ctx.get(f"{ALGO}.dynamic_sampling.type") == "filter":
