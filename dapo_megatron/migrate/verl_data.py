@@ -480,3 +480,11 @@ def data_inactive(flat: Mapping[str, Any]) -> dict[str, str]:
         elif key.startswith("actor_rollout_ref.rollout.prometheus."):
             out[key] = "not live here: engine metrics export"
     return out
+
+
+VERL_READS_UNRESOLVED = frozenset(
+    {"actor_rollout_ref.model.path", "data.train_files", "data.val_files"}
+)
+"""Keys whose converter reads a value holding an unresolved shell variable: the data files
+of prepare_dapo_data.sh / gsm8k.py are recognised by their file name whatever the directory,
+and a model path is refused naming the variable (never replaced by our default)."""

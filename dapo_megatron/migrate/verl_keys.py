@@ -36,7 +36,7 @@ from dapo_megatron.migrate.shared_keys import (
     UNLIMITED_WHY,
     VERL,
 )
-from dapo_megatron.migrate.verl_data import VERL_DATA_KEYS, data_inactive
+from dapo_megatron.migrate.verl_data import VERL_DATA_KEYS, VERL_READS_UNRESOLVED, data_inactive
 from dapo_megatron.migrate.verl_layout import (
     VERL_ACTOR,
     VERL_LAYOUT_KEYS,
@@ -585,6 +585,9 @@ VERL_DEFAULTS: dict[str, Any] = {
 """The value the source's code or base config gives a key that a config omits, for the
 keys that change a run (an omitted key takes the source's default, never ours). verl has no
 overlong filtering (dapo.overlong_filtering stays off: VERL_FIXED)."""
+
+
+__all__ = ["VERL_DEFAULTS", "VERL_KEYS", "VERL_READS_UNRESOLVED", "VERL_TIERS", "inactive"]
 
 
 def inactive(flat: Mapping[str, Any]) -> dict[str, str]:
