@@ -450,6 +450,9 @@ SKYRL_DEFAULTS: dict[str, Any] = {
     "generator.inference_engine.gpu_memory_utilization": 0.8,
     "generator.inference_engine.max_num_seqs": 1024,
     "environment.env_class": "gsm8k",
+    # DataConfig: train_data ~/data/gsm8k/train.parquet, val_data ~/data/gsm8k/validation.parquet
+    "data.train_data": ["~/data/gsm8k/train.parquet"],
+    "data.val_data": ["~/data/gsm8k/validation.parquet"],
 }
 """The value the source's code or base config gives a key that a config omits, for the
 keys that change a run (an omitted key takes the source's default, never ours)."""

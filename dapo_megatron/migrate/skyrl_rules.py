@@ -151,7 +151,8 @@ def _eval(which: str) -> Any:
         if value is None and not given:
             if which == "temperature":
                 return Translation(
-                    (("validation.greedy", True),), "no eval_sampling_params: greedy"
+                    (("validation.greedy", True), ("validation.temperature", 1.0)),
+                    "no eval_sampling_params: greedy (validation.temperature is then unused)",
                 )
             return Translation((), "no eval_sampling_params: greedy at the training cap")
         if value is None:

@@ -330,3 +330,30 @@ def test_token_mean_legacy_is_a_mean_per_micro_batch(micro, agg):
     result = translate("skyrl", flat)
     v = {s.key: s.value for s in result.settings}
     assert v.get("dapo.loss.loss_agg_mode") == agg
+
+
+def test_an_omitted_key_takes_skyrls_default_never_ours():
+    """A config that only picks the Megatron strategy: every key of ours that matters is
+    SkyRL's default (config.py), or refused where that default needs what we lack (the
+    gsm8k environment and data, the KL loss averaged per sequence), except the run length
+    (epochs x the dataset's batches)."""
+    result = translate("skyrl", {"trainer.strategy": "megatron"})
+    v = {s.key: s.value for s in result.settings}
+    assert result.kept_ours == ["dapo.max_num_steps", "data.train_path"]
+    assert v["policy.model_name_or_path"] == "Qwen/Qwen2.5-1.5B-Instruct"
+    assert (v["dapo.num_prompts_per_step"], v["dapo.num_generations_per_prompt"]) == (1024, 5)
+    assert v["policy.train_global_batch_size"] == 256 * 5
+    assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.2)
+    assert v["dapo.loss.clip_ratio_c"] is None  # policy_loss_type regular
+    assert (v["policy.optimizer.weight_decay"], v["policy.scheduler.lr_warmup_steps"]) == (0.01, 0)
+    assert (v["data.max_prompt_length"], v["generation.max_response_length"]) == (512, 1024)
+    assert (v["dapo.dynamic_sampling.enabled"], v["dapo.overlong_buffer.enabled"]) == (False, False)
+    assert v["validation.greedy"] is True  # no eval_sampling_params: temperature 0
+    assert v["generation.engine.gpu_memory_utilization"] == 0.8
+    refused = {s.key for s in result.skipped if s.blocking}
+    assert refused == {
+        "environment.env_class",
+        "data.train_data",
+        "data.val_data",
+        "trainer.algorithm.use_kl_loss",
+    }
