@@ -19,6 +19,7 @@ from dapo_megatron.migrate.dialects import (
     off,
     same,
 )
+from dapo_megatron.migrate.nemo_features import ASYNC, DRAFT
 from dapo_megatron.migrate.shared_keys import (
     AGG,
     CLIP_C,
@@ -148,9 +149,9 @@ def _tis_cap(value: Any, ctx: Mapping[str, Any]) -> Translation:
             ),
             "same meaning: token weights exp(old - rollout logprob) truncated at {v}",
         )
-    what = f"{kind} with ratio [{low}, {value}]" if kind else "uncapped"
+    what = f"NeMo RL's {kind} (ratio [{low}, {value}])" if kind else "an uncapped"
     raise Untranslatable(
-        f"needs NeMo RL's {what} importance-sampling correction of rollout logprobs, which "
+        f"needs {what} importance-sampling correction of rollout logprobs, which "
         "dapo-megatron lacks (here: none, tis capped above, or mis)"
     )
 
@@ -177,13 +178,33 @@ def _null(value: Any, ctx: Mapping[str, Any]) -> bool:
     return value is None
 
 
+# Rows a NeMo RL training set has at least, for the datasets its DAPO/GRPO configs name:
+# DAPOMath17K loads the DAPO-Math-17k parquet whole (response_datasets/dapo_math.py), ~17.9k
+# problems x 100 copies, ~1.79M rows; OpenMathInstruct-2 loads split train_1M (1M rows) and
+# holds out split_validation_size of it (openmathinstruct2.py, RawDataset.split_train_validation).
+_TRAIN_ROWS_AT_LEAST = {"DAPOMath17K": 1_700_000, "OpenMathInstruct-2": 900_000}
+
+
 def _epochs(value: Any, ctx: Mapping[str, Any]) -> bool:
     """grpo.py `while current_epoch < max_num_epochs and total_steps < max_num_steps`: a run
     ends at the end of its max_num_epochs-th pass over the training data, or sooner. Ours
-    runs max_num_steps steps over as many passes as that takes; the two stop alike only
-    when the epochs never run out first, which is when NeMo RL ignores them (several
-    dataloaders: an endless iterator, grpo.py's warning)."""
-    return ctx.get("data.use_multiple_dataloader") is True
+    runs max_num_steps steps over as many passes as that takes: the same run when NeMo RL
+    ignores epochs (several dataloaders: an endless iterator, grpo.py's warning) or when
+    max_num_steps surely ends it first: each step draws at most (max_gen_batches + 1)
+    dataloader batches of num_prompts_per_step x batch_multiplier prompts with dynamic
+    sampling, one of num_prompts_per_step without."""
+    if ctx.get("data.use_multiple_dataloader") is True:
+        return True
+    rows = _TRAIN_ROWS_AT_LEAST.get(str(ctx.get("data.train.dataset_name")))
+    steps, prompts = ctx.get("grpo.max_num_steps"), ctx.get("grpo.num_prompts_per_step")
+    if rows is None or not isinstance(steps, int) or not isinstance(prompts, int):
+        return False
+    batches = 1
+    if ctx.get("grpo.use_dynamic_sampling") is True:
+        batches = int(ctx.get("grpo.dynamic_sampling_max_gen_batches", 10)) + 1
+        prompts = int(prompts * float(ctx.get("grpo.batch_multiplier", 1)))
+    epochs = value if isinstance(value, int) and value > 0 else 1
+    return steps * batches * prompts <= epochs * rows - prompts
 
 
 NEMO_ALGO_KEYS: tuple[ForeignKey, ...] = (
@@ -393,9 +414,9 @@ NEMO_ALGO_KEYS: tuple[ForeignKey, ...] = (
         NEMO,
         "grpo.max_num_epochs",
         "a stop after max_num_epochs passes over the training data (NeMo RL ends the run "
-        "there even before max_num_steps)",
+        "there when it comes before max_num_steps)",
         _epochs,
-        "the run lasts dapo.max_num_steps steps, however many passes that takes",
+        "the run lasts dapo.max_num_steps steps, which end before NeMo RL's epochs do",
     ),
     as_here(
         NEMO,
@@ -425,8 +446,8 @@ NEMO_ALGO_KEYS: tuple[ForeignKey, ...] = (
         lambda v, ctx: isinstance(v, bool),
         "where advantages are computed: the same values",
     ),
-    as_here(NEMO, "grpo.async_grpo.enabled", "NeMo RL's async GRPO", off(False), "synchronous"),
-    as_here(NEMO, "grpo.async_grpo", "NeMo RL's async GRPO", _null, "synchronous"),
+    as_here(NEMO, "grpo.async_grpo.enabled", ASYNC, off(False), "synchronous"),
+    as_here(NEMO, "grpo.async_grpo", ASYNC, _null, "synchronous"),
     same(NEMO, "grpo.overlong_filtering", "dapo.overlong_filtering"),
     same(NEMO, "grpo.max_num_steps", "dapo.max_num_steps"),
     same(NEMO, "grpo.seed", "run.seed"),
@@ -434,7 +455,7 @@ NEMO_ALGO_KEYS: tuple[ForeignKey, ...] = (
     as_here(
         NEMO,
         "policy.draft.enabled",
-        "training a speculative-decoding draft model (Eagle3)",
+        DRAFT,
         off(False),
         "no draft model",
     ),
