@@ -447,6 +447,7 @@ SKYRL_DEFAULTS: dict[str, Any] = {
     f"{EVAL}.max_generate_length": None,
     "generator.inference_engine.backend": "vllm",
     "generator.inference_engine.tensor_parallel_size": 1,
+    "generator.inference_engine.num_engines": 1,
     "generator.inference_engine.gpu_memory_utilization": 0.8,
     "generator.inference_engine.max_num_seqs": 1024,
     "environment.env_class": "gsm8k",
