@@ -526,6 +526,9 @@ VERL_KEYS: tuple[ForeignKey, ...] = (
 VERL_TIERS: dict[str, str] = {
     "reward_model.reward_kwargs.overlong_buffer_cfg.log": IMPACT_HARMLESS,  # metrics
     "trainer.default_local_dir": IMPACT_HARMLESS,  # the checkpoint directory
+    # where verl reads the same weights converted (use_dist_checkpointing); ours reads HF's
+    f"{VERL_ACTOR}.megatron.dist_checkpointing_path": IMPACT_HARMLESS,
+    "actor_rollout_ref.ref.megatron.dist_checkpointing_path": IMPACT_HARMLESS,
 }
 """Verl keys (or subtrees ending in ".") classified by what the source does with them,
 read before the patterns of dialects.impact."""
