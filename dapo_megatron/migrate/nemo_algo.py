@@ -435,14 +435,14 @@ NEMO_ALGO_KEYS: tuple[ForeignKey, ...] = (
     as_here(
         NEMO,
         "grpo.skip_reference_policy_logprobs_calculation",
-        "(none)",
+        "nothing: any value gives the same run",
         lambda v, ctx: v is False or ctx.get(KL) == 0,
         "no reference log-probs without a KL term (kl_coef 0)",
     ),
     as_here(
         NEMO,
         "grpo.calculate_advantages_on_gpu",
-        "(none)",
+        "nothing: any value gives the same run",
         lambda v, ctx: isinstance(v, bool),
         "where advantages are computed: the same values",
     ),

@@ -136,7 +136,7 @@ NEMO_DATA_KEYS: tuple[ForeignKey, ...] = (
     as_here(
         NEMO,
         "policy.tokenizer.use_fastokens",
-        "(none)",
+        "nothing: any value gives the same run",
         lambda v, ctx: isinstance(v, bool),
         "a faster implementation of the same tokenizer: the same tokens",
     ),
@@ -223,6 +223,12 @@ NEMO_DATA_KEYS: tuple[ForeignKey, ...] = (
     ),
     same(NEMO, "data.shuffle", "data.shuffle"),
     custom(NEMO, "env.math.math_verify_impl", "reward.verifier", "math (1 / 0)", _verifier),
+    same(
+        NEMO,
+        "env.math.num_workers",
+        "reward.num_workers",
+        "same meaning: processes of the verification pool",
+    ),
     same(NEMO, f"{_TAG}.temperature", "generation.temperature"),
     same(NEMO, f"{_TAG}.top_p", "generation.top_p"),
     mapped(NEMO, f"{_TAG}.top_k", "generation.top_k", "null: -1 (off)", sampling_top_k),

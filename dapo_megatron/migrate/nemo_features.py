@@ -102,14 +102,14 @@ NEMO_FEATURE_KEYS: tuple[ForeignKey, ...] = (
     as_here(
         NEMO,
         "policy.logprob_chunk_size",
-        "(none)",
+        "nothing: any value gives the same run",
         lambda v, ctx: True,
         "how log-probs are chunked in memory: the same values",
     ),
     as_here(
         NEMO,
         "policy.generation_batch_size",
-        "(none)",
+        "nothing: any value gives the same run",
         lambda v, ctx: True,
         "read by NeMo RL's Hugging Face generation backend only: not this engine's",
     ),

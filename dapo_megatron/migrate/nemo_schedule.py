@@ -377,14 +377,14 @@ NEMO_SCHEDULE_KEYS: tuple[ForeignKey, ...] = (
     as_here(
         NEMO,
         f"{_TORCH_OPT}.kwargs.foreach",
-        "(none)",
+        "nothing: any value gives the same run",
         lambda v, ctx: isinstance(v, bool),
         "an implementation choice of torch's AdamW: same update",
     ),
     as_here(
         NEMO,
         f"{_TORCH_OPT}.kwargs.fused",
-        "(none)",
+        "nothing: any value gives the same run",
         lambda v, ctx: isinstance(v, bool),
         "an implementation choice of torch's AdamW: same update",
     ),

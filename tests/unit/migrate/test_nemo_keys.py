@@ -337,3 +337,91 @@ def test_translated_limit_keeps_exactly_the_prompts_nemo_rl_trains():
     for bad in (1, 0, -5):
         with pytest.raises(Untranslatable, match="stub it never trains"):
             fk.convert(bad, {})
+
+
+# ---------------------------------------------------------------------------------------
+# The advantage estimator and dynamic sampling (nemo_algo.py), from NeMo RL's grpo.py and
+# advantage_estimator.py at 7ea279ab
+
+
+def _inline(flat: dict[str, Any]) -> tuple[dict[str, Any], dict[str, str]]:
+    result = translate("nemo-rl", dict(flat))
+    return {s.key: s.value for s in result.settings}, {s.key: s.reason for s in result.skipped}
+
+
+def test_dynamic_sampling_discards_the_surplus_and_is_off_without_it():
+    # grpo.py dynamic_sampling(): `filtered_repeated_batch.slice(0, train_prompts_size)` once
+    # enough groups are cached: the rest is dropped, never carried to the next step
+    v, _ = _inline({"grpo.use_dynamic_sampling": True, "grpo.use_leave_one_out_baseline": False})
+    assert (v["dapo.dynamic_sampling.enabled"], v["dapo.dynamic_sampling.surplus"]) == (
+        True,
+        "discard",
+    )
+    # off: every generated group trains; the legacy leave-one-out flag only shaped the
+    # filter's std (grpo.py calculate_baseline_and_std_per_prompt before dynamic_sampling)
+    v, skipped = _inline({"grpo.use_dynamic_sampling": False, "grpo.use_leave_one_out_baseline": True,
+                          "grpo.batch_multiplier": 1})  # fmt: skip
+    assert v["dapo.dynamic_sampling.enabled"] is False and "dapo.dynamic_sampling.surplus" not in v
+    assert skipped["grpo.use_leave_one_out_baseline"].startswith("not live")
+    assert skipped["grpo.batch_multiplier"].startswith("not live")
+
+
+def test_dynamic_sampling_with_the_leave_one_out_filter_is_refused():
+    # with it on, NeMo RL's std is each sample's N - 1 others': `std != 0` keeps samples,
+    # not groups (a lone correct answer among wrong ones is dropped)
+    _, skipped = _inline(
+        {"grpo.use_dynamic_sampling": True, "grpo.use_leave_one_out_baseline": True}
+    )
+    assert (
+        "per-sample leave-one-out dynamic-sampling filter"
+        in skipped["grpo.use_leave_one_out_baseline"]
+    )
+
+
+def test_the_live_estimator_keys_are_translated_and_the_legacy_ones_are_not_read():
+    flat = {
+        "grpo.normalize_rewards": True,
+        "grpo.adv_estimator.name": "grpo",
+        "grpo.adv_estimator.normalize_rewards": False,
+        "grpo.adv_estimator.use_leave_one_out_baseline": True,
+        "grpo.adv_estimator.minus_baseline": True,
+    }
+    v, skipped = _inline(flat)
+    assert v["dapo.advantage.norm_by_std"] is False  # the live key, not grpo.normalize_rewards
+    assert (v["dapo.advantage.leave_one_out"], v["dapo.advantage.std_over"]) == (True, "others")
+    assert v["dapo.advantage.eps"] == 1e-6  # advantage_estimator.py `epsilon = 1e-6`
+    assert "grpo.adv_estimator.normalize_rewards" in skipped["grpo.normalize_rewards"]
+    assert skipped["grpo.adv_estimator.minus_baseline"].startswith("not live")  # Reinforce++'s
+    _, skipped = _inline({**flat, "grpo.adv_estimator.name": "reinforce_plus_plus"})
+    assert "needs the reinforce_plus_plus advantage estimator" in skipped["grpo.adv_estimator.name"]
+
+
+def test_megatron_weight_decay_is_the_schedulers():
+    # Megatron's OptimizerParamScheduler writes end_weight_decay into every group each step
+    # (constant style); NeMo RL builds it from megatron_cfg.scheduler (models/megatron/setup.py)
+    flat = {
+        "policy.megatron_cfg.enabled": True,
+        "policy.megatron_cfg.optimizer.weight_decay": 0.1,
+        "policy.megatron_cfg.scheduler.start_weight_decay": 0.01,
+        "policy.megatron_cfg.scheduler.end_weight_decay": 0.01,
+        "policy.megatron_cfg.scheduler.weight_decay_incr_style": "constant",
+    }
+    v, skipped = _inline(flat)
+    assert v["policy.optimizer.weight_decay"] == 0.01
+    assert skipped["policy.megatron_cfg.optimizer.weight_decay"].startswith("not live")
+    ramp = {**flat, "policy.megatron_cfg.scheduler.start_weight_decay": 0.0,
+            "policy.megatron_cfg.scheduler.weight_decay_incr_style": "linear"}  # fmt: skip
+    _, skipped = _inline(ramp)
+    assert (
+        "needs a weight-decay schedule" in skipped["policy.megatron_cfg.scheduler.end_weight_decay"]
+    )
+
+
+def test_validation_sampling_follows_the_relative_references():
+    # grpo_math_1B.yaml: val_temperature: ${.temperature} (OmegaConf's sibling reference)
+    v, skipped = _import("grpo_math_1B.yaml")
+    assert v["validation.temperature"] == v["generation.temperature"] == 1.0
+    assert v["validation.top_p"] == v["generation.top_p"] == 1.0
+    assert v["validation.num_samples_per_prompt"] == 1  # grpo.val_num_generations_per_prompt
+    assert v["validation.max_prompts"] == 256  # 256 // 256 batches of val_batch_size 256
+    assert "policy.generation.val_top_k" not in skipped  # null: as here
