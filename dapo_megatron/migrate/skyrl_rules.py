@@ -52,20 +52,29 @@ def skyrl_agg(ctx: Mapping[str, Any]) -> str:
     value = ctx.get(f"{ALGO}.loss_reduction", "token_mean")
     if value == "token_mean":
         return "token-mean"
-    if value == "sequence_mean":
-        return "seq-mean-token-mean"
-    if value == "seq_mean_token_sum_norm":
-        return "seq-mean-token-sum-norm"
     if value == "token_mean_legacy":
         micro = ctx.get("trainer.micro_train_batch_size_per_gpu", 1)
-        if micro == 1 and as_int(ctx.get("trainer.max_tokens_per_microbatch", -1)) <= 0:
-            return "seq-mean-token-mean"
+        if micro != 1 or as_int(ctx.get("trainer.max_tokens_per_microbatch", -1)) > 0:
+            raise Untranslatable(
+                f"needs a token mean per slice of {micro} samples averaged over the slices "
+                "(SkyRL's token_mean_legacy), which dapo-megatron lacks (here: token-mean over "
+                "the mini-batch; with micro_train_batch_size_per_gpu=1 it is seq-mean-token-mean)"
+            )
+        agg = "seq-mean-token-mean"
+    elif value in ("sequence_mean", "seq_mean_token_sum_norm"):
+        agg = "seq-mean-token-mean" if value == "sequence_mean" else "seq-mean-token-sum-norm"
+    else:
+        raise Untranslatable(f"needs SkyRL's {value} loss reduction, which dapo-megatron lacks")
+    if ctx.get("generator.apply_overlong_filtering") is True:
+        # skyrl_gym_generator.py zeroes a truncated response's loss mask; SkyRL's per-sequence
+        # modes still count it (they divide by the mini-batch's sequences, or slices), ours
+        # count only sequences with a valid token (algorithms/loss.py loss_denominator).
         raise Untranslatable(
-            f"needs a token mean per slice of {micro} samples averaged over the slices "
-            "(SkyRL's token_mean_legacy), which dapo-megatron lacks (here: token-mean over "
-            "the mini-batch; with micro_train_batch_size_per_gpu=1 it is seq-mean-token-mean)"
+            f"needs SkyRL's {value} counting overlong-filtered (all-masked) responses in its "
+            "mean, which dapo-megatron lacks (here: a per-sequence mean over the sequences "
+            "that keep a token)"
         )
-    raise Untranslatable(f"needs SkyRL's {value} loss reduction, which dapo-megatron lacks")
+    return agg
 
 
 def _loss_reduction(value: Any, ctx: Mapping[str, Any]) -> Translation:

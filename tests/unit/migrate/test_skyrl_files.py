@@ -315,17 +315,19 @@ def test_dynamic_sampling_filter_discards_the_surplus():
 
 
 @pytest.mark.parametrize(
-    "micro, agg",
-    [(1, "seq-mean-token-mean"), (2, None)],
+    "micro, filtering, agg",
+    [(1, False, "seq-mean-token-mean"), (2, False, None), (1, True, None)],
 )
-def test_token_mean_legacy_is_a_mean_per_micro_batch(micro, agg):
+def test_token_mean_legacy_is_a_mean_per_micro_batch(micro, filtering, agg):
     """ppo_utils.py: token_mean_legacy normalises each slice of micro_train_batch_size_per_gpu
-    samples by its own tokens and averages the slices: one-sample slices are sequences."""
+    samples by its own tokens and averages the slices: one-sample slices are sequences, but
+    an overlong-filtered (all-masked) response still counts as a slice there, not here."""
     flat = {
         "trainer.strategy": "megatron",
         "trainer.algorithm.loss_reduction": "token_mean_legacy",
         "trainer.micro_train_batch_size_per_gpu": micro,
         "trainer.algorithm.use_kl_loss": False,
+        "generator.apply_overlong_filtering": filtering,
     }
     result = translate("skyrl", flat)
     v = {s.key: s.value for s in result.settings}
