@@ -78,10 +78,13 @@ def _dataset(ours: str) -> Any:
     return convert
 
 
-def _no_validation(value: Any, ctx: Mapping[str, Any]) -> bool:
-    # data.validation null: the validation set is the training set's held-out split (a
-    # refused dataset, _SPLITTING) or there is none (grpo.py asserts val_period 0 then)
-    return value is None
+def _no_validation(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """data.validation null: NeMo RL's validation set is the training set's held-out split
+    (a refused dataset, _SPLITTING) or there is none (grpo.py asserts val_period 0 then);
+    never our default validation file."""
+    if value is not None:
+        raise Untranslatable(f"{value!r}: expected null or data.validation.dataset_name")
+    return Translation((("data.val_path", None),), "no validation file")
 
 
 def _split_unread(value: Any, ctx: Mapping[str, Any]) -> bool:
@@ -168,12 +171,13 @@ NEMO_DATA_KEYS: tuple[ForeignKey, ...] = (
         "DAPOMathAIME2024: hf://BytedTsinghua-SIA/AIME-2024; other datasets refused",
         _dataset("data.val_path"),
     ),
-    as_here(
+    custom(
         NEMO,
         "data.validation",
-        "a validation set other than NeMo RL's named datasets",
+        "data.val_path",
+        "null: no validation file (NeMo RL then validates on the training set's held-out "
+        "split, refused with it, or not at all)",
         _no_validation,
-        "no separate validation set (the training set's held-out split is refused with it)",
     ),
     as_here(
         NEMO,

@@ -271,6 +271,8 @@ def expected_values(t: dict[str, Any]) -> dict[str, Any]:
         v["data.format"] = "dapo_math"
     if g("data.validation.dataset_name") == "DAPOMathAIME2024":
         v["data.val_path"] = "hf://BytedTsinghua-SIA/AIME-2024"
+    if "validation" in t.get("data", {}) and t["data"]["validation"] is None:
+        v["data.val_path"] = None  # no validation file: never our default one
     return v
 
 
