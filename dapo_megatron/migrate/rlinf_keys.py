@@ -203,7 +203,11 @@ def _adv(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if value != "grpo":
         raise Untranslatable(f"needs RLinf's {value} advantage, which dapo-megatron lacks")
     return Translation(
-        (("dapo.advantage.norm_by_std", True), ("dapo.advantage.leave_one_out", False)),
+        (
+            ("dapo.advantage.norm_by_std", True),
+            ("dapo.advantage.leave_one_out", False),
+            ("dapo.advantage.std_over", "group"),
+        ),
         "GRPO: group mean and std, as here",
     )
 
@@ -251,7 +255,11 @@ def _warmup_iters(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if ctx.get("actor.lr_sched.lr_warmup_fraction") not in (None, 0, 0.0):
         return Translation((), "read with lr_warmup_fraction, which wins")
     return Translation(
-        (("policy.scheduler.lr_warmup_steps", as_int(value)),), "same unit: optimizer steps"
+        (
+            ("policy.scheduler.lr_warmup_steps", as_int(value)),
+            ("policy.scheduler.unit", "optimizer_step"),
+        ),
+        "same unit: optimizer steps (megatron_worker.py optimizer_step once per mini-batch)",
     )
 
 

@@ -194,7 +194,12 @@ def _eval_interval(value: Any, ctx: Mapping[str, Any]) -> Translation:
 def _scheduler(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if value in ("constant_with_warmup", "constant"):
         return Translation(
-            (("policy.scheduler.lr_decay_style", "constant"),), "a constant lr after warm-up"
+            (
+                ("policy.scheduler.lr_decay_style", "constant"),
+                ("policy.scheduler.unit", "optimizer_step"),
+            ),
+            "a constant lr after warm-up; the schedule steps once per optimizer step "
+            "(megatron_strategy.py optimizer_step: scheduler.step(1)), as ours",
         )
     raise Untranslatable(f"needs SkyRL's {value} schedule, which dapo-megatron lacks")
 
@@ -225,6 +230,7 @@ def _estimator(value: Any, ctx: Mapping[str, Any]) -> Translation:
     std when grpo_norm_by_std."""
     if value == "grpo":
         return Translation(
-            (("dapo.advantage.leave_one_out", False),), "GRPO: the whole group's mean, as here"
+            (("dapo.advantage.leave_one_out", False), ("dapo.advantage.std_over", "group")),
+            "GRPO: the whole group's mean and (unbiased) std, as here",
         )
     raise Untranslatable(f"needs the {value} advantage estimator, which dapo-megatron lacks")
