@@ -179,18 +179,268 @@ def _plans(t: dict[str, Any]) -> bool:
     return not expected_features(t) and not any(f in model for f in _FAMILY)
 
 
-# The outcome of each file, by hand: every NeMo RL file kept needs at least one feature we
-# lack (expected_features says which), so none plans; the common ones are NeMo RL's default
-# training set and prompt (OpenMathInstruct-2 with examples/prompts/cot.txt and a 5%
-# held-out split), its clamped KL term, its response cap per prompt (max_total_sequence_length
-# shared by the prompt and the response) and its stop at the end of an epoch. A file that
-# would plan but for NeMo-B's layout keys would be listed here.
-PLANS: frozenset[str] = frozenset()
+# The outcome of each file: "plans", or the features it needs that we lack, by tag (TAGS),
+# plus "model:<family>" where its model is a family we cannot build (or prose, not a name).
+# Every NeMo RL file kept needs at least one: NeMo RL's default training set and prompt
+# (OpenMathInstruct-2 with examples/prompts/cot.txt and a 5% held-out split), its clamped
+# KL term, its response cap per prompt (max_total_sequence_length shared by the prompt and
+# the response) and its stop at the end of an epoch are the common ones. The table is
+# checked against expected_features (the rules above), both from the raw YAML; a file that
+# would plan but for NeMo-B's layout keys would say so here.
+TAGS = {
+    "omi": "NeMo RL's OpenMathInstruct-2 dataset",
+    "aime2024": "NeMo RL's AIME2024 dataset",
+    "deepscaler": "NeMo RL's DeepScaler dataset",
+    "split": "a validation split held out of the training data",
+    "prompt": "a custom prompt template",
+    "kl-clamp": "a clamp of the per-token KL estimate",
+    "cap": "a per-prompt response cap",
+    "epochs": "a stop after max_num_epochs passes",
+    "uncapped-is": "an uncapped importance-sampling correction",
+    "ratio-1": "a ratio forced to 1",
+    "cispo": "the CISPO loss",
+    "async": "NeMo RL's async GRPO",
+    "sc-async": "single-controller asynchronous rollouts",
+    "draft": "speculative-decoding draft model",
+    "quant": "ModelOpt quantisation",
+    "thinking-off": "arguments to the chat template",
+    "val-top-k": "top-k sampling in validation",
+    "penalty-length": "an overlong-penalty length",
+    "on-policy-kl": "an importance-weighted on-policy KL estimate",
+    "val-repeat": "a validation set repeated",
+}
+OUTCOMES: dict[str, str] = {
+    "grpo_math_1B.yaml": "cap epochs kl-clamp omi prompt split",
+    "grpo_math_1B_megatron.yaml": "cap epochs kl-clamp omi prompt split",
+    "grpo_math_1B_megatron_single_controller.yaml": (
+        "cap epochs kl-clamp omi prompt sc-async split"
+    ),
+    "grpo_math_1B_trtllm.yaml": "cap epochs kl-clamp omi prompt split",
+    "grpo_math_70B_megatron.yaml": "cap epochs kl-clamp omi prompt split",
+    "grpo_math_70B_megatron_fp8.yaml": "cap epochs kl-clamp omi prompt split uncapped-is",
+    "grpo_math_8B_megatron.yaml": "cap epochs kl-clamp omi prompt split",
+    "grpo_math_8B_megatron_fp8.yaml": "cap epochs kl-clamp omi prompt split uncapped-is",
+    "grpo_math_8B_megatron_nixl.yaml": "cap epochs kl-clamp omi prompt split",
+    "grpo_math_qwen30ba3b_megatron.yaml": "cap epochs kl-clamp omi prompt split",
+    "recipes/llm/dapo-qwen2.5-7b-16n4g-fsdp2cp2.v2.yaml": "cap epochs penalty-length",
+    "recipes/llm/dapo-qwen2.5-7b.v2.yaml": "cap epochs penalty-length",
+    "recipes/llm/grpo-cispo-mm1-async-lag1-highoffpolicy-qwen3-30ba3b-3n8g-megatron-cispo.yaml": (
+        "async cap cispo omi prompt split uncapped-is"
+    ),
+    "recipes/llm/grpo-dapomath17k-dsv3-32n4g-megatron.yaml": (
+        "cap epochs kl-clamp on-policy-kl uncapped-is model:prose"
+    ),
+    "recipes/llm/grpo-dapomath17k-dsv3-megatron.yaml": (
+        "cap epochs kl-clamp on-policy-kl uncapped-is model:prose"
+    ),
+    "recipes/llm/grpo-dapomath17k-nanov3-30BA3B-8n4g-megatron-trtllm.yaml": (
+        "uncapped-is model:nemotron"
+    ),
+    "recipes/llm/grpo-deepscaler-1.5b-8K.yaml": (
+        "aime2024 cap deepscaler epochs prompt val-repeat model:deepseek"
+    ),
+    "recipes/llm/grpo-glm5.1-64n8g-megatron.yaml": (
+        "cap kl-clamp omi prompt split uncapped-is model:glm"
+    ),
+    "recipes/llm/grpo-gptoss-20b-8n4g-megatron.yaml": (
+        "cap epochs kl-clamp omi prompt split uncapped-is model:gpt-oss"
+    ),
+    "recipes/llm/grpo-gptoss-20b-8n8g-megatron.yaml": (
+        "cap epochs kl-clamp omi prompt split uncapped-is model:gpt-oss"
+    ),
+    "recipes/llm/grpo-llama3.1-8b-instruct-1n8g-megatron-fp8-rollouts.v3-tq_simple.yaml": (
+        "cap kl-clamp omi prompt split uncapped-is"
+    ),
+    "recipes/llm/grpo-llama3.1-8b-instruct-1n8g-megatron-fp8-rollouts.v3.yaml": (
+        "cap kl-clamp omi prompt split uncapped-is"
+    ),
+    "recipes/llm/grpo-llama3.1-8b-instruct-2n4g-async-1off-single-controller-streaming2.yaml": (
+        "cap kl-clamp omi prompt ratio-1 sc-async split uncapped-is"
+    ),
+    "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-async-1off-single-controller-streaming2.yaml": (
+        "cap kl-clamp omi prompt ratio-1 sc-async split uncapped-is"
+    ),
+    "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-megatron-fp8-e2e-tq_mooncake.yaml": (
+        "cap kl-clamp omi prompt split uncapped-is"
+    ),
+    "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-megatron-fp8-e2e.yaml": (
+        "cap kl-clamp omi prompt split uncapped-is"
+    ),
+    "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-ready-first-single-controller.yaml": (
+        "cap omi prompt sc-async split uncapped-is"
+    ),
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n4g-megatron.yaml": "cap kl-clamp omi prompt split",
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n4g-megatron_generation.yaml": (
+        "cap kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron-temp0.8-topp0.9-topk50-tq_mooncake.yaml": (
+        "cap kl-clamp omi prompt split val-top-k"
+    ),
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron-temp0.8-topp0.9-topk50.yaml": (
+        "cap kl-clamp omi prompt split val-top-k"
+    ),
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron-tq_simple.yaml": (
+        "cap kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron.yaml": "cap kl-clamp omi prompt split",
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron_generation-tq_mooncake.yaml": (
+        "cap kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron_generation.yaml": (
+        "cap kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-llama3.2-1b-instruct-2n8g-megatron_generation-noncolocated.yaml": (
+        "cap kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-math-qwen3-30ba3b-megatron-tp4-32k.yaml": "cap kl-clamp omi prompt split",
+    "recipes/llm/grpo-moonlight-16ba3b-4n4g-megatron.yaml": (
+        "cap epochs kl-clamp omi prompt split model:moonlight"
+    ),
+    "recipes/llm/grpo-moonlight-16ba3b-4n8g-megatron-fp8-e2e.yaml": (
+        "cap epochs kl-clamp omi prompt split uncapped-is model:moonlight"
+    ),
+    "recipes/llm/grpo-moonlight-16ba3b-4n8g-megatron-tq_simple.yaml": (
+        "cap epochs kl-clamp omi prompt split model:moonlight"
+    ),
+    "recipes/llm/grpo-moonlight-16ba3b-4n8g-megatron.yaml": (
+        "cap epochs kl-clamp omi prompt split model:moonlight"
+    ),
+    "recipes/llm/grpo-nano-v2-12b-1n4g-megatron.yaml": (
+        "cap kl-clamp omi prompt split model:nemotron"
+    ),
+    "recipes/llm/grpo-nano-v2-12b-1n8g-megatron.yaml": (
+        "cap kl-clamp omi prompt split model:nemotron"
+    ),
+    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron-lora.yaml": (
+        "cap epochs kl-clamp omi prompt split model:nemotron"
+    ),
+    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron-pack-cp-tq_simple.yaml": (
+        "cap epochs kl-clamp omi prompt split model:nemotron"
+    ),
+    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron-pack-cp.yaml": (
+        "cap epochs kl-clamp omi prompt split model:nemotron"
+    ),
+    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron_generation.yaml": (
+        "cap epochs kl-clamp omi prompt split model:nemotron"
+    ),
+    "recipes/llm/grpo-nanov3-30BA3B-4n4g-megatron_async_colocated.yaml": (
+        "async cap epochs kl-clamp omi prompt split uncapped-is model:nemotron"
+    ),
+    "recipes/llm/grpo-nanov3-30BA3B-4n4g-megatron_colocated_reshard.yaml": (
+        "cap kl-clamp omi prompt split model:nemotron"
+    ),
+    "recipes/llm/grpo-nanov3-30BA3B-4n4g-megatron_sync_colocated.yaml": (
+        "cap epochs kl-clamp omi prompt split uncapped-is model:nemotron"
+    ),
+    "recipes/llm/grpo-nemotron3-super-120BA12B-16n4g-megatron-qa-bf16-300step.yaml": (
+        "omi split thinking-off model:nemotron"
+    ),
+    "recipes/llm/grpo-nemotron3-super-120BA12B-16n4g-megatron-qa-nvfp4-w4a16-real-300step.yaml": (
+        "omi quant split thinking-off model:nemotron"
+    ),
+    "recipes/llm/grpo-nemotron3-super-120BA12B-16n4g-megatron-qa-nvfp4-w4a4-real-300step.yaml": (
+        "omi quant split thinking-off model:nemotron"
+    ),
+    "recipes/llm/grpo-nemotron3-super-120BA12B-16n8g-megatron.yaml": (
+        "cap epochs kl-clamp omi prompt split model:nemotron"
+    ),
+    "recipes/llm/grpo-nemotron3-super-120BA12B-8n4g-megatron.yaml": (
+        "cap epochs kl-clamp omi prompt split model:nemotron"
+    ),
+    "recipes/llm/grpo-qwen2.5-0.5b-1n4g-megatron-trtllm-noncolocated-async.yaml": (
+        "async cap epochs kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-qwen2.5-1.5B-4n8g-megatron-yarn-256k.yaml": "cap kl-clamp omi prompt split",
+    "recipes/llm/grpo-qwen2.5-7b-instruct-4n4g-megatron.yaml": "cap kl-clamp omi prompt split",
+    "recipes/llm/grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml": "cap kl-clamp omi prompt split",
+    "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n4g-megatron-single-controller-sync.yaml": (
+        "cap kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-fsdp2tp1.v3.yaml": (
+        "cap kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-megatron-single-controller-sync.yaml": (
+        "cap kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-qwen3-1.7b-1n4g-megatron-eagle3.yaml": "cap draft kl-clamp omi prompt split",
+    "recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-eagle3-tq_mooncake.yaml": (
+        "cap draft kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-eagle3.yaml": "cap draft kl-clamp omi prompt split",
+    "recipes/llm/grpo-qwen3-30ba3b-10n8g-megatron-cp2-r3-async-single-controller.yaml": (
+        "epochs kl-clamp omi prompt sc-async split uncapped-is"
+    ),
+    "recipes/llm/grpo-qwen3-30ba3b-10n8g-megatron-cp2-r3-async.yaml": (
+        "async epochs kl-clamp omi prompt split uncapped-is"
+    ),
+    "recipes/llm/grpo-qwen3-30ba3b-2n8g-megatron_fused_linear_logprobs.yaml": (
+        "cap omi prompt split"
+    ),
+    "recipes/llm/grpo-qwen3-30ba3b-4n8g-megatron-zmq-deltaweight-noncolocated.yaml": (
+        "cap kl-clamp omi prompt ratio-1 split"
+    ),
+    "recipes/llm/grpo-qwen3-30ba3b-8n4g-megatron.yaml": "cap epochs kl-clamp omi prompt split",
+    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron-cp2-r3-tq_simple.yaml": (
+        "epochs kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron-cp2-r3.yaml": "epochs kl-clamp omi prompt split",
+    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron.yaml": "cap epochs kl-clamp omi prompt split",
+    "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron.yaml": (
+        "cap epochs kl-clamp uncapped-is"
+    ),
+    "recipes/llm/grpo-qwen3-8b-base-1n8g-megatron-lora.yaml": (
+        "cap epochs kl-clamp omi prompt split"
+    ),
+    "recipes/llm/grpo-qwen3-8b-base-dapo-2n8g-long-megatron-qa-nvfp4-w4a16.yaml": (
+        "quant uncapped-is"
+    ),
+    "recipes/llm/grpo-qwen3.5-35ba3b-2n8g-megatron-ep16tp2-fp8.yaml": (
+        "cap epochs kl-clamp omi prompt split model:qwen3.5"
+    ),
+    "recipes/llm/grpo-qwen3.5-35ba3b-2n8g-megatron-ep16tp2cp2.yaml": (
+        "cap epochs kl-clamp omi prompt split model:qwen3.5"
+    ),
+    "recipes/llm/grpo-qwen3.5-397ba17b-32n8g-megatron.v2.yaml": "cap prompt model:qwen3.5",
+    "recipes/llm/grpo-qwen3.5-9b-1n8g-megatron-fp8.yaml": (
+        "cap epochs kl-clamp omi prompt split model:qwen3.5"
+    ),
+    "recipes/llm/grpo-qwen3.5-9b-1n8g-megatron.yaml": (
+        "cap epochs kl-clamp omi prompt split model:qwen3.5"
+    ),
+    "recipes/llm/performance/grpo-llama3.1-8b-instruct-2n8g-async-1off.yaml": (
+        "async cap kl-clamp omi prompt ratio-1 split uncapped-is"
+    ),
+    "recipes/llm/performance/grpo-llama3.1-8b-instruct-2n8g.yaml": (
+        "cap kl-clamp omi prompt ratio-1 split uncapped-is"
+    ),
+    "recipes/llm/performance/grpo-qwen3-30ba3b-4n8g.yaml": (
+        "cap epochs kl-clamp omi prompt ratio-1 split"
+    ),
+}
+PLANS = frozenset(name for name, outcome in OUTCOMES.items() if outcome == "plans")
 
 
-def test_the_plans_table_matches_the_rules():
-    by_rule = {name for name in FILES if _plans(_tree(DATA / name))}
-    assert by_rule == PLANS
+def _outcome(name: str) -> tuple[set[str], str | None]:
+    """(the features a file's refusal names, its model family or None) from OUTCOMES."""
+    tags = OUTCOMES[name].split()
+    family = next((t.split(":", 1)[1] for t in tags if t.startswith("model:")), None)
+    return {TAGS[t] for t in tags if not t.startswith("model:")}, family
+
+
+def test_every_file_has_an_outcome():
+    assert sorted(OUTCOMES) == FILES
+
+
+@pytest.mark.parametrize("name", FILES)
+def test_the_outcome_table_matches_the_rules(name):
+    t = _tree(DATA / name)
+    need, family = _outcome(name)
+    assert need == expected_features(t)
+    model = str(_get(t, "policy.model_name")).lower()
+    assert family == (
+        "prose" if model.startswith("follow") else next((f for f in _FAMILY if f in model), None)
+    )
+    assert (name in PLANS) == _plans(t)
 
 
 def _flat(name: str) -> dict[str, Any]:
@@ -201,8 +451,7 @@ def _flat(name: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("name", FILES)
 def test_outcome_names_each_missing_feature(tmp_path, capsys, name):
-    t = _tree(DATA / name)
-    need = expected_features(t)
+    need, family = _outcome(name)
     out = tmp_path / "r.yaml"
     rc = import_main(["--from", "nemo-rl", str(DATA / name), "-o", str(out)])
     err = capsys.readouterr().err
@@ -212,6 +461,8 @@ def test_outcome_names_each_missing_feature(tmp_path, capsys, name):
     assert rc == 2 and not out.exists(), err
     for phrase in need:
         assert phrase in err, phrase
+    if family is not None:
+        assert "policy.model_name" in err
     # each of this table's keys that blocks names one of those features (or the model)
     result = translate("nemo-rl", _flat(name))
     for s in result.blocking:
