@@ -103,3 +103,31 @@ def test_std_over_is_checked() -> None:
     assert STD_OVER == ("group", "others")
     with pytest.raises(ValueError, match="std_over"):
         group_advantages(torch.zeros(1, 4), std_over="batch")
+
+
+def test_the_trainer_batch_uses_the_configured_std_over() -> None:
+    """controller/rollout_groups.py build_policy_batch passes dapo.advantage.std_over: the
+    advantages a policy step trains on are NeMo RL's for an imported NeMo RL recipe."""
+    from pathlib import Path
+
+    from dapo_megatron.config.loader import load_config
+    from dapo_megatron.controller.rollout_groups import RolloutGroup, build_policy_batch
+    from dapo_megatron.shared.sampling import Sample
+
+    tiny = Path(__file__).resolve().parents[3] / "recipes" / "dapo-tiny-cpu.yaml"
+    rewards = [1.0, 0.0, 0.0, 0.5]
+    samples = [Sample([5, 6], [-0.1, -0.2], "stop") for _ in rewards]
+    group = RolloutGroup([1, 2], "x", samples, rewards, rewards, [0.0] * 4)
+    got = {}
+    for over in STD_OVER:
+        overrides = ["dapo.advantage.leave_one_out=true", f"dapo.advantage.std_over={over}"]
+        config = load_config(tiny, overrides).config
+        got[over] = build_policy_batch([group], config, pad_id=0).advantages.double()
+        want = group_advantages(
+            torch.tensor([rewards], dtype=torch.float64), leave_one_out=True, std_over=over
+        )
+        torch.testing.assert_close(got[over], want.reshape(-1), rtol=1e-6, atol=1e-6)
+    # NeMo RL's (others) is not the whole group's on this group
+    expected = torch.tensor(nemo_rl_grpo(rewards), dtype=torch.float64)
+    torch.testing.assert_close(got["others"], expected, rtol=1e-6, atol=1e-6)
+    assert not torch.allclose(got["group"], got["others"])
