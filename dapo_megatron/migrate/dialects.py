@@ -227,6 +227,8 @@ needs: an import of such a model is refused naming it, never planned as another 
 def unsupported_family(name: str) -> str | None:
     """The feature a model of this name needs that we lack, or None."""
     base = name.rstrip("/").rsplit("/", 1)[-1].lower()
+    if "distill-qwen" in base or "distill-llama" in base:
+        return None  # DeepSeek-R1's distilled models are Qwen2 and Llama checkpoints
     for fragment, feature in UNSUPPORTED_FAMILIES:
         if fragment in base:
             return feature

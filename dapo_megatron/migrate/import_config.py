@@ -439,14 +439,17 @@ def _import(args: argparse.Namespace) -> int:
         f"{counts[IMPACT_ALGORITHM]} changing the algorithm, {counts[IMPACT_LAYOUT]} the "
         f"layout or memory, {counts[IMPACT_HARMLESS]} harmless"
     )
-    blocking = result.blocking
-    if blocking and not args.allow_untranslated:
+    _refuse_a_lost_model(result)
+    algorithm = [s for s in result.blocking if s.impact == IMPACT_ALGORITHM]
+    layout = [s for s in result.blocking if s.impact == IMPACT_LAYOUT]
+    if algorithm and not args.allow_untranslated:
         for line in _summary_lines(result, prefix="  ", limit=5):
             print(line)
         raise ConfigError(
-            f"nothing written: {len(blocking)} source key(s) change the run and need what "
-            f"dapo-megatron lacks: {lacking_features(blocking)}; to write the recipe anyway "
-            "(each marked UNTRANSLATED in it, to set by hand), add --allow-untranslated"
+            f"nothing written: {len(algorithm)} source key(s) change what is learned and "
+            f"need what dapo-megatron lacks: {lacking_features(algorithm)}; to write the "
+            "recipe anyway (each marked UNTRANSLATED in it, to set by hand), add "
+            "--allow-untranslated"
         )
     base = os.path.relpath(BASE_CONFIG, out.resolve().parent)
     source = display_path(args.source) + (
@@ -454,7 +457,6 @@ def _import(args: argparse.Namespace) -> int:
     )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render_recipe(result, source=source, base=base), encoding="utf-8")
-    print(f"wrote {display_path(out)}")
     try:
         load_config(out)
     except ConfigError as e:
@@ -462,12 +464,28 @@ def _import(args: argparse.Namespace) -> int:
             f"{display_path(out)} was written but does not validate yet: {e}"
         ) from None
     verdict = check_plan(out)
+    if layout and verdict.fits is not True and not args.allow_untranslated:
+        # Speed and memory knobs we lack only pass when the plan shows memory fits without
+        # them; unplanned or over budget, they may be what the source needed.
+        out.unlink()
+        raise ConfigError(
+            f"nothing written: {len(layout)} layout or memory setting(s) need what "
+            f"dapo-megatron lacks: {lacking_features(layout)}, and without them the plan "
+            f"does not show the run fits ({verdict.line}); add --allow-untranslated to "
+            "write it anyway"
+        )
+    print(f"wrote {display_path(out)}")
     for line in _summary_lines(result, prefix="  ", limit=5):
         print(line)
     print(f"dapo-plan: {verdict.line}")
-    if blocking or result.kept_ours:
+    if layout:
         print(
-            f"it loads, but is not a faithful copy: {len(blocking)} untranslated key(s) and "
+            f"not carried, speed and memory only ({len(layout)}): {lacking_features(layout)};"
+            " the plan above is without them"
+        )
+    if algorithm or result.kept_ours:
+        print(
+            f"it loads, but is not a faithful copy: {len(algorithm)} untranslated key(s) and "
             f"{len(result.kept_ours)} of our defaults are marked in it"
         )
     elif verdict.fits:
@@ -484,6 +502,29 @@ def _import(args: argparse.Namespace) -> int:
         )
         return PLAN_FAILS_EXIT
     return 0
+
+
+MODEL = "policy.model_name_or_path"
+
+
+def _refuse_a_lost_model(result: ImportResult) -> None:
+    """The source names a model that was not carried (an unresolved variable, a value
+    that is not a model): a recipe would train our default model in its place, so nothing
+    is written, --allow-untranslated or not."""
+    if MODEL not in result.kept_ours:
+        return
+    lost = [
+        s
+        for s in result.skipped
+        if (fk := foreign_key(s.key, result.dialect)) is not None and fk.ours.startswith(MODEL)
+    ]
+    if lost:
+        s = lost[0]
+        raise ConfigError(
+            f"nothing written: the model {s.key} = {_short(s.value)} was not carried ({s.reason});"
+            f" the recipe would train our default model instead. Supply it (--shell-var "
+            f"NAME=VALUE, or the override {s.key}=ORG/NAME or a path)"
+        )
 
 
 if __name__ == "__main__":
