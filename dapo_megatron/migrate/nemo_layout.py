@@ -31,7 +31,13 @@ from dapo_megatron.migrate.dialects import (
     same,
 )
 from dapo_megatron.migrate.nemo_engine import NEMO_ENGINE_KEYS, any_value, engine_inactive
-from dapo_megatron.migrate.nemo_megatron import LORA, NEMO_MEGATRON_KEYS, OFFLOAD, RECOMPUTE
+from dapo_megatron.migrate.nemo_megatron import (
+    LORA,
+    NEMO_MEGATRON_KEYS,
+    OFFLOAD,
+    RECOMPUTE,
+    feature_part,
+)
 from dapo_megatron.migrate.shared_keys import NEMO
 
 M = "policy.megatron_cfg"
@@ -164,6 +170,20 @@ _DTENSOR_KEYS: tuple[ForeignKey, ...] = (
     as_here(NEMO, f"{D}._v2", "a worker version", any_value, "one Megatron worker"),
     as_here(NEMO, f"{D}.automodel_kwargs", "Automodel options", lambda v, c: v == {}, "none"),
     as_here(NEMO, f"{D}.lora_cfg.enabled", LORA, off(False), "full fine-tuning"),
+    *(
+        feature_part(f"{D}.lora_cfg.{k}", LORA)
+        for k in (
+            "target_modules",
+            "exclude_modules",
+            "match_all_linear",
+            "dim",
+            "alpha",
+            "dropout",
+            "dropout_position",
+            "lora_A_init",
+            "use_triton",
+        )
+    ),
 )
 
 _BATCH_KEYS: tuple[ForeignKey, ...] = (

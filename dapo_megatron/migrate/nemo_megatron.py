@@ -128,6 +128,16 @@ def _same_dtype(value: Any, ctx: Mapping[str, Any]) -> bool:
     return value == ctx.get("policy.precision", "bfloat16")
 
 
+def feature_part(key: str, feature: str) -> ForeignKey:
+    """A setting of a feature we lack, read by NeMo RL only while the feature is on
+    (nemo_layout.layout_inactive lists it as not live otherwise): refused naming it."""
+
+    def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
+        raise Untranslatable(f"needs {feature}, which dapo-megatron lacks")
+
+    return custom(NEMO, key, f"(none: {feature})", f"a setting of {feature}", convert)
+
+
 NEMO_MEGATRON_KEYS: tuple[ForeignKey, ...] = (
     as_here(NEMO, f"{M}.enabled", "a policy backend other than Megatron-Core", off(True), "yes"),
     same(NEMO, f"{M}.tensor_model_parallel_size", "policy.megatron.tensor_model_parallel_size"),
@@ -252,7 +262,23 @@ NEMO_MEGATRON_KEYS: tuple[ForeignKey, ...] = (
         for k in ("mtp_loss_scaling_factor", "mtp_use_repeated_layer", "mtp_detach_heads")
     ),
     as_here(NEMO, f"{M}.peft.enabled", LORA, off(False), "full fine-tuning"),
+    *(
+        feature_part(f"{M}.peft.{k}", LORA)
+        for k in (
+            "target_modules",
+            "exclude_modules",
+            "dim",
+            "alpha",
+            "dropout",
+            "dropout_position",
+            "lora_A_init_method",
+            "lora_B_init_method",
+            "a2a_experimental",
+            "lora_dtype",
+        )
+    ),
     as_here(NEMO, f"{M}.fp8_cfg.enabled", _FP8, off(False), "no FP8"),
+    *(feature_part(f"{M}.fp8_cfg.{k}", _FP8) for k in ("fp8", "fp8_recipe", "fp8_param")),
     as_here(NEMO, f"{M}.env_vars", "worker environment variables", off(None), "none"),
     as_here(NEMO, f"{M}.env_vars.PYTORCH_CUDA_ALLOC_CONF", "allocator", any_value, "allocator"),
     *(
