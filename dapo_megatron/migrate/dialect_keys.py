@@ -41,6 +41,7 @@ from dapo_megatron.migrate.skyrl_keys import inactive as skyrl_inactive
 from dapo_megatron.migrate.verl_keys import (
     VERL_DEFAULTS,
     VERL_KEYS,
+    VERL_READS_UNRESOLVED,
     VERL_TIERS,
 )
 from dapo_megatron.migrate.verl_keys import inactive as verl_inactive
@@ -73,6 +74,12 @@ _INACTIVE: dict[str, Callable[[Mapping[str, Any]], dict[str, str]]] = {
     RLINF: rlinf_inactive,
     VERL: verl_inactive,
 }
+
+
+READS_UNRESOLVED: dict[str, frozenset[str]] = {VERL: VERL_READS_UNRESOLVED}
+"""Per system, keys whose converter reads a value holding an unresolved shell variable
+itself (a peer's data file known by its name whatever the directory); any other key with
+such a value is refused before its converter runs."""
 
 
 def inactive_keys(dialect: str, flat: Mapping[str, Any]) -> dict[str, str]:

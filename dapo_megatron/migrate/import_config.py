@@ -24,6 +24,7 @@ import yaml
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import all_keys, display_path, load_config
 from dapo_megatron.migrate.dialect_keys import (
+    READS_UNRESOLVED,
     SOURCE_DEFAULTS,
     all_foreign_keys,
     foreign_key,
@@ -173,7 +174,7 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
                 reason = f"not a {DIALECTS[dialect]} key (it is {other.system}'s: --from {other.dialect})"
             result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
             continue
-        if isinstance(value, str) and ("${" in value or "$(" in value):
+        if _unresolved(value) and key not in READS_UNRESOLVED.get(dialect, frozenset()):
             reason = (
                 "an interpolation or shell variable this importer cannot resolve "
                 "(a script's environment: --shell-var NAME=VALUE)"
@@ -182,6 +183,11 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
             continue
         try:
             tr = fk.convert(value, ctx)
+            if any(_unresolved(v) for _, v in tr.settings):
+                raise Untranslatable(
+                    "an interpolation or shell variable this importer cannot resolve "
+                    "(a script's environment: --shell-var NAME=VALUE)"
+                )
         except Untranslatable as e:
             reason = str(e) + (f" ({DIALECTS[dialect]}'s default)" if is_default else "")
             result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
@@ -220,6 +226,11 @@ SCHEDULE_PER_TRAIN_STEP = {
     "step's optimizer steps (megatron_policy_worker.py and dtensor_policy_worker.py train)",
 }
 """The systems whose lr schedule counts trainer steps (policy.scheduler.unit train_step)."""
+
+
+def _unresolved(value: Any) -> bool:
+    """A value still holding a shell variable or an interpolation the reader left."""
+    return isinstance(value, str) and ("${" in value or "$(" in value)
 
 
 def _derive(chosen: dict[str, ImportedSetting], skipped: list[Skipped], dialect: str) -> None:

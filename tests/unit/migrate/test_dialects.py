@@ -32,7 +32,8 @@ U = "untranslatable"
 LISTED: list[tuple[str, str, Any, Any]] = [
     ("nemo-rl", "grpo.num_prompts_per_step", 512, {"dapo.num_prompts_per_step": 512}),
     ("nemo-rl", "grpo.num_generations_per_prompt", 16, {"dapo.num_generations_per_prompt": 16}),
-    ("nemo-rl", "grpo.use_dynamic_sampling", True, {"dapo.dynamic_sampling.enabled": True}),
+    # grpo.py keeps the first num_prompts_per_step x n samples and drops the rest.
+    ("nemo-rl", "grpo.use_dynamic_sampling", True, {"dapo.dynamic_sampling.enabled": True, "dapo.dynamic_sampling.metric": "score", "dapo.dynamic_sampling.surplus": "discard"}),
     ("nemo-rl", "grpo.batch_multiplier", 3, {"dapo.dynamic_sampling.batch_multiplier": 3.0}),
     # `rounds <= 10` after counting the round: 11 rounds run.
     ("nemo-rl", "grpo.dynamic_sampling_max_gen_batches", 10, {"dapo.dynamic_sampling.max_gen_batches": 11}),
@@ -90,7 +91,8 @@ LISTED: list[tuple[str, str, Any, Any]] = [
     ("verl", "actor_rollout_ref.actor.clip_ratio_high", 0.28, {"dapo.loss.clip_ratio_high": 0.28}),
     ("verl", "actor_rollout_ref.actor.clip_ratio_c", 10.0, {"dapo.loss.clip_ratio_c": 10.0}),
     ("verl", "actor_rollout_ref.actor.loss_agg_mode", "token-mean", {"dapo.loss.loss_agg_mode": "token-mean"}),
-    ("verl", "algorithm.filter_groups.enable", True, {"dapo.dynamic_sampling.enabled": True}),
+    # dapo_ray_trainer.py fit() trains batch[:traj_bsz] and drops the rest.
+    ("verl", "algorithm.filter_groups.enable", True, {"dapo.dynamic_sampling.enabled": True, "dapo.dynamic_sampling.surplus": "discard"}),
     ("verl", "algorithm.filter_groups.metric", "acc", {"dapo.dynamic_sampling.metric": "acc"}),
     ("verl", "algorithm.filter_groups.metric", "seq_final_reward", {"dapo.dynamic_sampling.metric": "score"}),
     ("verl", "algorithm.filter_groups.max_num_gen_batches", 10, {"dapo.dynamic_sampling.max_gen_batches": 10}),
@@ -120,7 +122,8 @@ def test_converters_read_sibling_keys():
     # verl: 1536 prompts per round over 512 trained = 3; RLinf: 20480 - 16384 = 4096.
     gen = foreign_key("data.gen_batch_size", "verl")
     assert gen is not None
-    ctx = {"data.train_batch_size": 512}
+    # With filter_groups off verl trains all 1536 (num_prompts_per_step), not 3 x 512.
+    ctx = {"data.train_batch_size": 512, "algorithm.filter_groups.enable": True}
     assert dict(gen.convert(1536, ctx).settings) == {"dapo.dynamic_sampling.batch_multiplier": 3.0}
     safe = foreign_key("algorithm.safe_length", "rlinf")
     assert safe is not None
@@ -194,7 +197,8 @@ def test_a_foreign_key_in_a_recipe_names_the_file_and_converts(tmp_path):
         "dapo.dynamic_sampling.max_gen_batches=11 (converted: NeMo RL counts a round before "
         "checking `rounds <= 10`, so it runs up to 10 + 1 rounds"
     )
-    assert "1 more NeMo RL key(s) follow: `dapo-import-config --from nemo-rl" in msg
+    assert "1 more NeMo RL key(s) follow: `" in msg
+    assert "bin/dapo-import-config --from nemo-rl" in msg  # spelt as it runs: shared/commands.py
     assert "\n" not in msg
 
 
