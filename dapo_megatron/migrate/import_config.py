@@ -207,7 +207,9 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
     _derive(chosen, result.skipped, dialect)
     order = {k: i for i, k in enumerate(all_keys())}
     result.settings = sorted(chosen.values(), key=lambda s: order[s.key])
-    result.kept_ours = [k for k in OURS_THAT_MATTER if k not in chosen]
+    greedy = chosen.get("validation.greedy")
+    unused = {"validation.temperature"} if greedy is not None and greedy.value is True else set()
+    result.kept_ours = [k for k in OURS_THAT_MATTER if k not in chosen and k not in unused]
     dynamic = chosen.get("dapo.dynamic_sampling.enabled")
     if (
         dynamic is not None
