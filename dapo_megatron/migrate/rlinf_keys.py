@@ -264,13 +264,30 @@ def _warmup_iters(value: Any, ctx: Mapping[str, Any]) -> Translation:
 
 
 def _warmup_fraction(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """Megatron-LM's get_optimizer_param_scheduler (megatron_model_manager.py calls it):
+    lr_warmup_steps = lr_warmup_fraction x lr_decay_iters x global batch (samples; decay
+    iters default to train_iters, which config.py sets to 100000), and RLinf steps the
+    scheduler by each optimizer step's samples (megatron_worker.py training_step). So the
+    warm-up spans W = fraction x decay_iters optimizer steps: lr = init + (max - init) x k / W
+    at step k while k <= W. Ours (the same scheduler, one count per optimizer step) gives
+    that for a whole W, and for 0 < W <= 1 with W = 1: step 0 at lr_warmup_init, then max."""
     if value in (None, 0, 0.0):
         return Translation((), "no fraction: lr_warmup_iters decides")
-    decay = ctx.get("actor.lr_sched.lr_decay_iters")
-    raise Untranslatable(
-        f"needs Megatron's warm-up of {value} x lr_decay_iters {decay} optimizer steps counted "
-        "in samples (a fraction of one step leaves the first step at lr_warmup_init), which "
-        "dapo-megatron lacks"
+    decay = ctx.get("actor.lr_sched.lr_decay_iters") or 100000
+    span = float(value) * decay
+    if 0 < span <= 1:
+        steps = 1
+    elif abs(span - round(span)) < 1e-9:
+        steps = round(span)
+    else:
+        raise Untranslatable(
+            f"needs a warm-up over {span:g} optimizer steps ({value} x lr_decay_iters "
+            f"{decay}), which dapo-megatron lacks (here: a whole number of steps)"
+        )
+    return Translation(
+        (("policy.scheduler.lr_warmup_steps", steps), ("policy.scheduler.unit", "optimizer_step")),
+        f"converted: {value} x lr_decay_iters {decay} = {span:g} optimizer steps of warm-up; "
+        f"lr_warmup_init for step 0, then the lr ramps as over {steps} step(s) here",
     )
 
 
@@ -408,8 +425,8 @@ RLINF_KEYS: tuple[ForeignKey, ...] = (
     custom(
         RLINF,
         "actor.lr_sched.lr_warmup_fraction",
-        "(none)",
-        "null or 0: lr_warmup_iters decides; else refused",
+        "policy.scheduler.lr_warmup_steps",
+        "fraction x lr_decay_iters optimizer steps (a whole number, or at most 1)",
         _warmup_fraction,
     ),
     noop("actor.lr_sched.lr_decay_iters", "read with lr_decay_style (constant) and the warm-up"),

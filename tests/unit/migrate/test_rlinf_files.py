@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from dapo_megatron.migrate.foreign_source import read_source
+from dapo_megatron.migrate.import_config import lacking_features, translate
 from dapo_megatron.migrate.import_config import main as import_main
-from dapo_megatron.migrate.import_config import translate
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "foreign" / "rlinf"
 
@@ -81,7 +81,6 @@ def expected(name: str) -> dict[str, Any]:
 SGLANG = "the sglang engine"
 DATASET = "is a dataset file we cannot identify"
 PLACEHOLDER = "is a placeholder path"
-WARMUP = "Megatron's warm-up of 0.01 x lr_decay_iters 10"
 BLOCK = "recompute full/block/"
 FP16 = "a static fp16 loss scale"
 SPLIT = "a placement per component (disaggregated)"
@@ -89,23 +88,23 @@ ETP = "an expert tensor-parallel size (1) apart from TP"
 OLD = "the engine's log-probs as the old policy"
 REFUSED: dict[str, tuple[str, ...]] = {
     "moonlight-16b-grpo-megatron.yaml": (
-        PLACEHOLDER, DATASET, WARMUP, SGLANG, ETP, "multi-head latent attention",
+        PLACEHOLDER, DATASET, SGLANG, ETP, "multi-head latent attention",
         "the DeepSeek-V3 architecture", "a precision-aware optimizer",
         "a token-mean per token-packed micro-batch",
     ),
     "qwen2.5-1.5b-grpo-megatron-dynamic.yaml": (
-        PLACEHOLDER, DATASET, WARMUP, SGLANG, SPLIT, BLOCK, FP16, "RLinf's auto-scheduler",
+        PLACEHOLDER, DATASET, SGLANG, SPLIT, BLOCK, FP16, "RLinf's auto-scheduler",
         "a token mean over an estimated token count",
     ),
     "qwen2.5-1.5b-grpo-megatron-pipeline.yaml": (
-        PLACEHOLDER, DATASET, WARMUP, SGLANG, SPLIT, BLOCK, FP16,
+        PLACEHOLDER, DATASET, SGLANG, SPLIT, BLOCK, FP16,
         "a token mean over an estimated token count",
     ),
-    "qwen2.5-1.5b-grpo-megatron.yaml": (PLACEHOLDER, DATASET, WARMUP, SGLANG, BLOCK, FP16),
-    "qwen2.5-1.5b-single-gpu.yaml": (PLACEHOLDER, DATASET, WARMUP, SGLANG, BLOCK, FP16),
-    "qwen2.5-32b-grpo-megatron.yaml": (PLACEHOLDER, DATASET, WARMUP, SGLANG, BLOCK, OLD),
-    "qwen2.5-7b-grpo-megatron.yaml": (PLACEHOLDER, DATASET, WARMUP, SGLANG, BLOCK, OLD),
-    "qwen3-30b-grpo-megatron.yaml": (PLACEHOLDER, DATASET, WARMUP, SGLANG, ETP),
+    "qwen2.5-1.5b-grpo-megatron.yaml": (PLACEHOLDER, DATASET, SGLANG, BLOCK, FP16),
+    "qwen2.5-1.5b-single-gpu.yaml": (PLACEHOLDER, DATASET, SGLANG, BLOCK, FP16),
+    "qwen2.5-32b-grpo-megatron.yaml": (PLACEHOLDER, DATASET, SGLANG, BLOCK, OLD),
+    "qwen2.5-7b-grpo-megatron.yaml": (PLACEHOLDER, DATASET, SGLANG, BLOCK, OLD),
+    "qwen3-30b-grpo-megatron.yaml": (PLACEHOLDER, DATASET, SGLANG, ETP),
 }  # fmt: skip
 
 
@@ -119,13 +118,23 @@ def test_every_config_has_an_outcome_and_a_source_row():
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_refused_configs_name_each_missing_feature(tmp_path, capsys, name):
+    """Exit 2, and each feature the file needs that we lack is named: the error names the
+    first tier that stops the import (a model we cannot build, else the keys that change
+    what is learned, else the recipe's validation), and the import's untranslated list
+    (lacking_features of translate()) names every one."""
     out = tmp_path / "r.yaml"
     rc = import_main(["--from", "rlinf", str(DATA / name), "-o", str(out)])
     err = capsys.readouterr().err
-    assert rc == 2 and not out.exists(), err
+    assert rc == 2, err
+    result = translate("rlinf", read_source(DATA / name, {}))
+    named = lacking_features(result.blocking)
     for feature in REFUSED[name]:
-        assert feature in err, feature
-    assert "no counterpart here" not in err
+        assert feature in named, feature
+    algorithm = [s for s in result.blocking if s.impact == "algorithm"]
+    if "was not carried" not in err and algorithm:
+        assert "nothing written" in err and not out.exists()
+        assert lacking_features(algorithm) in err
+    assert "no counterpart here" not in named
 
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
@@ -139,7 +148,10 @@ def test_carried_values_match_the_config(name):
         assert got.get(key) == value, key
     assert got.get("dapo.loss.loss_agg_mode") == want.get("dapo.loss.loss_agg_mode")
     assert "policy.model_name_or_path" not in got  # placeholders are never carried
-    assert "policy.scheduler.lr_warmup_steps" not in got  # refused, never our default
+    # Megatron-LM: warm-up = lr_warmup_fraction x lr_decay_iters optimizer steps (in samples)
+    sched = raw(name)["actor"]["lr_sched"]
+    span = sched["lr_warmup_fraction"] * sched["lr_decay_iters"]  # 0.01 x 10 = 0.1
+    assert got["policy.scheduler.lr_warmup_steps"] == (1 if 0 < span <= 1 else span)
     assert not [s for s in result.skipped if s.reason == "no counterpart here"]
 
 
@@ -189,3 +201,20 @@ def test_dapo_guide_keys_are_not_live():
         "algorithm.max_resample",
         "algorithm.len_reward_penalty",
     } <= dead
+
+
+@pytest.mark.parametrize(
+    "fraction, decay, steps",
+    [(0.01, 10, 1), (0.1, 100, 10), (0.015, 100, None), (0.01, None, 1000)],
+)
+def test_warmup_fraction_is_a_span_of_optimizer_steps(fraction, decay, steps):
+    """Megatron-LM's get_optimizer_param_scheduler: fraction x lr_decay_iters (train_iters,
+    100000 in RLinf's config.py, when null) iterations, stepped in samples per optimizer
+    step: 0.1 of a step leaves step 0 at lr_warmup_init and the rest at lr, as a 1-step
+    warm-up here; 1.5 steps has no counterpart."""
+    flat = {"actor.lr_sched.lr_warmup_fraction": fraction, "actor.lr_sched.lr_warmup_iters": 0}
+    if decay is not None:
+        flat["actor.lr_sched.lr_decay_iters"] = decay
+    result = translate("rlinf", flat)
+    v = {s.key: s.value for s in result.settings}
+    assert v.get("policy.scheduler.lr_warmup_steps") == steps

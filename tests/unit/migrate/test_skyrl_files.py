@@ -18,8 +18,8 @@ import pytest
 
 from dapo_megatron.config import load_config
 from dapo_megatron.migrate.foreign_source import read_source
+from dapo_megatron.migrate.import_config import lacking_features, translate
 from dapo_megatron.migrate.import_config import main as import_main
-from dapo_megatron.migrate.import_config import translate
 from dapo_megatron.migrate.plan_check import check_plan
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "foreign" / "skyrl"
@@ -240,12 +240,25 @@ def test_planned_scripts_import_and_fit(tmp_path, capsys, name):
 
 @pytest.mark.parametrize("name", sorted(REFUSED))
 def test_refused_scripts_name_each_missing_feature(tmp_path, capsys, name):
-    rc, _, _, out = _import(tmp_path, name)
+    """Exit 2, and each feature the file needs that we lack is named: the error names the
+    first tier that stops the import (a model we cannot build, else the keys that change
+    what is learned, else the recipe's validation), and the import's untranslated list
+    (lacking_features of translate()) names every one."""
+    out = tmp_path / "r.yaml"
+    rc = import_main(
+        ["--from", "skyrl", str(DATA / name), "-o", str(out), "--shell-var", f"HOME={HOME}"]
+    )
     err = capsys.readouterr().err
-    assert rc == 2 and not out.exists(), err
+    assert rc == 2, err
+    result = translate("skyrl", read_source(DATA / name, {"HOME": HOME}))
+    named = lacking_features(result.blocking)
     for feature in REFUSED[name]:
-        assert feature in err, feature
-    assert "no counterpart here" not in err
+        assert feature in named, feature
+    algorithm = [s for s in result.blocking if s.impact == "algorithm"]
+    if "was not carried" not in err and algorithm:
+        assert "nothing written" in err and not out.exists()
+        assert lacking_features(algorithm) in err
+    assert "no counterpart here" not in named
 
 
 @pytest.mark.parametrize("name", [*PLANS, *sorted(REFUSED)])
