@@ -379,7 +379,16 @@ RLINF_KEYS: tuple[ForeignKey, ...] = (
         "actor: the PPO actor loss over every response, truncated ones too",
         _loss_type,
     ),
-    noop("algorithm.calculate_entropy", "an entropy metric; the bonus is entropy_bonus"),
+    custom(
+        RLINF,
+        "algorithm.calculate_entropy",
+        "dapo.loss.entropy_coef",
+        "false: no entropy term (entropy_bonus not live); true: entropy_bonus decides",
+        lambda v, ctx: Translation(
+            (("dapo.loss.entropy_coef", 0.0),) if v is False else (),
+            "no entropy term" if v is False else "read with algorithm.entropy_bonus",
+        ),
+    ),
     custom(
         RLINF,
         "algorithm.recompute_logprobs",
@@ -516,6 +525,10 @@ def inactive(flat: Mapping[str, Any]) -> dict[str, str]:
         and "runner.max_tokens_per_mbs" in flat
     ):
         out["runner.max_tokens_per_mbs"] = "not live: runner.enable_dynamic_batch_size is false"
+    if flat.get("algorithm.calculate_entropy") is False and "algorithm.entropy_bonus" in flat:
+        # megatron_actor_worker.py: calculate_entropy_loss = entropy_bonus > 0 and
+        # calculate_entropy; without it no entropy term is added.
+        out["algorithm.entropy_bonus"] = "not live: algorithm.calculate_entropy is false"
     if flat.get("algorithm.kl_beta", 0) == 0 and "algorithm.kl_penalty_type" in flat:
         out["algorithm.kl_penalty_type"] = "not live: algorithm.kl_beta is 0"
     return out
