@@ -433,7 +433,28 @@ def _export_config(args: argparse.Namespace, checkpoint: Path) -> LoadedConfig:
             f"--config is required: {run_dir} holds no {RUN_CONFIG_FILE} (dapo-train does not "
             f"save its config); pass the recipe and the overrides the run was trained with"
         )
-    return load_config(saved, args.overrides, validate=False)
+    return load_saved_config(saved, args.overrides)
+
+
+def load_saved_config(saved: Path, overrides: Sequence[str] = ()) -> LoadedConfig:
+    """A run's resolved config.yaml, over today's configs/dapo_base.yaml: a key added to the
+    package since the run was made takes its base value, which keeps the behaviour the run
+    had (a new key's default is the old behaviour), so an upgrade never makes an older run
+    unreadable. A key since removed or renamed is still an error naming it."""
+    import tempfile
+
+    from dapo_megatron.config.yaml_comments import BASE_YAML
+
+    tree = yaml.safe_load(saved.read_text(encoding="utf-8")) or {}
+    if not isinstance(tree, dict) or "defaults" in tree:
+        return load_config(saved, overrides, validate=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        layered = Path(tmp) / saved.name
+        layered.write_text(
+            yaml.safe_dump({"defaults": str(BASE_YAML), **tree}, sort_keys=False),
+            encoding="utf-8",
+        )
+        return load_config(layered, overrides, validate=False)
 
 
 def _rank_error(error: BaseException) -> str:

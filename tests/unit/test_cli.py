@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from dapo_megatron.config import load_config
+from dapo_megatron.config.errors import ConfigError
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
@@ -102,3 +103,30 @@ def test_config_naming_a_directory_says_so() -> None:
         "error: --config recipes is a directory; pass a recipe YAML file, e.g. "
         "--config recipes/dapo-tiny-cpu.yaml"
     ]
+
+
+def test_a_run_saved_before_a_key_was_added_still_loads(tmp_path):
+    """dapo-export reads RUN_DIR/config.yaml: a run written before policy.scheduler.unit and
+    dapo.advantage.std_over existed lacks them; they take the base's values (the behaviour
+    the run had), while a key the package no longer has is still refused by name."""
+    import yaml
+
+    from dapo_megatron.cli import load_saved_config, resolved_config_yaml
+    from dapo_megatron.config.loader import load_config
+
+    loaded = load_config(REPO / "recipes" / "dapo-tiny-cpu.yaml", ["dapo.max_num_steps=7"])
+    tree = yaml.safe_load(resolved_config_yaml(loaded))
+    del tree["policy"]["scheduler"]["unit"]
+    del tree["dapo"]["advantage"]["std_over"]
+    saved = tmp_path / "config.yaml"
+    saved.write_text(yaml.safe_dump(tree, sort_keys=False))
+    with pytest.raises(ConfigError, match="missing key policy.scheduler.unit"):
+        load_config(saved, validate=False)  # what dapo-export did before
+    old = load_saved_config(saved).config
+    assert old.policy.scheduler.unit == "optimizer_step"
+    assert old.dapo.advantage.std_over == "group"
+    assert old.dapo.max_num_steps == 7  # the run's own values win
+    tree["policy"]["scheduler"]["gone_key"] = 1
+    saved.write_text(yaml.safe_dump(tree, sort_keys=False))
+    with pytest.raises(ConfigError, match="gone_key"):
+        load_saved_config(saved)
