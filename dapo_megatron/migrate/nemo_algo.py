@@ -88,9 +88,10 @@ def _dynamic_sampling(value: Any, ctx: Mapping[str, Any]) -> Translation:
     dynamic_sampling_num_discarded_valid_samples), never carried to the next step."""
     if value is True:
         return Translation(
-            ((f"{DS}.enabled", True), (f"{DS}.surplus", "discard")),
-            "same meaning: keep only groups whose unshaped reward varies; valid groups beyond "
-            "num_prompts_per_step are discarded as NeMo RL's slice does (surplus discard)",
+            ((f"{DS}.enabled", True), (f"{DS}.metric", "score"), (f"{DS}.surplus", "discard")),
+            "same meaning: keep only groups whose unshaped reward varies (grpo.py passes "
+            "unshaped_total_reward as the filter's std_rewards: metric score); valid groups "
+            "beyond num_prompts_per_step are discarded as NeMo RL's slice does (surplus discard)",
         )
     if value is False:
         return Translation(

@@ -508,6 +508,7 @@ def expected_values(t: dict[str, Any]) -> dict[str, Any]:
     }  # fmt: skip
     if ds:  # grpo.py dynamic_sampling(): the batch is sliced, the surplus dropped
         v["dapo.dynamic_sampling.surplus"] = "discard"
+        v["dapo.dynamic_sampling.metric"] = "score"  # the filter reads unshaped_total_reward
         v["dapo.dynamic_sampling.max_gen_batches"] = g("grpo.dynamic_sampling_max_gen_batches") + 1
     if megatron:
         v["policy.optimizer.lr"] = g("policy.megatron_cfg.optimizer.lr")
