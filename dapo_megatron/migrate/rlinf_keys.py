@@ -438,6 +438,18 @@ RLINF_KEYS: tuple[ForeignKey, ...] = (
         "fraction x lr_decay_iters optimizer steps (a whole number, or at most 1)",
         _warmup_fraction,
     ),
+    custom(
+        RLINF,
+        "runner.val_check_interval",
+        "validation.val_period",
+        "0: RLinf's reasoning runner never validates (reasoning_runner.py drops "
+        "check_progress's validation flag)",
+        lambda v, ctx: Translation(
+            (("validation.val_period", 0),),
+            "RLinf's reasoning runner never validates: reasoning_runner.py drops the "
+            "validation flag check_progress returns",
+        ),
+    ),
     noop("actor.lr_sched.lr_decay_iters", "read with lr_decay_style (constant) and the warm-up"),
 ) + RLINF_LAYOUT_KEYS
 
@@ -450,7 +462,6 @@ RLINF_TIERS: dict[str, str] = {
     "reward.group_name": IMPACT_HARMLESS,
     "hydra.": IMPACT_HARMLESS,  # Hydra's own output directory
     "runner.save_interval": IMPACT_HARMLESS,  # checkpoint cadence
-    "runner.val_check_interval": IMPACT_HARMLESS,  # validation cadence
     "actor.enable_dp_load_balance": IMPACT_LAYOUT,
     "actor.mcore_gpt": IMPACT_LAYOUT,  # Megatron-Core model class
     "actor.model.apply_rope_fusion": IMPACT_LAYOUT,

@@ -55,6 +55,8 @@ def expected(name: str) -> dict[str, Any]:
         "dapo.dynamic_sampling.enabled": False,
         "dapo.overlong_buffer.enabled": False,
         "dapo.overlong_filtering": False,
+        # reasoning_runner.py drops check_progress's validation flag: it never validates
+        "validation.val_period": 0,
     }
     tokenizer = y["actor"]["tokenizer"]["tokenizer_model"]
     if not tokenizer.startswith("/path/to/"):
