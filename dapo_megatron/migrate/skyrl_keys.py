@@ -426,6 +426,8 @@ SKYRL_DEFAULTS: dict[str, Any] = {
     "trainer.micro_train_batch_size_per_gpu": 1,
     "trainer.micro_forward_batch_size_per_gpu": 1,
     "trainer.max_prompt_length": 512,
+    "trainer.eval_before_train": True,
+    "trainer.eval_interval": 5,
     "trainer.gradient_checkpointing": True,
     "trainer.strategy": "fsdp",
     "trainer.placement.colocate_all": True,
