@@ -217,15 +217,15 @@ def test_every_script_has_an_outcome_and_a_source_row():
         assert f"| {name} |" in sources
 
 
-def _import(tmp_path: Path, name: str, *extra: str) -> tuple[int, str, str, Path]:
+def _import(tmp_path: Path, name: str) -> tuple[int, Path]:
     out = tmp_path / "r.yaml"
     argv = ["--from", "skyrl", str(DATA / name), "-o", str(out), "--shell-var", f"HOME={HOME}"]
-    return import_main([*argv, *extra]), "", "", out
+    return import_main(argv), out
 
 
 @pytest.mark.parametrize("name", PLANS)
 def test_planned_scripts_import_and_fit(tmp_path, capsys, name):
-    rc, _, _, out = _import(tmp_path, name)
+    rc, out = _import(tmp_path, name)
     printed = capsys.readouterr()
     assert rc == 0, printed.err
     assert check_plan(out).fits is True
