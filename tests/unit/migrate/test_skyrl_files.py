@@ -305,6 +305,10 @@ def test_unresolved_home_refuses_the_model_path_but_not_the_dapo_data(tmp_path, 
     result = translate("skyrl", read_source(DATA / "run_megatron_dapo_qwen3_4b.sh", {}))
     v = {s.key: s.value for s in result.settings}
     assert v["data.train_path"] == "hf://BytedTsinghua-SIA/DAPO-Math-17k"
+    # $HOME only in the checkpoint and export paths (bookkeeping): it still plans
+    script = str(DATA / "run_megatron_dapo_qwen3_4b.sh")
+    assert import_main(["--from", "skyrl", script, "-o", str(tmp_path / "a.yaml")]) == 0
+    assert "memory: fits" in capsys.readouterr().out
     local = (
         (DATA / "run_megatron_dapo_qwen3_4b.sh")
         .read_text()
