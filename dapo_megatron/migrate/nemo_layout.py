@@ -19,6 +19,7 @@ from typing import Any
 
 from dapo_megatron.config.model_arch import PRESETS, preset_for_model
 from dapo_megatron.migrate.dialects import (
+    IMPACT_ALGORITHM,
     IMPACT_HARMLESS,
     ForeignKey,
     Translation,
@@ -332,6 +333,21 @@ NEMO_LAYOUT_KEYS: tuple[ForeignKey, ...] = (
 
 NEMO_LAYOUT_TIERS: dict[str, str] = {
     f"{M}.checkpoint.": IMPACT_HARMLESS,  # how checkpoints are written (async, structure)
+    # what is learned, though the path says megatron: adapters, FP8 numerics, MTP heads,
+    # which router weights train and how experts are balanced
+    f"{M}.peft.": IMPACT_ALGORITHM,
+    f"{D}.lora_cfg.": IMPACT_ALGORITHM,
+    f"{M}.fp8_cfg.": IMPACT_ALGORITHM,
+    f"{M}.mtp_num_layers": IMPACT_ALGORITHM,
+    f"{M}.mtp_loss_scaling_factor": IMPACT_ALGORITHM,
+    f"{M}.mtp_use_repeated_layer": IMPACT_ALGORITHM,
+    f"{M}.mtp_detach_heads": IMPACT_ALGORITHM,
+    f"{M}.freeze_moe_router": IMPACT_ALGORITHM,
+    f"{M}.moe_router_load_balancing_type": IMPACT_ALGORITHM,
+    f"{M}.moe_router_enable_expert_bias": IMPACT_ALGORITHM,
+    f"{M}.moe_router_bias_update_rate": IMPACT_ALGORITHM,
+    "policy.generation.vllm_cfg.precision": IMPACT_ALGORITHM,  # FP8 rollouts: other samples
+    "policy.generation.vllm_cfg.kv_cache_dtype": IMPACT_ALGORITHM,
     f"{M}.moe_per_layer_logging": IMPACT_HARMLESS,
     "policy.generation.vllm_cfg.http_refit_api_key_env_var": IMPACT_HARMLESS,
     "policy.generation.vllm_cfg.http_refit_server_port": IMPACT_HARMLESS,

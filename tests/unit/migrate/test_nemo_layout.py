@@ -390,6 +390,7 @@ PLANS = [
     # (file, fits, a setting the line must name when it does not fit)
     ("recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron.yaml", True, None),
     ("recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-eagle3.yaml", True, None),
+    ("grpo_math_8B_megatron_nixl.yaml", True, None),  # engines on a node of their own
     ("recipes/llm/grpo-qwen3-8b-base-dapo-2n8g-long-megatron-qa-nvfp4-w4a16.yaml", True, None),
     ("grpo_math_8B_megatron.yaml", False, "generation.engine.gpu_memory_utilization"),
     (
@@ -450,3 +451,5 @@ def test_written_recipe_plans_at_the_sources_layout(name, fits, names, tmp_path,
     )
     assert cfg.policy.megatron.sequence_parallel is expected["policy.megatron.sequence_parallel"]
     assert cfg.policy.max_total_sequence_length == total
+    assert cfg.cluster.colocated is expected["cluster.colocated"]
+    assert cfg.cluster.generation_num_devices == expected["cluster.generation_num_devices"]
