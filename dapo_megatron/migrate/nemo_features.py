@@ -10,7 +10,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from dapo_megatron.migrate.dialects import (
+    IMPACT_ALGORITHM,
     IMPACT_HARMLESS,
+    IMPACT_LAYOUT,
     ForeignKey,
     Translation,
     Untranslatable,
@@ -124,6 +126,18 @@ NEMO_FEATURE_KEYS: tuple[ForeignKey, ...] = (
 """NeMo RL feature subtrees we lack, and knobs that change nothing learned."""
 
 NEMO_FEATURE_TIERS: dict[str, str] = {
+    # rollouts of older policy versions: what is learned, though "async" reads as speed
+    "grpo.async_grpo.": IMPACT_ALGORITHM,
+    "grpo.async_grpo": IMPACT_ALGORITHM,
+    "async_rl.sampler.": IMPACT_ALGORITHM,
+    **{f"async_rl.{k}": IMPACT_ALGORITHM for k in _SINGLE_KEYS if not k.startswith("sampler.")},
+    # quantised training and rollouts change the weights and the samples
+    "policy.quant_cfg": IMPACT_ALGORITHM,
+    "policy.generation.quant_cfg": IMPACT_ALGORITHM,
+    "policy.generation.real_quant": IMPACT_ALGORITHM,
+    # a draft model for speculative decoding (lossless: the policy's samples are the same)
+    # is trained beside the policy for speed
+    "policy.draft.": IMPACT_LAYOUT,
     # the single controller's fault handling, health probes and request router: what happens
     # when a generation server fails, nothing that a run without failures learns
     "async_rl.rollout_failure.": IMPACT_HARMLESS,
