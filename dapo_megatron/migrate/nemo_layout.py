@@ -140,7 +140,15 @@ _DTENSOR_NOTE = (
 )
 
 _DTENSOR_KEYS: tuple[ForeignKey, ...] = (
-    as_here(NEMO, f"{D}.enabled", "a policy backend other than Megatron-Core", off(True), "yes"),
+    as_here(
+        NEMO,
+        f"{D}.enabled",
+        "a DTensor (FSDP2) policy",
+        off(True),
+        "the policy trains on Megatron-Core with DTensor's TP, CP, SP and checkpointing "
+        "(policy.megatron.*): the same math; FSDP2 also shards parameters and gradients, "
+        "ours only the optimizer states: memory differs, and dapo-plan counts ours",
+    ),
     same(
         NEMO,
         f"{D}.tensor_parallel_size",

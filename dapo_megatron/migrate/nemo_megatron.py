@@ -139,7 +139,13 @@ def feature_part(key: str, feature: str) -> ForeignKey:
 
 
 NEMO_MEGATRON_KEYS: tuple[ForeignKey, ...] = (
-    as_here(NEMO, f"{M}.enabled", "a policy backend other than Megatron-Core", off(True), "yes"),
+    as_here(
+        NEMO,
+        f"{M}.enabled",
+        "a policy backend other than Megatron-Core",
+        off(True),
+        "Megatron-Core",
+    ),
     same(NEMO, f"{M}.tensor_model_parallel_size", "policy.megatron.tensor_model_parallel_size"),
     same(NEMO, f"{M}.pipeline_model_parallel_size", "policy.megatron.pipeline_model_parallel_size"),
     same(NEMO, f"{M}.context_parallel_size", "policy.megatron.context_parallel_size"),
