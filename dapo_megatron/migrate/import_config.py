@@ -473,8 +473,9 @@ def _import(args: argparse.Namespace) -> int:
     try:
         load_config(out)
     except ConfigError as e:
+        gaps = f" (not carried: {lacking_features(layout)})" if layout else ""
         raise ConfigError(
-            f"{display_path(out)} was written but does not validate yet: {e}"
+            f"{display_path(out)} was written but does not validate yet{gaps}: {e}"
         ) from None
     verdict = check_plan(out)
     if layout and verdict.fits is not True and not args.allow_untranslated:
@@ -533,10 +534,12 @@ def _refuse_a_lost_model(result: ImportResult) -> None:
     ]
     if lost:
         s = lost[0]
+        others = [b for b in result.blocking if b.key != s.key]
+        more = f"; it also needs: {lacking_features(others)}" if others else ""
         raise ConfigError(
             f"nothing written: the model {s.key} = {_short(s.value)} was not carried ({s.reason});"
             f" the recipe would train our default model instead. Supply it (--shell-var "
-            f"NAME=VALUE, or the override {s.key}=ORG/NAME or a path)"
+            f"NAME=VALUE, or the override {s.key}=ORG/NAME or a path){more}"
         )
 
 

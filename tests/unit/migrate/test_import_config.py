@@ -31,11 +31,17 @@ def test_verl_dapo_32b_script():
     # ${MODEL_PATH:-"${RAY_DATA_HOME}/models/Qwen2.5-32B"}, RAY_DATA_HOME=${HOME}/verl
     assert v["policy.model_name_or_path"] == "/home/u/verl/models/Qwen2.5-32B"
     assert v["policy.train_global_batch_size"] == 32 * 16  # mini-batch 32 prompts x n 16
-    # lr_warmup_steps=10 at 16 optimizer steps per trainer step: refused (test_verl_keys.py)
-    assert v["policy.optimizer.lr"] == 1e-6 and "policy.scheduler.lr_warmup_steps" not in v
+    # lr_warmup_steps=10 trainer steps, stepped per trainer step here too (test_verl_keys.py)
+    assert v["policy.optimizer.lr"] == 1e-6 and v["policy.scheduler.lr_warmup_steps"] == 10
     assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.28)
     assert v["dapo.loss.clip_ratio_c"] == 10.0
+    # filter_groups on: 512 trained, the surplus discarded (dapo_ray_trainer.py batch[:traj_bsz])
     assert v["dapo.dynamic_sampling.enabled"] is True
+    assert v["dapo.dynamic_sampling.surplus"] == "discard"
+    assert (v["dapo.num_prompts_per_step"], v["dapo.dynamic_sampling.batch_multiplier"]) == (
+        512,
+        3.0,
+    )
     assert v["generation.max_response_length"] == 20480
     assert v["policy.max_total_sequence_length"] == 2048 + 20480  # derived
     assert v["validation.num_samples_per_prompt"] == 1
@@ -136,8 +142,12 @@ def test_nemo_rl_megatron_recipe_values():
     """grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml over grpo_math_1B.yaml (its defaults:),
     values read by hand: megatron_cfg.enabled is true, so Megatron's optimizer and layout
     are live and the dtensor optimizer's lr (3e-7) is not."""
+    from dapo_megatron.migrate.foreign_source import resolve_interpolations
+
     name = "nemo-rl/recipes/llm/grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml"
-    result = translate("nemo-rl", read_source(DATA / name, {}))
+    flat = read_source(DATA / name, {})
+    resolve_interpolations(flat)  # as the command does: ${grpo.use_leave_one_out_baseline}
+    result = translate("nemo-rl", flat)
     v = {s.key: s.value for s in result.settings}
     assert v["policy.megatron.tensor_model_parallel_size"] == 2  # the recipe
     assert v["policy.megatron.pipeline_model_parallel_size"] == 1  # the base
@@ -154,9 +164,12 @@ def test_nemo_rl_megatron_recipe_values():
     assert "policy.max_total_sequence_length" not in v
     skipped = {s.key: s for s in result.skipped}
     assert skipped["policy.optimizer.kwargs.lr"].impact == "harmless"  # not live
-    # Megatron's warm-up changes what is learned: never filed under "layout"; refused here
-    # (64 x 32 samples / 512 = 4 optimizer steps per GRPO step, test_nemo_keys.py)
-    assert skipped["policy.megatron_cfg.scheduler.lr_warmup_iters"].impact == "algorithm"
+    # Megatron's warm-up: 50 GRPO steps (the recipe), counted in GRPO steps as NeMo RL steps
+    # it (64 x 32 samples / 512 = 4 optimizer steps each, test_nemo_keys.py)
+    assert (v["policy.scheduler.lr_warmup_steps"], v["policy.scheduler.unit"]) == (50, "train_step")
+    # the leave-one-out estimator of the base (grpo.adv_estimator), each sample divided by
+    # the std of its 31 others (advantage_estimator.py GRPOAdvantageEstimator)
+    assert (v["dapo.advantage.leave_one_out"], v["dapo.advantage.std_over"]) == (True, "others")
 
 
 def test_nemo_rl_dapo_recipe_values():
@@ -174,9 +187,18 @@ def test_verl_dapo_7b_megatron_layout_and_lr():
     assert v["policy.megatron.tensor_model_parallel_size"] == 4
     assert v["policy.megatron.pipeline_model_parallel_size"] == 2
     assert v["generation.engine.tensor_parallel_size"] == 4
-    # lr_warmup_steps=10 at 16 optimizer steps per trainer step: refused (test_verl_keys.py)
-    assert v["policy.optimizer.lr"] == 1e-6 and "policy.scheduler.lr_warmup_steps" not in v
+    # TP 4: sequence parallel on, verl's McoreEngineConfig default (workers/config/engine.py)
+    assert v["policy.megatron.sequence_parallel"] is True
+    # NNODES=4, 16 GPUs each; ppo_micro_batch_size_per_gpu=2, log_prob...=4 (no dynamic bsz)
+    assert (v["cluster.num_nodes"], v["cluster.gpus_per_node"]) == (4, 16)
+    assert (v["policy.train_micro_batch_size"], v["policy.logprob_micro_batch_size"]) == (2, 4)
+    # lr_warmup_steps=10 trainer steps, stepped per trainer step here too (test_verl_keys.py)
+    assert v["policy.optimizer.lr"] == 1e-6 and v["policy.scheduler.lr_warmup_steps"] == 10
     assert v["generation.max_response_length"] == 8192
+    # dapo-math-17k.parquet / aime-2024.parquet of prepare_dapo_data.sh: our hub datasets
+    assert v["data.train_path"] == "hf://BytedTsinghua-SIA/DAPO-Math-17k"
+    assert v["data.val_path"] == "hf://BytedTsinghua-SIA/AIME-2024"
+    assert v["data.format"] == "dapo_math"
 
 
 def _foreign_files() -> list[str]:
@@ -185,19 +207,27 @@ def _foreign_files() -> list[str]:
 
 @pytest.mark.parametrize("name", _foreign_files())
 def test_every_peer_file_validates_or_is_refused_by_name(tmp_path, capsys, name):
-    """The done-when rule on each real file: exit 0 and the recipe loads, or exit 2 naming
-    source keys on stderr with nothing written."""
+    """The done-when rule on each real file: exit 0 and the recipe loads and was planned;
+    exit 1, written and the plan's line says it does not fit; or exit 2 with nothing
+    written, naming on stderr each key that blocks and what it needs."""
     from dapo_megatron.config.loader import load_config
 
     dialect = name.split("/", 1)[0]
     out = tmp_path / "r.yaml"
     argv = ["--from", dialect, str(DATA / name), "-o", str(out), "--shell-var", "HOME=/home/u"]
     rc = import_main(argv)
-    err = capsys.readouterr().err
-    if rc == 0:
+    captured = capsys.readouterr()
+    if rc in (0, 1):
         load_config(out)
+        assert "\ndapo-plan: " in "\n" + captured.out
+        assert rc == 0 or "was written but does not fit" in captured.err
         return
-    assert rc == 2 and not out.exists(), err
+    err = captured.err
+    if out.exists():  # written, then refused by the loader: the reason names what to change
+        assert rc == 2 and "was written but does not validate yet" in err, err
+        return
+    assert rc == 2, err
+    assert "need what dapo-megatron lacks" in err or "was not carried" in err
     flat = read_source(DATA / name, {"HOME": "/home/u"})
     named = [k for k in flat if k in err]
     assert named, err
@@ -211,10 +241,11 @@ def test_nemo_rl_placeholder_model_name_is_refused():
     v = {s.key: s.value for s in result.settings}
     assert "policy.model_name_or_path" not in v
     skipped = {s.key: s for s in result.skipped}
-    # the model, the advantage estimator and the data sets are what is learned: a "name"
-    # in the key made them "harmless" before
-    for key in ("policy.model_name", "grpo.adv_estimator.name", "data.train.dataset_name"):
-        assert skipped[key].impact == "algorithm", key
+    # the model is what is learned: a "name" in the key made it "harmless" before; the
+    # estimator's name, grpo, is ours, and DAPOMath17K is our hub dataset
+    assert skipped["policy.model_name"].impact == "algorithm"
+    assert "grpo.adv_estimator.name" not in skipped
+    assert v["data.train_path"] == "hf://BytedTsinghua-SIA/DAPO-Math-17k"
     # the rest, read by hand from the recipe over grpo_math_1B.yaml
     assert (
         v["policy.megatron.tensor_model_parallel_size"],
@@ -231,15 +262,18 @@ def test_nemo_rl_placeholder_model_name_is_refused():
 def test_nemo_rl_dapo_cp2_recipe_inherits_the_dapo_recipe():
     # dapo-qwen2.5-7b-16n4g-fsdp2cp2.v2.yaml -> dapo-qwen2.5-7b.v2.yaml -> grpo_math_1B.yaml
     v = _values("nemo-rl", "nemo-rl/recipes/llm/dapo-qwen2.5-7b-16n4g-fsdp2cp2.v2.yaml")
-    assert v["policy.model_name_or_path"] == "models/Qwen2.5-Math-7B"
+    assert v["policy.model_name_or_path"] == "Qwen/Qwen2.5-Math-7B"
     assert v["policy.optimizer.lr"] == 1e-6
     assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.28)
     assert v["dapo.loss.clip_ratio_c"] == 10
     assert v["dapo.dynamic_sampling.enabled"] is True
     assert v["dapo.dynamic_sampling.max_gen_batches"] == 11  # 10: NeMo RL runs 10 + 1 rounds
     assert v["dapo.overlong_buffer.enabled"] is True and v["dapo.overlong_buffer.length"] == 2048
-    assert v["generation.max_response_length"] == 14336
+    # reward_shaping.max_response_length 14336 is the penalty's Lmax, refused: it differs
+    # from the engine's cap, policy.generation.max_new_tokens 16384, which ours shares
+    assert v["generation.max_response_length"] == 16384
     assert "policy.max_total_sequence_length" not in v  # 2047 + 16384 > 16384: refused
+    assert v["dapo.dynamic_sampling.surplus"] == "discard"  # NeMo RL slices the surplus off
     assert (v["cluster.num_nodes"], v["cluster.gpus_per_node"]) == (16, 4)
     assert v["generation.engine.tensor_parallel_size"] == 2
 
@@ -270,8 +304,9 @@ def test_nemo_rl_grpo_recipes():
 )
 def test_verl_recipe_dapo_scripts(name, steps, dyn, agg):
     v = _values("verl", name, HOME="/home/u")
-    # lr_warmup_steps=10 at 16 optimizer steps per trainer step: refused (test_verl_keys.py)
-    assert v["policy.optimizer.lr"] == 1e-6 and "policy.scheduler.lr_warmup_steps" not in v
+    # lr_warmup_steps=10 trainer steps, stepped per trainer step here too (test_verl_keys.py)
+    assert v["policy.optimizer.lr"] == 1e-6 and v["policy.scheduler.lr_warmup_steps"] == 10
+    assert v["dapo.num_prompts_per_step"] == 512  # gen_batch_size 512 or filtering on
     assert v["policy.train_global_batch_size"] == 32 * 16
     assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.28)
     assert v["dapo.loss.clip_ratio_c"] == 10.0
@@ -291,7 +326,7 @@ def test_verl_grpo_megatron_example_defaults():
     """verl's examples/grpo_trainer/run_qwen2-7b_math_megatron.sh: what it omits takes verl's
     defaults (clip 0.2/0.2, dual clip 3.0, no warm-up, greedy validation)."""
     v = _values("verl", "verl/run_qwen2-7b_math_megatron.sh", HOME="/home/u")
-    assert v["policy.model_name_or_path"] == "models/Qwen2-7B-Instruct"
+    assert v["policy.model_name_or_path"] == "Qwen/Qwen2-7B-Instruct"  # a hub id stays one
     assert (
         v["policy.megatron.tensor_model_parallel_size"],
         v["policy.megatron.pipeline_model_parallel_size"],
@@ -309,14 +344,18 @@ def test_verl_grpo_megatron_example_defaults():
 @pytest.mark.parametrize(
     "name, tp, pp, gen_tp, dyn, agg",
     [
-        ("skyrl/run_dapo_qwen2.5_32b_aime.sh", None, None, 4, False, None),
-        ("skyrl/run_dapo_qwen3_1.7b_aime.sh", None, None, 1, False, None),
+        # FSDP scripts: SkyRL's MegatronConfig defaults TP = PP = 1 (the FSDP strategy and
+        # token_mean_legacy over micro-batches of 2 / 4 samples are refused)
+        ("skyrl/run_dapo_qwen2.5_32b_aime.sh", 1, 1, 4, False, None),
+        ("skyrl/run_dapo_qwen3_1.7b_aime.sh", 1, 1, 1, False, None),
         ("skyrl/run_megatron_dapo_qwen3_4b.sh", 4, 2, 2, False, "token-mean"),
         ("skyrl/run_megatron_dapo_qwen3_30b_a3b.sh", 4, 1, 8, False, "token-mean"),
     ],
 )
 def test_skyrl_dapo_scripts(name, tp, pp, gen_tp, dyn, agg):
     v = _values("skyrl", name, HOME="/home/u")
+    # megatron_worker.py: sequence_parallel = TP > 1 under trainer.strategy=megatron
+    assert v["policy.megatron.sequence_parallel"] is ("megatron" in name)
     assert (v["policy.optimizer.lr"], v["policy.scheduler.lr_warmup_steps"]) == (1e-6, 160)
     assert v["policy.train_global_batch_size"] == 32 * 16
     assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.28)
@@ -327,7 +366,7 @@ def test_skyrl_dapo_scripts(name, tp, pp, gen_tp, dyn, agg):
     assert v.get("policy.megatron.tensor_model_parallel_size") == tp
     assert v.get("policy.megatron.pipeline_model_parallel_size") == pp
     assert v["generation.engine.tensor_parallel_size"] == gen_tp
-    # token_mean_legacy (per-micro-batch mean) has no counterpart: not written
+    # token_mean_legacy over micro-batches of more than one sample has no counterpart
     assert v.get("dapo.loss.loss_agg_mode") == agg
     assert (v["validation.num_samples_per_prompt"], v["validation.top_p"]) == (32, 0.7)
     response = 20480 if "32b" in name else 8192
@@ -338,6 +377,8 @@ def test_skyrl_gsm8k_dynamic_sampling():
     v = _values("skyrl", "skyrl/run_dapo_gsm8k.sh", HOME="/home/u")
     assert v["dapo.dynamic_sampling.enabled"] is True  # dynamic_sampling.type=filter
     assert v["dapo.dynamic_sampling.max_gen_batches"] == 30
+    # trainer_utils.py handle_filter_sampling keeps train_batch_size groups, drops the rest
+    assert v["dapo.dynamic_sampling.surplus"] == "discard"
     assert v["policy.train_global_batch_size"] == 256 * 5
     assert v["policy.scheduler.lr_warmup_steps"] == 0  # SkyRL's default num_warmup_steps
     assert v["dapo.overlong_buffer.length"] == 512
@@ -354,6 +395,13 @@ def test_skyrl_gsm8k_dynamic_sampling():
 )
 def test_rlinf_grpo_megatron_configs(name, tp, gen_tp, group, clip_grad, nodes):
     v = _values("rlinf", name)
+    # runner.seq_length 28672 is prompt + response; max_new_tokens = 28672 - 1024
+    assert (v["policy.max_total_sequence_length"], v["generation.max_response_length"]) == (
+        28672,
+        28672 - 1024,
+    )
+    # n_minibatches 4: 512 prompts x group / 4 samples per optimizer step
+    assert v["policy.train_global_batch_size"] == 512 * group // 4
     assert v["policy.megatron.tensor_model_parallel_size"] == tp
     assert v["generation.engine.tensor_parallel_size"] == gen_tp
     assert (v["dapo.num_prompts_per_step"], v["dapo.num_generations_per_prompt"]) == (512, group)
@@ -436,12 +484,10 @@ def _import(tmp_path: Path, dialect: str, name: str, text: str, *overrides: str)
 def test_nemo_rl_dapo_example_imports_to_a_runnable_recipe(tmp_path, capsys):
     out = _import(tmp_path, "nemo-rl", "dapo-qwen2.5-7b.yaml", NEMO_DAPO, "grpo.seed=7")
     printed = capsys.readouterr().out
-    assert "UNTRANSLATED, 1 key(s) that changes the algorithm" in printed
-    assert "  loss_fn.use_on_policy_kl_approximation = false: no counterpart here\n" in printed
+    # false: the KL estimate on the sampled tokens, as here (needs nothing set)
+    assert "use_on_policy_kl_approximation" not in printed
     text = out.read_text()
     assert f"defaults: {os.path.relpath(BASE, out.parent)}\n" in text
-    assert "#   loss_fn.use_on_policy_kl_approximation = false: no counterpart here" in text
-    assert "# UNTRANSLATED, 1 key(s)" in text
     assert "max_gen_batches: 11  # grpo.dynamic_sampling_max_gen_batches: converted" in text
 
     cfg = load_config(out).config
@@ -498,18 +544,33 @@ uv run --isolated --extra vllm -m examples.algorithms.dapo.main_dapo \
   trainer.policy_mini_batch_size=32 \
   generator.n_samples_per_prompt=16 \
   generator.sampling_params.max_generate_length=8192 \
+  trainer.max_prompt_length=2048 \
   trainer.placement.policy_num_nodes=4 \
+  trainer.placement.policy_num_gpus_per_node=8 \
+  trainer.strategy=megatron \
+  trainer.policy.megatron_config.tensor_model_parallel_size=4 \
+  trainer.micro_train_batch_size_per_gpu=1 \
+  trainer.micro_forward_batch_size_per_gpu=1 \
+  generator.inference_engine.num_engines=8 \
+  generator.inference_engine.tensor_parallel_size=4 \
+  generator.inference_engine.gpu_memory_utilization=0.7 \
+  trainer.algorithm.use_kl_loss=false \
+  environment.env_class=aime \
+  data.train_data="['$HOME/data/dapo/dapo-math-17k-cleaned.parquet']" \
+  data.val_data="['$HOME/data/dapo/aime-2024-cleaned.parquet']" \
   $@
 """
 
 
 def test_skyrl_dapo_script_imports(tmp_path, capsys):
     out = _import(tmp_path, "skyrl", "run_dapo.sh", SKYRL_SCRIPT)
-    assert (
-        "trainer.algorithm.advantage_estimator = grpo: no counterpart here"
-        in capsys.readouterr().out
-    )
+    printed = capsys.readouterr().out
+    assert "no counterpart here" not in printed
+    assert "dapo-plan: TP4 PP1 CP1 DP8 +SP on 4 node(s)" in printed and "memory: fits" in printed
     cfg = load_config(out).config
+    assert cfg.policy.model_name_or_path == "Qwen/Qwen2.5-Math-7B"  # a hub id stays one
+    assert cfg.data.train_path == "hf://BytedTsinghua-SIA/DAPO-Math-17k"  # by its file name
+    assert cfg.dapo.dynamic_sampling.surplus == "discard"
     d = cfg.dapo
     assert (d.loss.clip_ratio_low, d.loss.clip_ratio_high, d.loss.loss_agg_mode) == (
         0.2,
@@ -525,14 +586,38 @@ def test_skyrl_dapo_script_imports(tmp_path, capsys):
     assert (d.num_prompts_per_step, d.num_generations_per_prompt) == (512, 16)
     assert cfg.policy.train_global_batch_size == 32 * 16  # prompts there, samples here
     assert (cfg.generation.max_response_length, cfg.cluster.num_nodes) == (8192, 4)
+    meg = cfg.policy.megatron
+    assert (meg.tensor_model_parallel_size, meg.sequence_parallel) == (4, True)
 
 
 RLINF_DAPO = """\
 cluster:
   num_nodes: 4
+  component_placement:
+    actor,rollout,reward: all
 data:
   rollout_batch_size: 512
+  max_prompt_length: 1024
+runner:
+  seq_length: 21504
+actor:
+  model:
+    tensor_model_parallel_size: 4
+    sequence_parallel: true
+    recompute_granularity: full
+    recompute_method: uniform
+    recompute_num_layers: 1
+rollout:
+  rollout_backend: vllm
+  tensor_parallel_size: 4
+  gpu_memory_utilization: 0.6
+  model:
+    model_path: Qwen/Qwen2.5-7B
 algorithm:
+  use_valid_token_scale: true
+  n_minibatches: 16
+  sampling_params:
+    max_new_tokens: 20480
   adv_type: grpo
   loss_agg_func: "token-mean"
   group_size: 16
@@ -549,14 +634,27 @@ algorithm:
 
 
 def test_rlinf_dapo_config_imports(tmp_path, capsys):
+    """RLinf's DAPO guide keys (safe_length, max_resample, len_reward_penalty, max_length)
+    are read by no RLinf code at a3816b59: listed as not live, and the run has what RLinf's
+    reasoning runner does: no dynamic sampling, no length penalty."""
     out = _import(tmp_path, "rlinf", "qwen2.5-7b-dapo.yaml", RLINF_DAPO)
     printed = capsys.readouterr().out
-    assert "algorithm.len_reward_penalty = 0.1: RLinf's guide calls it" in printed
-    assert "#   algorithm.len_reward_penalty = 0.1:" in out.read_text()
-    d = load_config(out).config.dapo
+    assert "algorithm.len_reward_penalty = 0.1: not live" in printed
+    assert "#   algorithm.len_reward_penalty = 0.1: not live" in out.read_text()
+    assert "dapo-plan: TP4 PP1 CP1 DP8 +SP on 4 node(s)" in printed and "memory: fits" in printed
+    cfg = load_config(out).config
+    d = cfg.dapo
+    assert cfg.policy.model_name_or_path == "Qwen/Qwen2.5-7B"  # a hub id stays one
     assert (d.num_generations_per_prompt, d.num_prompts_per_step) == (16, 512)
-    assert (d.overlong_buffer.length, d.dynamic_sampling.max_gen_batches) == (20480 - 16384, 6)
-    assert (d.loss.kl_coef, d.loss.kl_estimator, d.loss.entropy_coef) == (0.0, "k3", 0.0)
+    assert (d.dynamic_sampling.enabled, d.overlong_buffer.enabled) == (False, False)
+    assert (d.loss.kl_coef, d.loss.entropy_coef) == (0.0, 0.0)
+    # token-mean with use_valid_token_scale: the mini-batch's token mean, as ours
+    assert d.loss.loss_agg_mode == "token-mean"
+    assert cfg.policy.train_global_batch_size == 512 * 16 // 16
+    assert (cfg.generation.max_response_length, cfg.policy.max_total_sequence_length) == (
+        20480,
+        21504,
+    )
 
 
 VERL_SCRIPT = r"""#!/usr/bin/env bash
@@ -600,6 +698,8 @@ def test_verl_dapo_script_imports_with_hydra_overrides(tmp_path):
         tmp_path, "verl", "run_dapo_qwen2.5_32b.sh", VERL_SCRIPT,
         "actor_rollout_ref.actor.clip_ratio_high=0.3", "++trainer.nnodes=4",
         "+reward_model.overlong_buffer.enable=false",
+        # verl's default layout (TP 1) does not fit our 7B default at 2048 + 8192 tokens
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=4",
     )  # fmt: skip
     cfg = load_config(out).config
     d = cfg.dapo
