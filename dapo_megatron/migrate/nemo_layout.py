@@ -434,6 +434,8 @@ def _evaluate(text: str, flat: Mapping[str, Any]) -> int | float | None:
         args = [_evaluate(a, flat) for a in _split_args(call.group(2))]
         if len(args) != 2 or args[0] is None or args[1] is None:
             return None
+        if call.group(1) == "div" and args[1] == 0:
+            return None  # OmegaConf would raise: left unresolved, listed by the import
         value = _OPS[call.group(1)](args[0], args[1])
     elif ref := _REF.match(text):
         value = flat.get(ref.group(1))

@@ -251,12 +251,14 @@ def test_resolvers_nested_and_relative():
         "policy.generation.val_temperature": "${.temperature}",
         "x.factor": "${div:${policy.dtensor_cfg.context_parallel_size}, 2}",
         "x.unknown": "${mul:${nowhere}, 2}",
+        "x.by_zero": "${div:1, 0}",
     }
     resolve_nemo_resolvers(flat)
     assert flat["policy.make_sequence_length_divisible_by"] == 2 * 2 * 4
     assert flat["policy.generation.val_temperature"] == 0.7
     assert flat["x.factor"] == 2.0
     assert flat["x.unknown"] == "${mul:${nowhere}, 2}"  # unknown: left for the import to list
+    assert flat["x.by_zero"] == "${div:1, 0}"
 
 
 def test_non_colocated_generation_devices():
