@@ -172,6 +172,8 @@ def _kl_type(value: Any, ctx: Mapping[str, Any]) -> str:
 def _input_clamp(value: Any, ctx: Mapping[str, Any]) -> bool:
     # utils.py calculate_kl clamps log r to +-input_clamp before any estimator; ours clamps
     # it at 20 for k3 only (algorithms/kl.py LOG_RATIO_CLAMP).
+    if ctx.get(KL) == 0:
+        return True  # no KL term: not read
     return value == 20 and ctx.get("loss_fn.reference_policy_kl_type") == "k3"
 
 
@@ -301,8 +303,8 @@ NEMO_ALGO_KEYS: tuple[ForeignKey, ...] = (
         "loss_fn.kl_output_clamp_value",
         "a clamp of the per-token KL estimate (utils.py calculate_kl clamps it to "
         "+-kl_output_clamp_value)",
-        _null,
-        "the per-token KL is not clamped",
+        lambda v, ctx: v is None or ctx.get(KL) == 0,
+        "the per-token KL is not clamped (and no KL term with kl_coef 0)",
     ),
     custom(
         NEMO,
@@ -384,7 +386,7 @@ NEMO_ALGO_KEYS: tuple[ForeignKey, ...] = (
         "grpo.use_leave_one_out_baseline",
         "NeMo RL's per-sample leave-one-out dynamic-sampling filter (a sample is dropped when "
         "its N - 1 others agree)",
-        off(False),
+        lambda v, ctx: v is False or ctx.get("grpo.use_dynamic_sampling") is not True,
         "dynamic sampling keeps or drops whole groups by the group's reward spread",
     ),
     as_here(NEMO, "grpo.advantage_clip_low", "advantage clipping", _null, "no clipping"),

@@ -155,8 +155,40 @@ read before the patterns of dialects.impact."""
 
 
 NEMO_DEFAULTS: dict[str, Any] = {
-    # examples/configs/grpo_math_1B.yaml is the parent of its recipes and sets these itself;
-    # nothing is added for a config read with its parent.
+    # examples/configs/grpo_math_1B.yaml, the parent of every recipe, sets each of these
+    # itself; for a config without it they are the defaults of NeMo RL's pydantic configs:
+    # nemo_rl/algorithms/grpo.py GRPOConfig (and RewardScalingConfig), reward_functions.py
+    # RewardShapingConfig, advantage_estimator.py AdvEstimatorConfig and
+    # loss/loss_functions.py ClippedPGLossConfig.
+    "grpo.num_prompts_per_step": 32,
+    "grpo.num_generations_per_prompt": 16,
+    "grpo.max_num_epochs": 1,
+    "grpo.max_num_steps": 1000000,
+    "grpo.max_rollout_turns": 1,
+    "grpo.use_leave_one_out_baseline": True,
+    "grpo.advantage_clip_low": None,
+    "grpo.advantage_clip_high": None,
+    "grpo.overlong_filtering": False,
+    "grpo.use_dynamic_sampling": False,
+    "grpo.dynamic_sampling_max_gen_batches": 10,
+    "grpo.batch_multiplier": 1.0,
+    "grpo.seed": 42,
+    "grpo.val_num_generations_per_prompt": 1,
+    "grpo.reward_shaping.enabled": False,
+    "grpo.reward_scaling.enabled": False,
+    "grpo.adv_estimator.name": "grpo",
+    "grpo.adv_estimator.normalize_rewards": True,
+    "grpo.adv_estimator.use_leave_one_out_baseline": True,
+    "loss_fn.ratio_clip_min": 0.2,
+    "loss_fn.ratio_clip_max": 0.2,
+    "loss_fn.ratio_clip_c": None,
+    "loss_fn.reference_policy_kl_penalty": 0.01,
+    "loss_fn.reference_policy_kl_type": "k3",
+    "loss_fn.kl_input_clamp_value": 20.0,
+    "loss_fn.kl_output_clamp_value": 10.0,
+    "loss_fn.token_level_loss": True,
+    "loss_fn.use_importance_sampling_correction": False,
+    "loss_fn.truncated_importance_sampling_ratio": None,
 }
 """The value the source's code or base config gives a key that a config omits, for the
 keys that change a run (an omitted key takes the source's default, never ours)."""
