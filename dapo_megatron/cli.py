@@ -286,6 +286,8 @@ def _summary(plan: RunPlan, wall_s: float) -> str:
 
     cfg = plan.config
     export = plan.run_dir / "hf" / f"step_{cfg.dapo.max_num_steps:06d}"
+    if cfg.dapo.max_num_epochs is not None:  # the passes may end the run first: its last one
+        export = max((plan.run_dir / "hf").glob("step_*"), default=export)
     plots = plan.run_dir / "plots"
     logs = worker_log_dir(plan.run_dir)
     return format_summary(

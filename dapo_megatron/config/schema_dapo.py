@@ -165,6 +165,15 @@ class DapoConfig:
     """Responses sampled per prompt, the group size (DAPO: 16)."""
     max_num_steps: int
     """Training steps (rollout + update) of the run."""
+    max_num_epochs: int | None
+    """Passes over the training prompts that end the run; null: steps only.
+
+    The run stops before a step when fewer than num_prompts_per_step prompts are left in
+    the first max_num_epochs passes (data/sampler.py epochs_exhausted), or at max_num_steps,
+    whichever comes first (verl's trainer.total_epochs, NeMo RL's grpo.max_num_epochs). The
+    passes follow one another within a step; the tail too short for a step is dropped, like
+    the peers' drop_last. Dynamic sampling: a step's later rounds may draw from the next
+    pass. Synchronous loop only (rollout.max_staleness 0)."""
     loss: LossConfig
     """Policy loss."""
     advantage: AdvantageConfig

@@ -382,6 +382,16 @@ def _check_dapo(c: _Checker) -> None:
     c.at_least("dapo.num_prompts_per_step", 1)
     c.at_least("dapo.num_generations_per_prompt", 1)
     c.at_least("dapo.max_num_steps", 1)
+    if d.max_num_epochs is not None:
+        c.at_least("dapo.max_num_epochs", 1)
+        # The rule reads the sampler before a step (data/sampler.py epochs_exhausted); the
+        # overlapped stream has drawn ahead of the step then, by a timing-dependent amount.
+        c.require(
+            c.config.rollout.max_staleness == 0,
+            "dapo.max_num_epochs",
+            "needs the synchronous loop (rollout.max_staleness=0): overlapped rollouts draw "
+            "prompts ahead of training; bound the run with dapo.max_num_steps instead",
+        )
     # The loss's limits are written once, beside LossSpec (algorithms/loss_spec.py); each one
     # the config breaks is reported here under its dapo.loss key.
     for name, _, constraint in spec_problems(d.loss, loss_scale_length(c.config)):

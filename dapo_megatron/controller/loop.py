@@ -40,6 +40,7 @@ from dapo_megatron.controller.rollout_source import (
 from dapo_megatron.controller.rollout_stream import RolloutStream
 from dapo_megatron.controller.startup_check import check_engine_logprobs
 from dapo_megatron.data.fingerprint import DATA_STATE_KEY, data_fingerprint
+from dapo_megatron.data.sampler import epochs_exhausted
 from dapo_megatron.logging import MetricsLogger, StepProgress, keys, worker_log_dir
 from dapo_megatron.logging.progress import format_val
 from dapo_megatron.shared.batch import PolicyBatch
@@ -95,11 +96,18 @@ def _save(ctx: RunContext, policy: PolicyGroup, step: int, rollouts: Rollouts) -
 
 
 def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict[str, float]:
-    """Train from the last checkpoint (or from scratch) to max_num_steps."""
+    """Train from the last checkpoint (or from scratch) to max_num_steps, or until
+    dapo.max_num_epochs passes over the prompts are used up."""
     config = ctx.config
     policy, engines = workers.policy, workers.engines
     state = _resume(ctx, policy)
     start_step: int = state.get("step", 0)
+    if start_step == 0 and _epochs_done(ctx):
+        raise ConfigError(
+            f"dapo.max_num_epochs = {config.dapo.max_num_epochs}: that many passes over the "
+            f"{ctx.sampler.num_items} training prompts hold fewer than one step of "
+            f"dapo.num_prompts_per_step = {config.dapo.num_prompts_per_step}; nothing to train"
+        )
     if start_step == 0 and config.sft_warmup.num_steps > 0:
         _sft_warmup(ctx, policy, logger)
     # Engines started from the HF checkpoint: give them the resumed / warmed-up weights.
@@ -117,7 +125,7 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
             acc = format_val(start_val[keys.VAL_ACC], start_val.get(keys.VAL_ACC_STDERR))
             print(f"[validation] before training: accuracy {acc}", flush=True)
     progress = StepProgress(
-        config.dapo.max_num_steps, start_step=start_step, enabled=config.logger.progress_bar
+        _planned_steps(ctx, start_step), start_step=start_step, enabled=config.logger.progress_bar
     )
     pending = state.get("rollout", {}).get("pending_prompts", ())
     # The policy version of a step is its index: the optimizer updates before it.
@@ -128,7 +136,7 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
         )
     else:
         rollouts = synchronous_rollouts(ctx, engines, pending_prompts=pending)
-    end = _StepEnd(ctx, workers, rollouts, logger, progress)
+    end = _StepEnd(ctx, workers, rollouts, logger, progress, start_step)
     try:
         if isinstance(rollouts, RolloutStream):
             _overlapped_steps(ctx, workers, rollouts, start_step, end)
@@ -138,8 +146,29 @@ def _run_steps(ctx: RunContext, workers: Workers, logger: MetricsLogger) -> dict
         rollouts.close()  # overlapped: no new requests once the loop has stopped
         progress.close()  # on every exit path: a crash must not leave the bar drawn
     if config.checkpointing.export_hf:
-        _export_final(ctx, policy, config.dapo.max_num_steps)
+        _export_final(ctx, policy, end.done)  # max_num_steps, unless the epochs ended first
     return end.last_metrics
+
+
+def _epochs_done(ctx: RunContext) -> bool:
+    """dapo.max_num_epochs's passes hold no further step (data/sampler.py epochs_exhausted;
+    always False without the key). Asked of the synchronous loop only (validation refuses
+    the key with overlapped rollouts), where no prompt of the next step is drawn yet."""
+    d = ctx.config.dapo
+    if d.max_num_epochs is None:
+        return False
+    return epochs_exhausted(ctx.sampler, d.max_num_epochs, d.num_prompts_per_step)
+
+
+def _planned_steps(ctx: RunContext, start_step: int) -> int:
+    """The progress bar's (and ETA's) total: max_num_steps, or fewer when dapo.max_num_epochs
+    ends the run first: one step per num_prompts_per_step prompts left in the passes (exact
+    without dynamic sampling, an estimate with it: its steps draw more prompts each)."""
+    d = ctx.config.dapo
+    if d.max_num_epochs is None:
+        return d.max_num_steps
+    left = ctx.sampler.prompts_left(d.max_num_epochs) // d.num_prompts_per_step
+    return min(d.max_num_steps, start_step + left)
 
 
 def _synchronous_steps(
@@ -149,6 +178,8 @@ def _synchronous_steps(
     groups in dynamic-sampling rounds, train on them, give the engines the new weights."""
     policy, engines = workers.policy, workers.engines
     for step in range(start_step, ctx.config.dapo.max_num_steps):
+        if _epochs_done(ctx):  # the last pass has no full step left: like drop_last
+            break
         started = end.start()
         taken = _prepare(ctx, rollouts, step)
         metrics = _batch_metrics(ctx, taken, step)
@@ -218,10 +249,13 @@ class _StepEnd:
         rollouts: Rollouts,
         logger: MetricsLogger,
         progress: StepProgress,
+        start_step: int,
     ) -> None:
         self.ctx, self.workers, self.rollouts = ctx, workers, rollouts
         self.logger, self.progress = logger, progress
         self.last_metrics: dict[str, float] = {}
+        self.done = start_step
+        """The last policy version trained (the resumed one before any step)."""
         self._busy_before = 0.0
 
     def start(self) -> float:
@@ -251,7 +285,10 @@ class _StepEnd:
         self.logger.log(done, metrics)
         self.progress.update(done, metrics)
         self.last_metrics = metrics
-        last = done == config.dapo.max_num_steps
+        self.done = done
+        # The epochs may end the run before max_num_steps: its last step is checkpointed too
+        # (verl-recipe dapo_ray_trainer.py fit saves a missing last checkpoint after the loop).
+        last = done == config.dapo.max_num_steps or _epochs_done(self.ctx)
         ckpt = config.checkpointing
         stop = safe and preemption.requested()
         saved = ckpt.enabled and (done % ckpt.save_period == 0 or last or stop)

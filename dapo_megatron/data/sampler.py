@@ -48,6 +48,11 @@ class PromptSampler:
         """Base seed of the permutations."""
         return self._seed
 
+    def prompts_left(self, num_epochs: int) -> int:
+        """Draws left before the stream enters epoch ``num_epochs`` (0-based): the rest of
+        the first ``num_epochs`` passes, 0 once they are used up."""
+        return max(0, (num_epochs - self._epoch) * self.num_items - self._position)
+
     def _epoch_order(self) -> list[int]:
         if self._order is None:
             order = list(range(self.num_items))
@@ -127,3 +132,30 @@ class PromptSampler:
             )
         self._seed, self._epoch, self._position = int(state["seed"]), epoch, position
         self._order = None
+
+
+def epochs_exhausted(
+    sampler: PromptSampler, max_num_epochs: int | None, prompts_per_step: int
+) -> bool:
+    """dapo.max_num_epochs's stopping rule, asked before each step: True when the first
+    ``max_num_epochs`` passes hold fewer than ``prompts_per_step`` undrawn prompts (never with
+    ``max_num_epochs`` None).
+
+    So the run ends before a step whose first draw would start epoch ``max_num_epochs``
+    (0-based), and also before a step that would straddle that boundary: its prompts would
+    not all come from the allowed passes. This is the peers' drop_last on their last epoch
+    (verl ray_trainer.py _create_dataloader and NeMo RL grpo.py setup build the train
+    StatefulDataLoader with drop_last=True; their fit / grpo_train loops end when the last
+    epoch's batches are used up). Unlike theirs, our passes run into one another inside a
+    step (a step may take the end of pass e and the start of pass e + 1), so only the tail
+    of the last pass is dropped: without dynamic sampling, E passes over N prompts train
+    floor(E * N / P) steps of P prompts, where the peers train E * floor(N / P).
+    The rule reads only the sampler's state, which the checkpoint holds: a resumed run stops
+    at the same step. Dynamic sampling draws more than P prompts per step, over rounds: the
+    check bounds the step's start only, so its later rounds may draw from the next pass
+    (verl-recipe dapo_ray_trainer.py fit instead drops the step's partial batch when the
+    last epoch's data runs out).
+    """
+    if max_num_epochs is None:
+        return False
+    return sampler.prompts_left(max_num_epochs) < prompts_per_step

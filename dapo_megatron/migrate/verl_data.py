@@ -143,16 +143,31 @@ def _verl_test_freq(value: Any, ctx: Mapping[str, Any]) -> Translation:
 
 
 def _verl_epochs(value: Any, ctx: Mapping[str, Any]) -> Translation:
-    """verl's run length: trainer.total_training_steps when set, else len(dataloader) x
-    total_epochs (ray_trainer.py _setup ... `total_training_steps = len(train_dataloader) *
-    total_epochs`, replaced by trainer.total_training_steps when that is set)."""
+    """verl's run ends at whichever comes first: its step cap (`is_last_step = global_steps
+    >= total_training_steps`; the cap is trainer.total_training_steps when set, else
+    len(train_dataloader) x total_epochs: ray_trainer.py _create_dataloader) or the end of
+    the data (fit's `for epoch in range(current_epoch, total_epochs)` over the drop_last
+    train dataloader; verl-recipe dapo_ray_trainer.py fit the same, which also drops a step's
+    partial batch when the last epoch runs out). Ours: dapo.max_num_epochs with
+    dapo.max_num_steps (data/sampler.py epochs_exhausted)."""
+    n = as_int(value)
+    if n < 1:
+        raise Untranslatable(f"{n}: verl's epoch loop would train no step")
     steps = ctx.get("trainer.total_training_steps")
     if isinstance(steps, int) and steps > 0:
-        return Translation((), f"not read: total_training_steps {steps} decides the run length")
-    raise Untranslatable(
-        f"needs a run length of {value} pass(es) over the data (len(dataloader) x "
-        "total_epochs steps, ray_trainer.py), which dapo-megatron lacks (here: "
-        "dapo.max_num_steps counts steps: add trainer.total_training_steps=N)"
+        bound = f"with total_training_steps {steps} (dapo.max_num_steps), whichever ends first"
+    else:
+        # Without it verl's cap is len(dataloader) x total_epochs, which the data's end
+        # reaches first or at the same step (a step uses at least one dataloader batch).
+        bound = (
+            "which end verl's run before its step cap len(dataloader) x total_epochs: keep "
+            "dapo.max_num_steps at least that (the dataloader's length is unknown here)"
+        )
+    return Translation(
+        (("dapo.max_num_epochs", n),),
+        f"{n} pass(es) over the data, {bound}; verl drops each epoch's last partial "
+        "dataloader batch (drop_last), ours only the last pass's tail shorter than a step "
+        "(our passes run into each other)",
     )
 
 
@@ -297,9 +312,9 @@ VERL_DATA_KEYS: tuple[ForeignKey, ...] = (
     custom(
         VERL,
         "trainer.total_epochs",
-        "(dapo.max_num_steps)",
-        "not read when trainer.total_training_steps is set; otherwise refused (a length in "
-        "passes over the data)",
+        "dapo.max_num_epochs",
+        "the same bound in passes over the data, beside total_training_steps (whichever "
+        "ends first); verl's drop_last drops each epoch's partial batch, ours the last's",
         _verl_epochs,
     ),
     as_here(VERL, "trainer.critic_warmup", "a critic", off(0), "no critic"),

@@ -173,3 +173,11 @@ def test_broadcast_refit_stays_allowed_where_gloo_carries_it():
     assert cpu_vllm.require_plan().refit_transport == "broadcast"
     megatron = load_config(TINY, ["cluster.device=cuda", "generation.refit_transport=broadcast"])
     assert megatron.config.cluster.colocated and megatron.config.generation.backend == "megatron"
+
+
+def test_max_num_epochs_is_null_or_at_least_one_and_synchronous():
+    assert load_config(TINY, []).config.dapo.max_num_epochs is None  # the default: steps only
+    assert load_config(TINY, ["dapo.max_num_epochs=2"]).config.dapo.max_num_epochs == 2
+    assert "dapo.max_num_epochs = 0" in error_of(TINY, "dapo.max_num_epochs=0")
+    msg = error_of(TINY, "dapo.max_num_epochs=2", "rollout.max_staleness=1")
+    assert "dapo.max_num_epochs = 2" in msg and "rollout.max_staleness=0" in msg

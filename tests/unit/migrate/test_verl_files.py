@@ -37,54 +37,50 @@ R = "actor_rollout_ref.rollout"
 M = f"{A}.megatron"
 
 OFFLOAD = "CPU offload"
-EPOCHS = "a run length of"
 TWO_FILES = "2 files; ours reads one"
 
 # Hand-read from each script: what the import must refuse (a fragment of each feature's
-# words), or [] for "plans". Every script here sets a CPU offload, a run length in epochs
-# without total_training_steps, or a feature we lack.
+# words), or [] for "plans". Every script here sets a CPU offload or a feature we lack (a
+# run length in epochs is carried: trainer.total_epochs -> dapo.max_num_epochs).
 OUTCOMES: dict[str, list[str]] = {
     "30B_megatron_dapo_npu.sh": ["NPU devices", OFFLOAD],
-    "qwen2_32B_grpo_8_h20_megatron_vllm.sh": ["MATH-lighteval", EPOCHS, OFFLOAD],
-    "run_dapo_early_qwen2.5_32b.sh": [EPOCHS, OFFLOAD],
-    "run_dapo_qwen2.5_32b.sh": [EPOCHS, OFFLOAD],
-    "run_dapo_qwen2.5_32b_rollout_corr.sh": ["rollout correction", EPOCHS, OFFLOAD],
-    "run_dapo_qwen3_moe_30b_megatron_npu.sh": [EPOCHS, OFFLOAD],
-    "run_dapo_wo_ds_qwen2.5_32b.sh": [EPOCHS, OFFLOAD],
+    "qwen2_32B_grpo_8_h20_megatron_vllm.sh": ["MATH-lighteval", OFFLOAD],
+    "run_dapo_early_qwen2.5_32b.sh": [OFFLOAD],
+    "run_dapo_qwen2.5_32b.sh": [OFFLOAD],
+    "run_dapo_qwen2.5_32b_rollout_corr.sh": ["rollout correction", OFFLOAD],
+    "run_dapo_qwen3_moe_30b_megatron_npu.sh": [OFFLOAD],
+    "run_dapo_wo_ds_qwen2.5_32b.sh": [OFFLOAD],
     "run_deepseek671b_math_megatron_80gb.sh": [
         "neither a hub id",
-        EPOCHS,
         "an uneven pipeline split",
         OFFLOAD,
     ],
-    "run_deepseek671b_math_megatron_96gb.sh": ["DeepSeek-V2/V3", EPOCHS, OFFLOAD],
-    "run_deepseek7b_llm_math_megatron.sh": [TWO_FILES, "DeepSeek-V2/V3", EPOCHS],
+    "run_deepseek671b_math_megatron_96gb.sh": ["DeepSeek-V2/V3", OFFLOAD],
+    "run_deepseek7b_llm_math_megatron.sh": [TWO_FILES, "DeepSeek-V2/V3"],
     "run_moonlight16b_math_megatron.sh": [
         "Moonlight",
-        EPOCHS,
         "an expert tensor-parallel size other than the tensor-parallel size",
     ],
-    "run_qwen2-7b_math_megatron.sh": [TWO_FILES, EPOCHS],
-    "run_qwen2-7b_math_megatron_lora.sh": [TWO_FILES, "LoRA", EPOCHS],
-    "run_qwen2-7b_math_megatron_trtllm.sh": [TWO_FILES, "the trtllm inference engine", EPOCHS],
-    "run_qwen2-7b_seq_balance_math_megatron.sh": [TWO_FILES, EPOCHS, OFFLOAD],
+    "run_qwen2-7b_math_megatron.sh": [TWO_FILES],
+    "run_qwen2-7b_math_megatron_lora.sh": [TWO_FILES, "LoRA"],
+    "run_qwen2-7b_math_megatron_trtllm.sh": [TWO_FILES, "the trtllm inference engine"],
+    "run_qwen2-7b_seq_balance_math_megatron.sh": [TWO_FILES, OFFLOAD],
     "run_qwen2-7b_sgl_megatron.sh": [
         TWO_FILES,
         "the sglang inference engine",
-        EPOCHS,
         "virtual pipeline stages",
     ],
-    "run_qwen2_5-7b_math_megatron_diff_tp.sh": [TWO_FILES, EPOCHS],
-    "run_qwen3-235b_megatron_96gb.sh": [EPOCHS, OFFLOAD, "precision-aware optimizer"],
-    "run_qwen3moe-30b_megatron_96gb.sh": ["cannot identify", EPOCHS, OFFLOAD],
-    "run_qwen3moe-30b_megatron_lora.sh": ["LoRA", EPOCHS, OFFLOAD],
+    "run_qwen2_5-7b_math_megatron_diff_tp.sh": [TWO_FILES],
+    "run_qwen3-235b_megatron_96gb.sh": [OFFLOAD, "precision-aware optimizer"],
+    "run_qwen3moe-30b_megatron_96gb.sh": ["cannot identify", OFFLOAD],
+    "run_qwen3moe-30b_megatron_lora.sh": ["LoRA", OFFLOAD],
     "test_dapo_7b_math.sh": [OFFLOAD, "FSDP sharding groups"],
-    "test_dapo_7b_math_megatron.sh": [EPOCHS, OFFLOAD],
-    "test_dapo_8b_megatron_fp16.sh": [EPOCHS, OFFLOAD],
-    "test_dapo_8b_megatron_fp8train.sh": ["FP8 training", EPOCHS, OFFLOAD],
+    "test_dapo_7b_math_megatron.sh": [OFFLOAD],
+    "test_dapo_8b_megatron_fp16.sh": [OFFLOAD],
+    "test_dapo_8b_megatron_fp8train.sh": ["FP8 training", OFFLOAD],
     "test_dapo_dspk_671b_megatron_96gb.sh": ["neither a hub id", OFFLOAD, "an uneven pipeline"],
-    "test_dapo_glm_air_megatron.sh": ["the GLM architecture", EPOCHS, OFFLOAD],
-    "test_dapo_gptoss_20b_megatron.sh": ["gpt-oss", EPOCHS, OFFLOAD],
+    "test_dapo_glm_air_megatron.sh": ["the GLM architecture", OFFLOAD],
+    "test_dapo_gptoss_20b_megatron.sh": ["gpt-oss", OFFLOAD],
     "test_dapo_mimo_7b_with_mtp_math_megatron.sh": [
         "multi-token prediction",
         "MiMo",
@@ -92,9 +88,13 @@ OUTCOMES: dict[str, list[str]] = {
         OFFLOAD,
     ],
     "test_dapo_qwen3_30b_math.sh": [OFFLOAD, "FSDP sharding groups"],
-    "test_dapo_qwen3_moe_30b_megatron_fp16.sh": [EPOCHS, OFFLOAD],
-    "test_dapo_qwen3next_80b_megatron.sh": ["cannot resolve", EPOCHS, OFFLOAD],
+    "test_dapo_qwen3_moe_30b_megatron_fp16.sh": [OFFLOAD],
+    "test_dapo_qwen3next_80b_megatron.sh": ["cannot resolve", OFFLOAD],
 }
+
+# Their only refusals are speed and memory knobs (CPU offload) and the plan fits without them:
+# import_config.py main writes the recipe (exit 0), naming what it did not carry.
+PLANS_WITHOUT = {"test_dapo_7b_math_megatron.sh"}
 
 
 def test_every_file_has_an_outcome_and_a_source_row():
@@ -225,6 +225,11 @@ def _ours(raw: dict[str, Any]) -> dict[str, Any]:
     ):
         if theirs in raw and isinstance(raw[theirs], int | float | str):
             exp[ours] = raw[theirs]
+    # ray_trainer.py fit loops `for epoch in range(..., total_epochs)` (default 30,
+    # trainer/config/ppo_trainer.yaml): the same passes, whether or not a step cap is set
+    epochs = raw.get("trainer.total_epochs", 30)
+    if isinstance(epochs, int | str):
+        exp["dapo.max_num_epochs"] = int(epochs) if str(epochs).isdigit() else epochs
     filtering = raw.get("algorithm.filter_groups.enable") is True
     exp["dapo.dynamic_sampling.enabled"] = filtering
     if filtering:
@@ -280,11 +285,13 @@ def test_each_file_outcome(name, tmp_path, capsys):
     code = import_main(
         ["--from", "verl", str(DATA / name), "-o", str(out), "--shell-var", f"HOME={HOME}"]
     )
-    err = capsys.readouterr().err
+    console = capsys.readouterr()
     features = OUTCOMES[name]
-    if not features:
-        assert code == 0 and out.is_file()
-        return
-    assert code == 2 and not out.exists()
-    for feature in features:
-        assert feature in err, (feature, err)
+    if not features or name in PLANS_WITHOUT:
+        assert code == 0 and out.is_file(), console.err
+    else:
+        # A refusal that changes what is learned writes nothing; layout-only ones write the
+        # recipe and stop at its validation or plan (import_config.py main)
+        assert code == 2, console.out
+    for feature in features:  # the summary names each untranslated key's feature
+        assert feature in console.out + console.err, (feature, console.out, console.err)

@@ -309,14 +309,25 @@ def test_keys_with_a_knob_here():
 
 
 def test_run_length():
-    # ray_trainer.py: total_training_steps = len(dataloader) x total_epochs, replaced by
-    # trainer.total_training_steps when set
+    # ray_trainer.py fit: the run ends at global_steps >= total_training_steps or when the
+    # `for epoch in range(..., total_epochs)` loop over the drop_last dataloader runs out,
+    # whichever first: both bounds are carried
     v, skipped = _values({"trainer.total_epochs": 10})
-    assert v["dapo.max_num_steps"] == 5 and "trainer.total_epochs" not in skipped
+    assert v["dapo.max_num_steps"] == 5 and v["dapo.max_num_epochs"] == 10
+    assert "trainer.total_epochs" not in skipped
+    # Without total_training_steps verl's cap is len(dataloader) x total_epochs, never
+    # reached before the data runs out: the epochs alone (our max_num_steps stays untraced)
     flat = {k: x for k, x in MINIMAL.items() if k != "trainer.total_training_steps"}
     result = translate("verl", {**flat, "trainer.total_epochs": 10})
-    reason = {s.key: s.reason for s in result.skipped}["trainer.total_epochs"]
-    assert "run length of 10 pass(es) over the data" in reason
+    v = {s.key: s.value for s in result.settings}
+    assert v["dapo.max_num_epochs"] == 10 and "dapo.max_num_steps" not in v
+    assert "trainer.total_epochs" not in {s.key for s in result.skipped}
+    note = {s.key: s.note for s in result.settings}["dapo.max_num_epochs"]
+    assert "10 pass(es) over the data" in note and "drop_last" in note
+    # Omitted: verl's default total_epochs 30 (ppo_trainer.yaml trainer.total_epochs)
+    v, _ = _values({})
+    assert v["dapo.max_num_epochs"] == 30
+    assert "would train no step" in _refusal("trainer.total_epochs", 0)
 
 
 @pytest.mark.parametrize(
