@@ -175,7 +175,7 @@ def kl_entropy_terms(
             (the very tensor the PG term read, so both gradients meet in one node).
         valid_BT: ``[B, T]`` bool loss mask; padding in the optional inputs (NaN, -inf) is
             selected away with it before any arithmetic.
-        loss: ``kl_coef``, ``kl_estimator`` and ``entropy_coef`` are read, trusted
+        loss: ``kl_coef``, ``kl_estimator``, ``kl_clamp`` and ``entropy_coef`` are read, trusted
             (``LossSpec`` validated them when it was built).
         ref_logprobs_BT: ``[B, T]`` reference log-probabilities, or None.
         entropy_BT: ``[B, T]`` per-token entropy, or None.
@@ -187,6 +187,8 @@ def kl_entropy_terms(
     kl_BT = None
     if ref_logprobs_BT is not None:
         kl_BT = kl_estimate(logprobs_BT, clean(ref_logprobs_BT), loss.kl_estimator)
+        if loss.kl_clamp is not None:
+            kl_BT = kl_BT.clamp(-loss.kl_clamp, loss.kl_clamp)
         if loss.kl_coef > 0:
             kl_term_BT = loss.kl_coef * kl_BT
             per_token_BT = kl_term_BT if per_token_BT is None else per_token_BT + kl_term_BT

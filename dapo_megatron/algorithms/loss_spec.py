@@ -88,6 +88,14 @@ def coef_problems(name: str, value: float) -> list[Problem]:
     return [(name, value, "must be a finite number >= 0")]
 
 
+def positive_problems(name: str, value: float) -> list[Problem]:
+    """``value`` is a finite number > 0."""
+    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if is_number and math.isfinite(value) and value > 0:
+        return []
+    return [(name, value, "must be a finite number > 0, or null for none")]
+
+
 def scale_length_problems(length: int) -> list[Problem]:
     """The constant length of seq-mean-token-sum-norm is an int >= 1."""
     # bool is an int subclass: True would silently mean a length of 1.
@@ -112,6 +120,7 @@ def spec_problems(params: LossParams, loss_scale_length: int) -> list[Problem]:
         ),
         *correction_cap_problems(p.tis_cap, p.mis_low, p.mis_high),
         *coef_problems("kl_coef", p.kl_coef),
+        *([] if p.kl_clamp is None else positive_problems("kl_clamp", p.kl_clamp)),
         *coef_problems("entropy_coef", p.entropy_coef),
         *choice_problems("kl_estimator", p.kl_estimator, KL_ESTIMATORS),
     ]
@@ -175,6 +184,11 @@ class LossParams:
     the checkpoints, so a resumed run keeps it."""
     kl_estimator: KLEstimator
     """KL estimator (k1, k2 or k3) used when kl_coef > 0."""
+    kl_clamp: float | None
+    """Clamp of the per-token KL estimate to [-c, c]; null: none.
+
+    Applied to the estimate before it is weighted by kl_coef, with no gradient beyond the
+    bound: NeMo RL's kl_output_clamp_value (nemo_rl/algorithms/utils.py calculate_kl)."""
     entropy_coef: float
     """Entropy bonus coefficient (0 = off)."""
     rollout_correction: RolloutCorrectionMode

@@ -214,6 +214,7 @@ def pg_loss_section(b: int = 64, t: int = 8192) -> dict[str, Any] | str:
         mis_high=2.0,
         kl_coef=0.0,
         kl_estimator="k3",
+        kl_clamp=None,
         entropy_coef=0.0,
     )
     norm = loss_denominator(mask, "token-mean")

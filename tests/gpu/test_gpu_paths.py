@@ -80,6 +80,7 @@ def test_triton_pg_loss_on_cuda_matches_torch(mode):
         mis_high=2.0,
         kl_coef=0.0,
         kl_estimator="k3",
+        kl_clamp=None,
         entropy_coef=0.0,
     )
     norm = loss_denominator(mask, mode)

@@ -37,6 +37,7 @@ BASE_SPEC = LossSpec(
     mis_high=2.0,
     kl_coef=0.0,
     kl_estimator="k3",
+    kl_clamp=None,
     entropy_coef=0.0,
 )
 

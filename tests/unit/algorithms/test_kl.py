@@ -166,3 +166,37 @@ def test_k1_and_k3_are_unbiased_over_an_exact_expectation(
     k3 = kl_penalty(logp[None], logq[None], "k3")[0]
     assert float((p * k1).sum()) == pytest.approx(exact_kl, abs=1e-10)
     assert float((p * k3).sum()) == pytest.approx(exact_kl, abs=1e-10)
+
+
+def test_kl_clamp_bounds_each_token_and_stops_its_gradient() -> None:
+    """dapo.loss.kl_clamp = NeMo RL's kl_output_clamp_value: the per-token estimate is
+    clamped to [-c, c] before kl_coef weighs it. Tokens: log r = [-0.5, 1.0, 0.0];
+    k3 = e^x - 1 - x = [0.10653, 0.71828, 0]; at c = 0.5 the second saturates."""
+    import dataclasses
+
+    from dapo_megatron.algorithms.kl import kl_entropy_terms
+    from dapo_megatron.algorithms.loss_spec import LossSpec
+
+    spec = LossSpec(
+        clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None,
+        loss_agg_mode="token-mean", loss_scale_length=3, rollout_correction="none",
+        rollout_correction_level="token", tis_cap=2.0, mis_low=0.5, mis_high=2.0,
+        kl_coef=0.1, kl_estimator="k3", kl_clamp=0.5, entropy_coef=0.0,
+    )  # fmt: skip
+    lp, ref = _lp_ref()
+    valid = torch.ones(1, 3, dtype=torch.bool)
+    terms = kl_entropy_terms(None, lp, valid, spec, ref_logprobs_BT=ref, entropy_BT=None)
+    k3 = [math.exp(-0.5) - 1 + 0.5, 0.5, 0.0]
+    torch.testing.assert_close(terms.kl_BT, torch.tensor([k3], dtype=F64))
+    terms.per_token_BT.sum().backward()
+    # d(0.1 * k3)/d lp = 0.1 * (1 - e^{log r}) where not clamped; 0 at the clamped token.
+    torch.testing.assert_close(
+        lp.grad, torch.tensor([[0.1 * (1 - math.exp(-0.5)), 0.0, 0.0]], dtype=F64)
+    )
+    unclamped = dataclasses.replace(spec, kl_clamp=None)
+    free = kl_entropy_terms(
+        None, lp.detach(), valid, unclamped, ref_logprobs_BT=ref, entropy_BT=None
+    )
+    assert free.kl_BT[0, 1].item() == pytest.approx(math.e - 2)
+    with pytest.raises(ValueError, match="kl_clamp"):
+        dataclasses.replace(spec, kl_clamp=0.0)

@@ -50,6 +50,7 @@ BASE = LossSpec(
     mis_high=4.0,
     kl_coef=0.05,
     kl_estimator="k2",
+    kl_clamp=None,
     entropy_coef=0.01,
 )
 
@@ -86,6 +87,8 @@ BAD_VALUES = [
     ("kl_coef", -0.1, "must be a finite number >= 0"),
     ("kl_coef", math.nan, "must be a finite number >= 0"),
     ("kl_estimator", "k4", "is not one of"),
+    ("kl_clamp", 0.0, "must be a finite number > 0"),
+    ("kl_clamp", math.inf, "must be a finite number > 0"),
     ("entropy_coef", math.inf, "must be a finite number >= 0"),
     ("entropy_coef", True, "must be a finite number >= 0"),
 ]
@@ -104,7 +107,7 @@ def test_each_bad_field_is_rejected_by_name(field: str, value: object, constrain
 def test_every_field_has_a_bad_value_case() -> None:
     fields = {f.name for f in dataclasses.fields(LossSpec)}
     assert {field for field, _, _ in BAD_VALUES} == fields
-    assert len(fields) == 13
+    assert len(fields) == 14
 
 
 @pytest.mark.parametrize(
@@ -156,6 +159,7 @@ def test_build_loss_spec_from_the_tiny_recipe() -> None:
         mis_high=2.0,
         kl_coef=0.0,
         kl_estimator="k3",
+        kl_clamp=None,
         entropy_coef=0.0,
     )
     assert build_loss_spec(loaded.config) == expected
