@@ -162,7 +162,16 @@ def _qwen2(
     )
 
 
-def _llama(layers: int, hidden: int, ffn: int, heads: int, groups: int) -> ModelArch:
+def _llama(
+    layers: int,
+    hidden: int,
+    ffn: int,
+    heads: int,
+    groups: int,
+    *,
+    tied: bool = False,
+    rope_factor: float = 8.0,
+) -> ModelArch:
     return ModelArch(
         "llama",
         layers,
@@ -174,9 +183,9 @@ def _llama(layers: int, hidden: int, ffn: int, heads: int, groups: int) -> Model
         131072,
         500000.0,
         1e-5,
-        False,
+        tied,
         add_qkv_bias=False,
-        rope_scaling_factor=8.0,
+        rope_scaling_factor=rope_factor,
     )
 
 
@@ -254,6 +263,9 @@ PRESETS: dict[str, ModelArch] = {
     "qwen2.5-0.5b": _qwen2(24, 896, 4864, 14, 2, 151936, tied=True),
     "qwen2.5-1.5b": _qwen2(28, 1536, 8960, 12, 2, 151936, tied=True),
     "qwen2.5-7b": _qwen2(28, 3584, 18944, 28, 4, 152064, max_pos=131072),
+    "qwen2.5-math-1.5b": _qwen2(
+        28, 1536, 8960, 12, 2, 151936, max_pos=4096, theta=10000.0, tied=True
+    ),
     "qwen2.5-math-7b": _qwen2(28, 3584, 18944, 28, 4, 152064, max_pos=4096, theta=10000.0),
     "qwen2.5-32b": _qwen2(64, 5120, 27648, 40, 8, 152064, max_pos=131072, eps=1e-5),
     # CPU-sized Qwen3 dense and MoE for tests and the tiny MoE recipe (head size 32: vLLM's
@@ -290,6 +302,9 @@ PRESETS: dict[str, ModelArch] = {
     ),
     "llama-3.1-8b": _llama(32, 4096, 14336, 32, 8),
     "llama-3.1-70b": _llama(80, 8192, 28672, 64, 8),
+    # Llama 3.2 1B: tied embeddings and RoPE scaling factor 32; Llama 3.3 70B is 3.1's shape.
+    "llama-3.2-1b": _llama(16, 2048, 8192, 32, 8, tied=True, rope_factor=32.0),
+    "llama-3.3-70b": _llama(80, 8192, 28672, 64, 8),
 }
 
 
