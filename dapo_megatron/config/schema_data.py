@@ -73,6 +73,12 @@ class DataConfig:
     the wrong field) is an error naming the file and the line, found before tokenising."""
     apply_chat_template: bool
     """Wrap prompts with the tokenizer's chat template."""
+    prompt_template: str | None
+    """Format string making the user message from a problem ("{}"); null: as is.
+
+    A Python format string with one ``{}`` field, filled with each prompt's problem text to
+    make the user message (before the chat template): NeMo RL's ``prompt_file``, with its
+    ``{{`` / ``}}`` escapes (data/prompt_template.py). Null: the prompt is used as it is."""
     shuffle: bool
     """Shuffle training prompts every epoch (seeded by run.seed)."""
     arithmetic: ArithmeticTaskConfig

@@ -195,6 +195,7 @@ def _encode(
         tokenizer,
         apply_chat_template=config.data.apply_chat_template,
         max_prompt_length=config.data.max_prompt_length,
+        prompt_template=config.data.prompt_template,
     )
     if not encoded.input_ids:
         raise ConfigError(

@@ -52,6 +52,7 @@ from dapo_megatron.data.file_rows import (
     too_long_error,
 )
 from dapo_megatron.data.hub_datasets import is_hf_uri, resolve_data_path
+from dapo_megatron.data.prompt_template import apply_prompt_template
 from dapo_megatron.data.records import Message, PromptRecord, gsm8k_final_answer
 from dapo_megatron.data.remainder import RemainderTask
 from dapo_megatron.data.remainder import make_train_val_split as remainder_split
@@ -533,8 +534,14 @@ def encode_prompts(
     *,
     apply_chat_template: bool,
     max_prompt_length: int,
+    prompt_template: str | None = None,
 ) -> EncodedPrompts:
     """Tokenise prompts, skipping (and counting) those longer than max_prompt_length tokens.
+
+    A prompt_template (data.prompt_template) first makes each problem's user message
+    (data/prompt_template.py: NeMo RL's prompt_file, ``template.format(problem)``, applied
+    before the chat template as its math_hf_data_processor does); the records keep the
+    problem as it was.
 
     With apply_chat_template the messages go through the tokenizer's chat template with the
     generation prompt appended, and the template alone decides the special tokens (no BOS is
@@ -545,6 +552,7 @@ def encode_prompts(
         raise ValueError(f"data.max_prompt_length must be >= 1, got {max_prompt_length}")
     if not records:
         return EncodedPrompts([], [], 0)
+    messages = [apply_prompt_template(r.messages, prompt_template) for r in records]
     if apply_chat_template:
         if not getattr(tokenizer, "chat_template", None):
             raise ValueError(
@@ -552,12 +560,11 @@ def encode_prompts(
                 f"{getattr(tokenizer, 'name_or_path', '')!r} has no chat template; set "
                 "data.apply_chat_template: false or use a tokenizer that ships one"
             )
-        texts = tokenizer.apply_chat_template(
-            [r.messages for r in records], tokenize=False, add_generation_prompt=True
-        )
+        texts = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
     else:
-        ids = tokenizer([r.text for r in records], add_special_tokens=True)["input_ids"]
+        plain = ["\n".join(m["content"] for m in m_list) for m_list in messages]
+        ids = tokenizer(plain, add_special_tokens=True)["input_ids"]
     kept = [i for i, tokens in enumerate(ids) if len(tokens) <= max_prompt_length]
     return EncodedPrompts(
         input_ids=[list(ids[i]) for i in kept],

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -132,7 +132,7 @@ def choice(
     """A key whose values are names: each known name maps to ours, others are refused."""
 
     def fn(value: Any, ctx: Mapping[str, Any]) -> Any:
-        if value in table:
+        if isinstance(value, Hashable) and value in table:
             return table[value]
         known = ", ".join(_show(k) for k in table)
         raise Untranslatable(f"{_show(value)} has no counterpart here (known: {known})")

@@ -192,6 +192,9 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
             reason = str(e) + (f" ({DIALECTS[dialect]}'s default)" if is_default else "")
             result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
             continue
+        if not tr.settings:  # its value does what we always do: nothing to set
+            result.as_here.append(Skipped(key, value, tr.note, IMPACT_HARMLESS))
+            continue
         note = (
             f"{DIALECTS[dialect]}'s default {_scalar(value)}; {tr.note}" if is_default else tr.note
         )

@@ -252,6 +252,7 @@ def data_config(**overrides: Any) -> DataConfig:
         "answer_key": None,
         "max_prompt_length": 32,
         "apply_chat_template": False,
+        "prompt_template": None,
         "shuffle": True,
         "arithmetic": ArithmeticTaskConfig(num_train=64, num_val=10, difficulty=2),
         "remainder": RemainderTaskConfig(
