@@ -82,6 +82,7 @@ FLOAT_RANGES: dict[str, FloatRange] = {
     "dapo.loss.clip_ratio_high": _NON_NEGATIVE,
     "dapo.loss.clip_ratio_c": FloatRange(1.0, math.inf, low_open=True),
     "dapo.loss.kl_coef": _NON_NEGATIVE,
+    "dapo.loss.kl_clamp": _positive(),
     "dapo.loss.entropy_coef": _ANY,
     "dapo.loss.tis_cap": _positive(),
     "dapo.loss.mis_low": FloatRange(0.0, 1.0, high_open=True),
