@@ -179,7 +179,8 @@ class PolicyConfig:
     padding between them, attention kept within each) up to this many tokens; rows are then
     dealt to data-parallel ranks by tokens. Replaces train_micro_batch_size and
     logprob_micro_batch_size; null keeps padded micro-batches of those sizes. Must hold the
-    longest sequence, data.max_prompt_length + generation.max_response_length."""
+    longest sequence, data.max_prompt_length + generation.max_response_length (at most
+    max_total_sequence_length with generation.response_cap: context)."""
     old_logprob_pass: Literal["auto", "always"]
     """always, or auto: no old-logprob pass when a batch is one optimizer step.
 
@@ -224,6 +225,20 @@ class GenerationConfig:
     """Response cap given to the engine, in tokens (DAPO: 16384 + 4096).
 
     Response generation cap given to the engine, in tokens: Lmax of the overlong shaping."""
+    response_cap: Literal["fixed", "context"]
+    """Per-prompt response cap: fixed | context (NeMo RL's).
+
+    fixed: every response stops at max_response_length, and policy.max_total_sequence_length
+    must hold data.max_prompt_length + max_response_length. context: as NeMo RL, whose vLLM
+    engine (max_model_len = policy.max_total_sequence_length) ends each response at
+    min(max_new_tokens, max_model_len - prompt length): a prompt of P tokens gets
+    min(max_response_length, policy.max_total_sequence_length - P), so only
+    data.max_prompt_length < policy.max_total_sequence_length is needed (and
+    max_response_length <= policy.max_total_sequence_length - 1). A response stopped by its
+    own cap finishes with "length" (truncated: overlong filtering drops it). The overlong
+    shaping keeps Lmax = max_response_length for every prompt (a constant, as NeMo RL's
+    reward_shaping.max_response_length): its penalty reads the response length only. A
+    continued partial rollout gets what its prompt's own cap has left."""
     stop_token_ids: list[int] | None
     """Extra token ids that end a response; null: the tokenizer's EOS."""
     refit_transport: Literal["auto", "broadcast", "ipc", "object_store"]

@@ -97,10 +97,16 @@ class PartialRollouts:
         prompts: Sequence[Sequence[int]],
         sampling: SamplingParams,
         version: int,
+        context_length: int | None = None,
     ) -> tuple[list[PartialGroup], dict[str, float]]:
         """Continue every pending group with the engines' current weights (``version``):
         one call, one sample per aborted sample, run to the end. Returns the completed
-        groups (all of them: continuations are never cut) and metrics."""
+        groups (all of them: continuations are never cut) and metrics.
+
+        ``context_length`` (``generation.response_cap: context``): each continuation is
+        also cut to the context its input leaves; the input being the prompt and the
+        tokens so far, that is what the prompt's own cap, min(max_tokens, context -
+        prompt), has left."""
         inputs, caps, where = self.requests(prompts, sampling.max_tokens)
         groups, self.pending = self.pending, []
         if not inputs:
@@ -108,6 +114,8 @@ class PartialRollouts:
         params = replace(
             sampling, n=1, max_tokens_per_prompt=tuple(caps), finish_after_fraction=None
         )
+        if context_length is not None:
+            params = params.within_context([len(x) for x in inputs], context_length)
         start = time.perf_counter()
         outputs = engines.generate(inputs, params)
         seconds = time.perf_counter() - start

@@ -48,6 +48,7 @@ from dapo_megatron.controller import steps
 from dapo_megatron.controller.context import RunContext
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.refit_scheduler import RefitScheduler, TransferEngines
+from dapo_megatron.controller.response_cap import capped
 from dapo_megatron.controller.rollout_groups import RolloutGroup
 from dapo_megatron.controller.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample, SamplingParams
@@ -177,7 +178,8 @@ class RolloutStream:
         """Draw the next ``size`` prompts and submit them (under the lock)."""
         draw = self.planner.next_request(size, self._engine_version)
         indices = draw.prompt_indices
-        refs = self.engines.submit([self.ctx.train.input_ids[i] for i in indices], draw.sampling)
+        prompts = [self.ctx.train.input_ids[i] for i in indices]
+        refs = self.engines.submit(prompts, capped(self.ctx.config, draw.sampling, prompts))
         request = _Request(indices, self._engine_version, refs)
         self._in_flight.append(request)
         return request

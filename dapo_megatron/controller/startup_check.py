@@ -158,6 +158,7 @@ def check_engine_logprobs(
         EngineLogprobMismatch: see ``compare_logprobs``.
     """
     from dapo_megatron.config.run_plan import num_engines
+    from dapo_megatron.controller.response_cap import capped
 
     config = ctx.config
     sampling = dataclasses.replace(
@@ -168,6 +169,7 @@ def check_engine_logprobs(
         logprobs=True,
     )
     prompts = [ctx.train.input_ids[0]] * max(num_engines(config), policy.dp)
+    sampling = capped(config, sampling, prompts)  # generation.response_cap
     samples = [group[0] for group in engines.generate(prompts, sampling)]
     batch = probe_batch(prompts, samples, ctx.pad_id)
     policy_lp, _ = policy.logprobs(batch)

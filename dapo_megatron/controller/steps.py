@@ -23,6 +23,7 @@ from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.controller.context import RunContext, decode_text, round_seed
 from dapo_megatron.controller.generation_group import Engines
 from dapo_megatron.controller.policy_group import PolicyGroup
+from dapo_megatron.controller.response_cap import capped, context_length
 from dapo_megatron.controller.rollout_groups import RolloutGroup, build_policy_batch, make_groups
 from dapo_megatron.controller.rollout_planner import RolloutPlanner
 from dapo_megatron.data.datasets import EncodedPrompts
@@ -119,7 +120,9 @@ def _continue_partials(
     ctx = planner.ctx
     dynamic = ctx.dynamic
     dropped = ctx.partials.drop_stale(step, dynamic.max_carry_age)
-    done, metrics = ctx.partials.continue_all(engines, ctx.train.input_ids, sampling, step)
+    done, metrics = ctx.partials.continue_all(
+        engines, ctx.train.input_ids, sampling, step, context_length(ctx.config)
+    )
     metrics["rollout/num_partial_groups_dropped"] = float(dropped)
     groups, scored = score_groups(
         ctx, ctx.train, [p.prompt_index for p in done], [p.samples for p in done], step
@@ -149,7 +152,8 @@ def _generate_finished(
     """Generate, then score the prompts whose samples all finished. A cut round aborts the
     others: returned apart, with their samples (their tokens count as generated)."""
     start = time.perf_counter()
-    samples = engines.generate([prompts.input_ids[i] for i in prompt_indices], sampling)
+    inputs = [prompts.input_ids[i] for i in prompt_indices]
+    samples = engines.generate(inputs, capped(ctx.config, sampling, inputs))
     generated = time.perf_counter()
     done = [j for j, group in enumerate(samples) if all(s.finish_reason != "abort" for s in group)]
     finished = [prompt_indices[j] for j in done]

@@ -7,6 +7,7 @@ Torch-free and importing nothing of the package: the ground floor (``shared/__in
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Literal, Protocol
 
@@ -68,9 +69,10 @@ class SamplingParams:
     logprobs: bool = True
     """Return the logprob of each sampled token (``Sample.logprobs``); False leaves it empty."""
     max_tokens_per_prompt: tuple[int, ...] | None = None
-    """Continuations (``rollout.partial_rollouts``): the response cap of each prompt of the
-    call, in place of ``max_tokens`` (a continued sample's prompt ends with the tokens it
-    already has, and its cap is what the response has left). Each >= 1."""
+    """The response cap of each prompt of the call, in place of ``max_tokens``: continuations
+    (``rollout.partial_rollouts``: a continued sample's prompt ends with the tokens it
+    already has, and its cap is what the response has left) and
+    ``generation.response_cap: context`` (``within_context``). Each >= 1."""
     finish_after_fraction: float | None = None
     """Cut the tail of the call: stop once ceil(fraction x prompts of the call) prompts have
     all their n samples finished; the other prompts' samples come back with finish reason
@@ -111,6 +113,27 @@ class SamplingParams:
                 f"{num_prompts} prompts"
             )
         return list(self.max_tokens_per_prompt)
+
+    def within_context(self, prompt_lengths: Sequence[int], context_length: int) -> SamplingParams:
+        """These parameters with each prompt's cap cut to the context left after it:
+        ``min(cap, context_length - prompt length)`` (``generation.response_cap: context``).
+
+        NeMo RL's vLLM engine (max_model_len = policy.max_total_sequence_length) ends each
+        response there (nemo_rl/models/generation/vllm/vllm_worker.py,
+        ``_context_capped_max_new_tokens``). Applied to a continuation (prompt + tokens so
+        far, capped at what the response has left) it gives what the original prompt's own
+        cap has left. Raises ValueError for a prompt that leaves no room."""
+        caps = self.response_caps(len(prompt_lengths))
+        room = [context_length - int(n) for n in prompt_lengths]
+        if any(r < 1 for r in room):
+            longest = max(int(n) for n in prompt_lengths)
+            raise ValueError(
+                f"a prompt of {longest} tokens leaves no room for a response within "
+                f"{context_length} tokens (policy.max_total_sequence_length)"
+            )
+        return replace(
+            self, max_tokens_per_prompt=tuple(min(c, r) for c, r in zip(caps, room, strict=True))
+        )
 
     def for_prompts(self, start: int, end: int) -> SamplingParams:
         """These parameters for the prompts ``start:end`` of a call (an engine's or a DP
