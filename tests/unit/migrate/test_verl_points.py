@@ -383,7 +383,7 @@ def test_defaults_leave_nothing_that_matters_at_ours():
     dapo_megatron_trainer.yaml) trace every key of OURS_THAT_MATTER but validation.temperature
     (greedy validation: verl's val_kwargs.do_sample false, temperature 0)."""
     result = translate("verl", dict(MINIMAL))
-    assert result.kept_ours == ["validation.temperature"]
+    assert result.kept_ours == []  # a greedy validation needs no temperature traced
     v = {s.key: s.value for s in result.settings}
     assert v["validation.greedy"] is True
     assert set(OURS_THAT_MATTER) - set(v) == {"validation.temperature"}
