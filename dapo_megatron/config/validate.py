@@ -18,6 +18,7 @@ from dapo_megatron.config.arithmetic_task import num_distinct_problems
 from dapo_megatron.config.data_checks import data_problems
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.float_ranges import float_problems, value_at
+from dapo_megatron.config.length_checks import length_problems, longest_sequence
 from dapo_megatron.config.model_arch import ModelArch, resolve_arch
 from dapo_megatron.config.model_source import preset_applies
 from dapo_megatron.config.parallel import (
@@ -302,12 +303,9 @@ def _check_policy(c: _Checker) -> None:
     c.at_least("policy.train_global_batch_size", 1)
     c.at_least("policy.train_micro_batch_size", 1)
     c.at_least("policy.logprob_micro_batch_size", 1)
-    needed = c.config.data.max_prompt_length + c.config.generation.max_response_length
-    c.require(
-        p.max_total_sequence_length >= needed,
-        "policy.max_total_sequence_length",
-        f"must be >= data.max_prompt_length + generation.max_response_length = {needed}",
-    )
+    # generation.response_cap: fixed needs prompt + cap <= total, context a prompt < total.
+    for key, constraint in length_problems(c.config):
+        c.require(False, key, constraint)
 
 
 def _check_generation(c: _Checker) -> None:
@@ -504,13 +502,13 @@ def _check_batches(c: _Checker, dims: ParallelDims) -> None:
         multiple = sequence_multiple(
             tp=dims.tp, cp=dims.cp, sequence_parallel=dims.sequence_parallel
         )
-        longest = cfg.data.max_prompt_length + cfg.generation.max_response_length
+        longest = longest_sequence(cfg)  # at most the context with response_cap: context
         need = padded_length(longest, multiple)
         c.require(
             p.max_tokens_per_microbatch >= need,
             "policy.max_tokens_per_microbatch",
             f"must hold the longest sequence, data.max_prompt_length + "
-            f"generation.max_response_length = {longest}"
+            f"generation.max_response_length{_capped(cfg)} = {longest}"
             + (f" padded to a multiple of {multiple} = {need}" if need != longest else ""),
         )
     if p.train_micro_batch_size < 1 or p.train_global_batch_size < 1:
@@ -529,6 +527,13 @@ def _check_batches(c: _Checker, dims: ParallelDims) -> None:
         f"must divide the samples per step, dapo.num_prompts_per_step * "
         f"dapo.num_generations_per_prompt = {samples}, so every sample is trained on",
     )
+
+
+def _capped(cfg: DapoMegatronConfig) -> str:
+    """How the longest sequence is capped, for a message (response_cap: context)."""
+    if cfg.generation.response_cap != "context":
+        return ""
+    return " (at most policy.max_total_sequence_length)"
 
 
 def _check_arch(
