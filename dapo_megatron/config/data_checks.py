@@ -1,5 +1,5 @@
-"""Checks of the data keys that take NeMo RL's data settings: data.prompt_template
-(config/validate.py reports them with the key, value and file).
+"""Checks of the data keys that take NeMo RL's data settings: data.prompt_template and
+data.val_fraction (config/validate.py reports them with the key, value and file).
 
 Here, not in data/, so that validation imports no dataset code; data/prompt_template.py
 re-exports `template_problem`."""
@@ -9,6 +9,10 @@ from __future__ import annotations
 from string import Formatter
 
 from dapo_megatron.config.schema_data import DataConfig
+
+GENERATED_FORMATS = ("arithmetic", "remainder")
+"""data.format values whose validation set the task generates (no training file to split)."""
+
 
 def template_problem(template: str) -> str | None:
     """Why ``template`` is not a usable data.prompt_template, or None when it is.
@@ -31,9 +35,28 @@ def template_problem(template: str) -> str | None:
 
 
 def data_problems(data: DataConfig) -> list[tuple[str, str]]:
-    """(key, what is wrong and the fix) for each violated rule of the keys."""
+    """(key, what is wrong and the fix) for each violated rule of the two keys; the range
+    of data.val_fraction, (0, 1), is config/float_ranges.py's."""
     problems: list[tuple[str, str]] = []
     template = data.prompt_template
     if template is not None and (why := template_problem(template)) is not None:
         problems.append(("data.prompt_template", why))
+    if data.val_fraction is not None:
+        if data.val_path is not None:
+            problems.append(
+                (
+                    "data.val_fraction",
+                    f"holds out validation prompts, but data.val_path = {data.val_path} "
+                    "names a validation file too; set data.val_path: null (validate on the "
+                    "held-out share) or data.val_fraction: null (validate on the file)",
+                )
+            )
+        if data.format in GENERATED_FORMATS:
+            problems.append(
+                (
+                    "data.val_fraction",
+                    f"data.format {data.format} generates its own validation problems; set "
+                    "data.val_fraction: null",
+                )
+            )
     return problems

@@ -102,6 +102,7 @@ FLOAT_RANGES: dict[str, FloatRange] = {
     "dapo.reward_scaling.target_max": _ANY,
     "rollout.abort_tail_oversample": FloatRange(1.0, math.inf),
     "sft_warmup.lr": _NON_NEGATIVE,
+    "data.val_fraction": FloatRange(0.0, 1.0, low_open=True, high_open=True),
     "validation.temperature": _positive(),
     "validation.top_p": _positive(1.0),
     "reward.timeout_s": _positive(),

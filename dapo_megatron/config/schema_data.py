@@ -61,6 +61,12 @@ class DataConfig:
     """Training file (jsonl or parquet); null only for arithmetic."""
     val_path: str | None
     """Validation file; null: no file validation (arithmetic makes its own)."""
+    val_fraction: float | None
+    """Share of the training prompts held out for validation; null: none.
+
+    Share of the training prompts held out as the validation set (with data.val_path null),
+    the rest trains: NeMo RL's ``split_validation_size`` (HF datasets' ``train_test_split``,
+    seeded by run.seed: data/val_split.py). Null: the training file is used whole."""
     prompt_key: str | None
     """Field holding the prompt; null uses the format's standard field."""
     answer_key: str | None

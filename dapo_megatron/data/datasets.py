@@ -454,7 +454,8 @@ def build_datasets(data: DataConfig, *, seed: int) -> DatasetSplits:
 
     Args:
         data: the run's data section.
-        seed: run.seed; only the arithmetic task uses it (file order is the sampler's job).
+        seed: run.seed; the generated tasks and data.val_fraction's held-out split (NeMo
+            RL's data.train.seed, ``${grpo.seed}``) use it (file order is the sampler's job).
     """
     if data.format == "arithmetic":
         # Imported here because arithmetic.py builds on PromptRecord from this module.
@@ -490,6 +491,12 @@ def build_datasets(data: DataConfig, *, seed: int) -> DatasetSplits:
     val_set = None
     if data.val_path is not None:
         val_set = load_prompt_file(data.val_path, data.format, **_file_args(data, "data.val_path"))
+    elif data.val_fraction is not None:
+        # NeMo RL's split_validation_size (data/val_split.py); imported here because
+        # val_split.py builds on PromptDataset from this module.
+        from dapo_megatron.data.val_split import split_validation
+
+        train_set, val_set = split_validation(train_set, data.val_fraction, seed)
     return DatasetSplits(train_set, val_set)
 
 

@@ -1,4 +1,4 @@
-"""Validation of data.prompt_template (config/data_checks.py through
+"""Validation of data.prompt_template and data.val_fraction (config/data_checks.py through
 config/validate.py): each refused value names the key, its value and the fix."""
 
 from __future__ import annotations
@@ -42,13 +42,25 @@ def test_prompt_template_needs_exactly_one_field(template: str, expected: str) -
     assert expected in msg and "{{" in msg  # the fix: double literal braces
 
 
+def test_val_fraction_range_file_and_format() -> None:
+    for value in ("0", "1", "1.5", "-0.1"):
+        msg = error_of(*FILES, "data.val_path=null", f"data.val_fraction={value}")
+        assert "data.val_fraction" in msg and "must be in (0, 1)" in msg
+    msg = error_of(*FILES, "data.val_path=val.jsonl", "data.val_fraction=0.05")
+    assert "data.val_fraction = 0.05" in msg and "set data.val_path: null" in msg
+    msg = error_of("data.val_fraction=0.05")  # the tiny recipe's arithmetic task
+    assert "generates its own validation problems" in msg
+
+
 def test_both_keys_load_when_valid() -> None:
     loaded = load_config(
         TINY,
         [
             *FILES,
+            "data.val_path=null",
+            "data.val_fraction=0.05",
             f"data.prompt_template={quoted(NEMO_COT_TEMPLATE)}",
         ],
     )
     data = loaded.config.data
-    assert data.prompt_template == NEMO_COT_TEMPLATE
+    assert data.val_fraction == 0.05 and data.prompt_template == NEMO_COT_TEMPLATE

@@ -248,6 +248,7 @@ def data_config(**overrides: Any) -> DataConfig:
         "format": "arithmetic",
         "train_path": None,
         "val_path": None,
+        "val_fraction": None,
         "prompt_key": None,
         "answer_key": None,
         "max_prompt_length": 32,
