@@ -188,6 +188,27 @@ def _null(value: Any, ctx: Mapping[str, Any]) -> bool:
 _TRAIN_ROWS_AT_LEAST = {"DAPOMath17K": 1_700_000, "OpenMathInstruct-2": 900_000}
 
 
+def _epochs_bound(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """grpo.py `while current_epoch < max_num_epochs and total_steps < max_num_steps` as our
+    dapo.max_num_epochs beside dapo.max_num_steps. Several dataloaders: NeMo RL ignores
+    epochs (an endless iterator, grpo.py's warning), so nothing is set. Where the epochs can
+    end the run first (_epochs false), the last pass ends apart: NeMo RL drops each epoch's
+    partial batch (drop_last, batch_cache reset per epoch), ours only the last pass's tail
+    (data/sampler.py)."""
+    if ctx.get("data.use_multiple_dataloader") is True:
+        return Translation((), "not live: several dataloaders, NeMo RL ignores epochs")
+    epochs = as_int(value)
+    if epochs < 1:
+        raise Untranslatable(f"{epochs}: NeMo RL trains no step; a run needs max_num_epochs >= 1")
+    note = "same bound: max_num_epochs passes or max_num_steps, whichever ends the run first"
+    if not _epochs(value, ctx):
+        note += (
+            "; NeMo RL drops each pass's last partial batch, ours only the last pass's tail, "
+            "so the last steps may differ"
+        )
+    return Translation((("dapo.max_num_epochs", epochs),), note)
+
+
 def _epochs(value: Any, ctx: Mapping[str, Any]) -> bool:
     """grpo.py `while current_epoch < max_num_epochs and total_steps < max_num_steps`: a run
     ends at the end of its max_num_epochs-th pass over the training data, or sooner. Ours
@@ -298,13 +319,13 @@ NEMO_ALGO_KEYS: tuple[ForeignKey, ...] = (
         _input_clamp,
         "k3's log-ratio clamped to +-20 (algorithms/kl.py)",
     ),
-    as_here(
+    mapped(
         NEMO,
         "loss_fn.kl_output_clamp_value",
-        "a clamp of the per-token KL estimate (utils.py calculate_kl clamps it to "
-        "+-kl_output_clamp_value)",
-        lambda v, ctx: v is None or ctx.get(KL) == 0,
-        "the per-token KL is not clamped (and no KL term with kl_coef 0)",
+        "dapo.loss.kl_clamp",
+        "same meaning: utils.py calculate_kl clamps the per-token KL estimate to +-{v} "
+        "before the coefficient weighs it (null: none)",
+        lambda v, ctx: None if v is None else float(v),
     ),
     custom(
         NEMO,
@@ -413,13 +434,13 @@ NEMO_ALGO_KEYS: tuple[ForeignKey, ...] = (
         "no such masking",
     ),
     as_here(NEMO, "grpo.max_rollout_turns", "multi-turn rollouts", off(1), "one turn"),
-    as_here(
+    custom(
         NEMO,
         "grpo.max_num_epochs",
-        "a stop after max_num_epochs passes over the training data (NeMo RL ends the run "
-        "there when it comes before max_num_steps)",
-        _epochs,
-        "the run lasts dapo.max_num_steps steps, which end before NeMo RL's epochs do",
+        "dapo.max_num_epochs",
+        "same bound: the run ends after `max_num_epochs` passes over the training data or at "
+        "max_num_steps, whichever comes first",
+        _epochs_bound,
     ),
     as_here(
         NEMO,
