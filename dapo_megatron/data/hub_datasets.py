@@ -19,6 +19,10 @@ Known datasets (KNOWN_DATASETS) have a converter written from their published co
   ``#### N``); splits train and test.
 - ``HuggingFaceH4/MATH-500``: ``problem``, ``answer``, ``solution``, ``subject``,
   ``level``, ``unique_id``; split test.
+- ``nvidia/OpenMathInstruct-2``: ``problem``, ``generated_solution``, ``expected_answer``,
+  ``problem_source``; splits train_1M (the default, NeMo RL's), train_2M, train_5M, train.
+  Repeated problems (one per generated solution) are kept, as NeMo RL keeps them;
+  ``generated_solution`` is dropped (see KnownDataset.drop_columns).
 
 A converted row is in the layout data.format reads (dapo_math/aime: ``prompt`` messages and
 ``reward_model.ground_truth``; gsm8k: ``question`` and ``answer``) and keeps the dataset's
@@ -118,6 +122,12 @@ def _math500_row(row: Mapping[str, Any]) -> HubRow:
     return HubRow(_text(row.get("problem")), _text(row.get("answer")), None)
 
 
+def _openmath2_row(row: Mapping[str, Any]) -> HubRow:
+    # NeMo RL's response_datasets/openmathinstruct2.py format_data: the user message is
+    # `problem` (input_key), the ground truth `expected_answer` (output_key's default).
+    return HubRow(_text(row.get("problem")), _text(row.get("expected_answer")), None)
+
+
 @dataclass(frozen=True)
 class KnownDataset:
     """A hub dataset whose columns a converter maps to our layouts."""
@@ -131,6 +141,9 @@ class KnownDataset:
     convert: Callable[[Mapping[str, Any]], HubRow]
     dedupe: bool = False
     """Drop rows whose prompt repeats an earlier row's."""
+    drop_columns: tuple[str, ...] = ()
+    """Published columns not written to the converted file (the reader would keep them as
+    every record's metadata, in the driver's memory)."""
 
 
 KNOWN_DATASETS: dict[str, KnownDataset] = {
@@ -166,13 +179,33 @@ KNOWN_DATASETS: dict[str, KnownDataset] = {
             ("aime", "dapo_math"),
             _math500_row,
         ),
+        # NeMo RL's OpenMathInstruct2Dataset loads split train_1M by default (it accepts
+        # train, train_1M, train_2M, train_5M) and keeps every row: no dedupe, so that
+        # data.val_fraction holds out the rows its split_validation_size holds out. The
+        # solutions (~1M of them, a few KiB each) are not needed to score a final answer.
+        KnownDataset(
+            "nvidia/OpenMathInstruct-2",
+            {
+                "train_1M": ("data/train_1M-*.parquet",),
+                "train_2M": ("data/train_2M-*.parquet",),
+                "train_5M": ("data/train_5M-*.parquet",),
+                "train": ("data/train-*.parquet",),
+            },
+            "train_1M",
+            ("aime", "dapo_math"),
+            _openmath2_row,
+            drop_columns=("generated_solution",),
+        ),
     )
 }
 
 
-def layout_row(row: Mapping[str, Any], hub_row: HubRow, format: str) -> dict[str, Any]:
-    """The row in data.format's layout, with the dataset's own columns kept beside it."""
-    out = dict(row)
+def layout_row(
+    row: Mapping[str, Any], hub_row: HubRow, format: str, drop: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The row in data.format's layout, with the dataset's own columns (but ``drop``) kept
+    beside it."""
+    out = {k: v for k, v in row.items() if k not in drop}
     if format == "gsm8k":
         prompt = hub_row.prompt
         if isinstance(prompt, list):
@@ -345,7 +378,7 @@ def _resolve_known(
             if key in seen:
                 return None
             seen.add(key)
-        return layout_row(row, hub_row, format)
+        return layout_row(row, hub_row, format, known.drop_columns)
 
     files = split_files(snapshot, patterns, None)
     written, dropped = _write_jsonl(out, files, convert, f"{value} ({split})")

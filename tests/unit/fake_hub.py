@@ -1,11 +1,11 @@
 """A local fake Hugging Face hub for the hub tests (import: ``unit.fake_hub``).
 
 The fake hub is a folder of repositories in tmp_path, in the published column layouts of
-DAPO-Math-17k, AIME-2024, GSM8K and MATH-500 (tiny files). `hub.download_snapshot`, the one
-function that talks to the hub, is replaced by a copy from that folder into an HF cache laid
-out as huggingface_hub lays it out (``datasets--Org--Name/refs/main``,
-``snapshots/<commit>/...``); the network is never asked. Test modules import the
-`fake_hub` fixture and the writers from here."""
+DAPO-Math-17k, AIME-2024, GSM8K, MATH-500 and OpenMathInstruct-2 (tiny files).
+`hub.download_snapshot`, the one function that talks to the hub, is replaced by a copy from
+that folder into an HF cache laid out as huggingface_hub lays it out
+(``datasets--Org--Name/refs/main``, ``snapshots/<commit>/...``); the network is never
+asked. Test modules import the `fake_hub` fixture and the writers from here."""
 
 from __future__ import annotations
 
@@ -154,6 +154,35 @@ def add_math500(fake: FakeHub) -> None:
             }
         ],
     )
+
+
+def openmath2_row(problem: str, answer: str, source: str = "augmented_math") -> dict[str, Any]:
+    """A row in nvidia/OpenMathInstruct-2's published columns."""
+    return {
+        "problem": problem,
+        "generated_solution": f"Long worked solution of {problem} ... $\\boxed{{{answer}}}$",
+        "expected_answer": answer,
+        "problem_source": source,
+    }
+
+
+def add_openmath2(fake: FakeHub) -> None:
+    """train_1M in two shards (5 rows, one problem twice, as the real split repeats
+    problems with other solutions) and a one-row train split."""
+    repo = fake.repo("dataset", "nvidia/OpenMathInstruct-2")
+    write_parquet(
+        repo / "data/train_1M-00000-of-00002.parquet",
+        [openmath2_row("What is 1+1?", "2", "math"), openmath2_row("Half of 1?", "\\frac{1}{2}")],
+    )
+    write_parquet(
+        repo / "data/train_1M-00001-of-00002.parquet",
+        [
+            openmath2_row("What is 1+1?", "2", "math"),
+            openmath2_row("3*3?", "9", "gsm8k"),
+            openmath2_row("2^10?", "1024"),
+        ],
+    )
+    write_parquet(repo / "data/train-00000-of-00001.parquet", [openmath2_row("Full?", "7")])
 
 
 def add_model(fake: FakeHub, repo_id: str = "fake-org/Tiny-Model") -> Path:

@@ -9,9 +9,11 @@ import pytest
 
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.data import hub
-from dapo_megatron.data.datasets import load_prompt_file
+from dapo_megatron.data.datasets import build_datasets, load_prompt_file
 from dapo_megatron.data.hub_datasets import parse_hf_uri, resolve_data_path
+from dapo_megatron.data.prompt_template import NEMO_COT_TEMPLATE, apply_prompt_template
 from dapo_megatron.shared.commands import tool_command
+from unit.data.test_datasets import data_config
 from unit.fake_hub import (
     COMMIT,
     REAL_OFFLINE_REASON,
@@ -20,6 +22,7 @@ from unit.fake_hub import (
     add_dapo_math,
     add_gsm8k,
     add_math500,
+    add_openmath2,
     write_parquet,
 )
 
@@ -136,3 +139,53 @@ def test_offline_with_cache_uses_it(fake_hub: FakeHub, monkeypatch: pytest.Monke
     first.unlink()  # converted again from the cached snapshot, without the network
     assert resolve_data_path("hf://openai/gsm8k", "gsm8k", what="data.train_path") == first
     assert len(fake_hub.downloads) == 1
+
+
+# ----------------------------------------------------------------------------- OpenMathInstruct-2
+
+
+def test_openmathinstruct2_problem_and_expected_answer(fake_hub: FakeHub) -> None:
+    add_openmath2(fake_hub)
+    dataset = load_prompt_file("hf://nvidia/OpenMathInstruct-2", "aime", what="data.train_path")
+    # train_1M by default, its shards in order; the repeated problem is kept (NeMo RL keeps it).
+    assert [(r.text, r.ground_truth) for r in dataset.records] == [
+        ("What is 1+1?", "2"),
+        ("Half of 1?", "\\frac{1}{2}"),
+        ("What is 1+1?", "2"),
+        ("3*3?", "9"),
+        ("2^10?", "1024"),
+    ]
+    assert dataset.records[0].messages == [{"role": "user", "content": "What is 1+1?"}]
+    assert dataset.records[3].metadata["problem_source"] == "gsm8k"
+    assert "generated_solution" not in dataset.records[0].metadata  # not kept in memory
+    assert fake_hub.downloads == [
+        ("dataset", "nvidia/OpenMathInstruct-2", ("data/train_1M-*.parquet",))
+    ]
+    full = load_prompt_file("hf://nvidia/OpenMathInstruct-2:train", "dapo_math")
+    assert [(r.text, r.ground_truth) for r in full.records] == [("Full?", "7")]
+    with pytest.raises(ConfigError, match="set data.format=aime"):
+        resolve_data_path("hf://nvidia/OpenMathInstruct-2", "gsm8k", what="data.train_path")
+    with pytest.raises(ConfigError, match="no split 'test'; it has train_1M, train_2M"):
+        resolve_data_path("hf://nvidia/OpenMathInstruct-2:test", "aime", what="data.train_path")
+
+
+def test_openmathinstruct2_as_grpo_math_1b_builds_it(fake_hub: FakeHub) -> None:
+    """NeMo RL's grpo_math_1B data block in our keys: OpenMathInstruct-2, 5% -> here 20% of
+    the five rows held out with seed 42, the cot.txt prompt around each problem."""
+    add_openmath2(fake_hub)
+    cfg = data_config(format="aime", train_path="hf://nvidia/OpenMathInstruct-2", val_fraction=0.2)
+    splits = build_datasets(cfg, seed=42)
+    # ceil(0.2 * 5) = 1 row held out: np.random.default_rng(42).permutation(5) = [4, 2, 3, 1, 0].
+    assert splits.val is not None and [r.text for r in splits.val.records] == ["2^10?"]
+    assert [r.text for r in splits.train.records] == [  # rows 2, 3, 1, 0
+        "What is 1+1?",
+        "3*3?",
+        "Half of 1?",
+        "What is 1+1?",
+    ]
+    (message,) = apply_prompt_template(splits.val.records[0].messages, NEMO_COT_TEMPLATE)
+    text = message["content"]  # the user message encode_prompts puts in the chat template
+    assert text == (
+        "Think step-by-step to solve the following problem. Output your answer inside of "
+        "\\\\boxed{} tags.:\n2^10?\n\nLet's think step-by-step"
+    )
