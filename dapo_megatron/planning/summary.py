@@ -118,7 +118,13 @@ def format_plan(loaded: LoadedConfig) -> str:
             "generation",
             f"{cfg.generation.backend}: {plan.num_engines} engine(s) x TP"
             f"{cfg.generation.engine.tensor_parallel_size}, response cap "
-            f"{cfg.generation.max_response_length} tokens",
+            f"{cfg.generation.max_response_length} tokens"
+            # generation.response_cap: context (NeMo RL's): less for a long prompt.
+            + (
+                f" (at most {cfg.policy.max_total_sequence_length} - prompt)"
+                if cfg.generation.response_cap == "context"
+                else ""
+            ),
         )
     )
     d = cfg.dapo
