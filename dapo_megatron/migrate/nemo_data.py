@@ -31,9 +31,13 @@ from dapo_megatron.migrate.shared_keys import MAX_RESPONSE, NEMO
 _OURS = {
     "DAPOMath17K": "hf://BytedTsinghua-SIA/DAPO-Math-17k",
     "DAPOMathAIME2024": "hf://BytedTsinghua-SIA/AIME-2024",
+    # openmathinstruct2.py loads split train_1M: problem -> the user message,
+    # expected_answer -> the ground truth, as our hub converter (data/hub_datasets.py).
+    "OpenMathInstruct-2": "hf://nvidia/OpenMathInstruct-2",
 }
+_FORMATS = {"OpenMathInstruct-2": "aime"}
+"""data.format of a dataset that is not dapo_math's layout (a bare problem and answer)."""
 _THEIRS = {
-    "OpenMathInstruct-2": "nvidia/OpenMathInstruct-2 (split train_1M, 5% held out for validation)",
     "AIME2024": "HuggingFaceH4/aime_2024",
     "AIME2025": "opencompass/AIME2025",
     "AIME2026": "MathArena/aime_2026",
@@ -60,19 +64,20 @@ def _dataset(ours: str) -> Any:
                 "HuggingFaceH4/MATH-500)"
             )
         settings: list[tuple[str, Any]] = [(ours, hub)]
-        note = f"{value} loads {hub[5:]} (nemo_rl/data/datasets/response_datasets/dapo_math.py)"
+        note = f"{value} loads {hub[5:]} (nemo_rl/data/datasets/response_datasets/)"
         if ours == "data.train_path":
             settings += [
-                ("data.format", "dapo_math"),
+                ("data.format", _FORMATS.get(value, "dapo_math")),
                 ("data.prompt_key", None),
                 ("data.answer_key", None),
                 ("data.apply_chat_template", True),
             ]
-            note += (
-                "; the user message is the row's prompt in the chat template, as our "
-                "dapo_math format; NeMo RL keeps the file's ~100 copies of each problem, "
-                "ours one (the same problems, drawn alike over a shuffled pass)"
-            )
+            note += "; the user message is the row's problem in the chat template, as ours"
+            if value == "DAPOMath17K":
+                note += (
+                    "; NeMo RL keeps the file's ~100 copies of each problem, ours one (the "
+                    "same problems, drawn alike over a shuffled pass)"
+                )
         return Translation(tuple(settings), note)
 
     return convert
@@ -89,6 +94,72 @@ def _no_validation(value: Any, ctx: Mapping[str, Any]) -> Translation:
 
 def _split_unread(value: Any, ctx: Mapping[str, Any]) -> bool:
     return ctx.get("data.train.dataset_name") not in _SPLITTING or value in (0, 0.0, None)
+
+
+def _response_cap(value: Any, ctx: Mapping[str, Any]) -> int:
+    """max_new_tokens, or total - 1 where it is larger: with the per-prompt cap (nemo_keys.py
+    _total_length) a response stops at min(max_new_tokens, total - prompt), and a prompt
+    holds at least one token, so no response is longer than total - 1 in NeMo RL either."""
+    cap = as_int(value)
+    total = ctx.get("policy.max_total_sequence_length")
+    prompt = ctx.get("data.max_input_seq_length")
+    if isinstance(total, int) and isinstance(prompt, int) and prompt - 1 + cap > total:
+        return min(cap, total - 1)
+    return cap
+
+
+def _split(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """raw_dataset.py split_train_validation: train_test_split(test_size=f, seed) of the
+    training rows, computed alike by our data/val_split.py (data.val_fraction)."""
+    if _split_unread(value, ctx):
+        return Translation((), "not read by this dataset (only OpenMathInstruct-2 splits)")
+    if isinstance(value, bool) or not isinstance(value, float) or not 0 < value < 1:
+        raise Untranslatable(
+            f"{value!r}: needs a held-out count of rows, which dapo-megatron lacks (here: "
+            "data.val_fraction, a share in (0, 1))"
+        )
+    return Translation(
+        (("data.val_fraction", value), ("data.val_path", None)),
+        f"same split: {value} of the training rows held out for validation, the rest trains",
+    )
+
+
+def _split_seed(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if _split_unread(ctx.get("data.train.split_validation_size"), ctx):
+        return Translation((), "not read by this dataset (the seed of the held-out split)")
+    if value != ctx.get("grpo.seed"):
+        raise Untranslatable(
+            f"needs a held-out split seeded apart from the run ({value} vs grpo.seed "
+            f"{ctx.get('grpo.seed')}), which dapo-megatron lacks (here: run.seed seeds both)"
+        )
+    return Translation((), "the split's seed is run.seed (grpo.seed), as there")
+
+
+# examples/prompts/cot.txt at the commit the tests cite, read whole (interfaces.py
+# TaskDataSpec reads the file without stripping it): two literal backslashes, {{}} an
+# escaped pair of braces, no final newline. data/prompt_template.py NEMO_COT_TEMPLATE holds
+# the same text (tests/unit/migrate/test_nemo_files.py checks they agree).
+COT_TEMPLATE = (
+    "Think step-by-step to solve the following problem. Output your answer inside of "
+    "\\\\boxed{{}} tags.:\n{}\n\nLet's think step-by-step"
+)
+_PROMPT_FILES = {"examples/prompts/cot.txt": COT_TEMPLATE}
+
+
+def _prompt_file(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    if value is None:
+        return Translation((), "same as here: the dataset's problem as the user message")
+    template = _PROMPT_FILES.get(value) if isinstance(value, str) else None
+    if template is None:
+        raise Untranslatable(
+            f"needs the prompt file {value}, whose text this importer does not know (here: "
+            "data.prompt_template, set it to the file's text)"
+        )
+    return Translation(
+        (("data.prompt_template", template),),
+        f"the text of NeMo RL's {value}: processors.py math_hf_data_processor formats the "
+        "problem into it before the chat template, as ours",
+    )
 
 
 def _val_prompts(value: Any, ctx: Mapping[str, Any]) -> Any:
@@ -179,26 +250,28 @@ NEMO_DATA_KEYS: tuple[ForeignKey, ...] = (
         "split, refused with it, or not at all)",
         _no_validation,
     ),
-    as_here(
+    custom(
         NEMO,
         "data.train.split_validation_size",
-        "a validation split held out of the training data",
-        _split_unread,
-        "not read by this dataset (only OpenMathInstruct-2 splits)",
+        "data.val_fraction",
+        "same split: that share of the training data held out as the validation set "
+        "(HF datasets' train_test_split, as ours); only OpenMathInstruct-2 reads it",
+        _split,
     ),
-    as_here(
+    custom(
         NEMO,
         "data.train.seed",
-        "a validation split held out of the training data",
-        lambda v, ctx: ctx.get("data.train.dataset_name") not in _SPLITTING,
-        "not read by this dataset (the seed of the held-out split)",
+        "(run.seed)",
+        "the held-out split's seed: ours is run.seed, so it must equal grpo.seed",
+        _split_seed,
     ),
-    as_here(
+    custom(
         NEMO,
         "data.default.prompt_file",
-        "a custom prompt template (NeMo RL's prompt_file formats each problem into it)",
-        lambda v, ctx: v is None,
-        "the dataset's problem as the user message",
+        "data.prompt_template",
+        "examples/prompts/cot.txt: its text (str.format of the problem); null: none; other "
+        "files refused (their text is not known here)",
+        _prompt_file,
     ),
     as_here(
         NEMO,
@@ -236,12 +309,14 @@ NEMO_DATA_KEYS: tuple[ForeignKey, ...] = (
     same(NEMO, f"{_TAG}.temperature", "generation.temperature"),
     same(NEMO, f"{_TAG}.top_p", "generation.top_p"),
     mapped(NEMO, f"{_TAG}.top_k", "generation.top_k", "null: -1 (off)", sampling_top_k),
-    same(
+    mapped(
         NEMO,
         f"{_TAG}.max_new_tokens",
         MAX_RESPONSE,
-        "same meaning: the engine's response cap (prompt + response must fit in "
-        "max_total_sequence_length, checked there)",
+        "same meaning: the engine's response cap; where prompt + response exceed "
+        "max_total_sequence_length (generation.response_cap context) at most that length - 1, "
+        "since every prompt has a token",
+        _response_cap,
     ),
     same(NEMO, f"{_TAG}.stop_token_ids", "generation.stop_token_ids"),
     as_here(NEMO, f"{_TAG}.stop_strings", "stop strings", lambda v, ctx: v is None, "none"),

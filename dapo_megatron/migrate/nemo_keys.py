@@ -13,8 +13,10 @@ from dapo_megatron.migrate.dialects import (
     IMPACT_HARMLESS,
     IMPACT_LAYOUT,
     ForeignKey,
+    Translation,
     Untranslatable,
     as_int,
+    custom,
     mapped,
 )
 from dapo_megatron.migrate.nemo_algo import NEMO_ALGO_KEYS, algo_inactive
@@ -67,37 +69,47 @@ def _prompt_limit(value: Any, ctx: Mapping[str, Any]) -> int:
     return n - 1
 
 
-def _total_length(value: Any, ctx: Mapping[str, Any]) -> int:
+def _total_length(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """NeMo RL's vLLM engine runs with max_model_len (vllm_cfg.max_model_len, by default
+    policy.max_total_sequence_length) and max_tokens = max_new_tokens, so each response
+    stops at min(max_new_tokens, max_model_len - prompt length) (vllm_worker.py). When the
+    longest trained prompt plus max_new_tokens fits, that is our one cap; otherwise it is
+    our generation.response_cap context, exact while the engine's context is this length."""
     total = as_int(value)
     prompt = ctx.get("data.max_input_seq_length")
     response = ctx.get("policy.generation.max_new_tokens")
     if not (_is_int(prompt) and _is_int(response)) or total >= prompt - 1 + response:
-        return total
+        return Translation(((TOTAL, total),), "same meaning: prompt + response fit in it")
     longest = prompt - 1  # the longest prompt NeMo RL generates from for training
     context = ctx.get("policy.generation.vllm_cfg.max_model_len")
-    context = context if _is_int(context) else total
-    example = f", e.g. policy.generation.max_new_tokens={total - longest}" if total > prompt else ""
-    raise Untranslatable(
-        f"needs a per-prompt response cap (the engine's context, {context} tokens, less the "
-        "prompt), which dapo-megatron lacks (here: one cap, generation.max_response_length, "
-        "with max_total_sequence_length >= prompt + response): data.max_input_seq_length "
-        f"{prompt} trains prompts of up to {longest} tokens and {longest} + "
-        f"policy.generation.max_new_tokens {response} = {longest + response} > {total}. "
-        "Re-import with NeMo RL overrides that fit, max_input_seq_length - 1 + "
-        f"max_new_tokens <= max_total_sequence_length{example}"
+    if _is_int(context) and context != total:
+        raise Untranslatable(
+            f"needs an engine context ({context} tokens) other than the training length "
+            f"({total}), which dapo-megatron lacks: responses stop at {context} less the prompt "
+            "there; ours at max_total_sequence_length less the prompt "
+            "(generation.response_cap context)"
+        )
+    return Translation(
+        ((TOTAL, total), ("generation.response_cap", "context")),
+        f"same caps: {longest} + max_new_tokens {response} > {total}, so NeMo RL's engine "
+        f"ends each response at {total} less its prompt when that comes first; "
+        "generation.response_cap context does the same",
     )
+
+
+TOTAL = "policy.max_total_sequence_length"
 
 
 NEMO_KEYS: tuple[ForeignKey, ...] = (
     (
-        mapped(
+        custom(
             NEMO,
             "policy.max_total_sequence_length",
-            "policy.max_total_sequence_length",
-            "same meaning when the longest prompt NeMo RL trains (data.max_input_seq_length - "
-            "1 tokens) + policy.generation.max_new_tokens fit in it; else refused: NeMo RL's "
-            "engine then ends each response at its context (vLLM's max_model_len, by default "
-            "this length) less the prompt, a cap per prompt; ours has one response cap",
+            "policy.max_total_sequence_length (+ generation.response_cap)",
+            "same meaning; when the longest prompt NeMo RL trains (data.max_input_seq_length "
+            "- 1 tokens) + policy.generation.max_new_tokens exceed it, NeMo RL's engine ends "
+            "each response at its context (vLLM's max_model_len, by default this length) less "
+            "the prompt: generation.response_cap context",
             _total_length,
         ),
         mapped(
