@@ -40,6 +40,8 @@ class MoeTraining:
     routing_replay: bool = False
     """Routers with Megatron's RouterReplay: the Megatron engine records each token's
     experts, the policy's passes replay them (megatron/routing_replay.py)."""
+    freeze_router: bool = False
+    """The routers' weights take no gradient (policy.moe.freeze_router)."""
 
 
 FORWARD_MOE = MoeTraining(aux_loss_coef=0.0, token_dispatcher="alltoall")
@@ -53,6 +55,7 @@ def moe_training(config: DapoMegatronConfig) -> MoeTraining:
         aux_loss_coef=config.policy.moe.aux_loss_coef,
         token_dispatcher=config.policy.moe.token_dispatcher,
         routing_replay=config.policy.moe.routing_replay,
+        freeze_router=config.policy.moe.freeze_router,
     )
 
 

@@ -74,6 +74,13 @@ class MoeConfig:
     decoding and the trainer's forward cannot widen the train/rollout mismatch. Needs a MoE
     model and generation.backend=megatron (vLLM 0.32 returns routing only with its Model
     Runner V2); not with PP > 1 and full recompute."""
+    freeze_router: bool
+    """Train every weight but the MoE routers' (NeMo RL's freeze_moe_router).
+
+    The routers keep their checkpoint weights: their parameters take no gradient and no
+    optimizer state (megatron/model.py sets requires_grad False before DDP wraps the model),
+    as NeMo RL's freeze_moe_router does to steady MoE RL training (nemo_rl/models/megatron/
+    setup.py). The experts and attention train as usual."""
 
 
 @dataclass

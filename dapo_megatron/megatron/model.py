@@ -390,6 +390,13 @@ def build_model(
         rope_scaling=arch.rope_scaling_factor is not None,
         rope_scaling_factor=arch.rope_scaling_factor or 1.0,
     )
+    if moe.freeze_router:
+        # Before DDP wraps the model: a parameter without requires_grad gets no gradient
+        # buffer and no optimizer state, so the router keeps its checkpoint weights.
+        for layer in model.decoder.layers:
+            router = getattr(getattr(layer, "mlp", None), "router", None)
+            if router is not None:
+                router.weight.requires_grad_(False)
     # Megatron's linear layers already use params_dtype; the norms are plain torch modules.
     model.to(config.params_dtype)
     if torch.cuda.is_available():
