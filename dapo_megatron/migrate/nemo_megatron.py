@@ -23,6 +23,7 @@ from dapo_megatron.migrate.dialects import (
     as_here,
     choice,
     custom,
+    mapped,
     off,
     same,
 )
@@ -219,12 +220,13 @@ NEMO_MEGATRON_KEYS: tuple[ForeignKey, ...] = (
         lambda v, ctx: v is None or ctx.get(f"{M}.fine_grained_activation_offloading") is False,
         "on GPU",
     ),
-    as_here(
+    mapped(
         NEMO,
         f"{M}.freeze_moe_router",
-        "a frozen MoE router (router weights not trained)",
-        _dense_or(off(False)),
-        "the routers train with the rest (not read for a dense model)",
+        "policy.moe.freeze_router",
+        "same meaning: setup.py's pre-wrap hook sets the routers' requires_grad False "
+        "(a dense model has none)",
+        lambda v, ctx: bool(v),
     ),
     as_here(
         NEMO,
