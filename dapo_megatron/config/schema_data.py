@@ -97,11 +97,12 @@ class DataConfig:
 class RewardConfig:
     """Verification of responses."""
 
-    verifier: Literal["math", "gsm8k", "arithmetic", "remainder"]
-    """Verifier: math | gsm8k | arithmetic | remainder.
+    verifier: Literal["math", "gsm8k", "gsm8k_verl", "gsm8k_skyrl", "arithmetic", "remainder"]
+    """math, gsm8k, gsm8k_verl, gsm8k_skyrl, arithmetic or remainder.
 
-    Verifier: math (math-verify, "Answer: X" or \boxed{X}), gsm8k final number, arithmetic,
-    remainder (the answer line of a worked solution)."""
+    Verifier: math (math-verify, "Answer: X" or \boxed{X}), gsm8k (final number), gsm8k_verl
+    and gsm8k_skyrl (verl's and SkyRL's strict GSM8K rewards: the `#### N` answer or 0,
+    rewards/gsm8k_strict.py), arithmetic, remainder (the answer line of a worked solution)."""
     timeout_s: float
     """Per-sample verification time limit; a timeout scores 0 and is counted."""
     num_workers: int

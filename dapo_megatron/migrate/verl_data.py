@@ -53,6 +53,11 @@ def _one_file(value: Any) -> str:
     return value
 
 
+GSM8K_TEMPLATE = "{} Let's think step by step and output the final answer after \"####\"."
+"""verl's examples/data_preprocess/gsm8k.py question: question_raw + " " +
+instruction_following, as a str.format template of the question (no braces to escape)."""
+
+
 def identify(path: str) -> tuple[str, str, str] | None:
     """(hub name, data.format, note) of a file the peer's own scripts write, or None."""
     parts = path.replace("\\", "/").rstrip("/").split("/")
@@ -86,7 +91,16 @@ def _data_file(ours: str) -> Any:
             if ours == "data.train_path" or train is None:
                 settings.append(("data.format", fmt))
                 if fmt == "gsm8k":
-                    settings.append(("reward.verifier", "gsm8k"))
+                    # gsm8k.py appends its instruction to every question, and verl scores
+                    # GSM8K strictly (reward_score/gsm8k.py): our gsm8k_verl verifier.
+                    settings += [
+                        ("data.prompt_template", GSM8K_TEMPLATE),
+                        ("reward.verifier", "gsm8k_verl"),
+                    ]
+                    note += (
+                        "; each question + ' ' + its instruction (data.prompt_template), "
+                        "scored by verl's strict `#### N` reward (reward.verifier gsm8k_verl)"
+                    )
             return Translation(tuple(settings), "recognised by its file name: " + note)
         if unresolved(path):
             raise Untranslatable(

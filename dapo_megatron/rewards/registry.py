@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
-from dapo_megatron.rewards import arithmetic, gsm8k, math, remainder
+from dapo_megatron.rewards import arithmetic, gsm8k, gsm8k_strict, math, remainder
 from dapo_megatron.rewards.base import Verifier
 
 __all__ = ["VERIFIERS", "get_verifier", "score"]
 
 VERIFIERS: dict[str, Verifier] = {
-    v.name: v for v in (math.VERIFIER, gsm8k.VERIFIER, arithmetic.VERIFIER, remainder.VERIFIER)
+    v.name: v
+    for v in (
+        math.VERIFIER,
+        gsm8k.VERIFIER,
+        gsm8k_strict.VERL_VERIFIER,
+        gsm8k_strict.SKYRL_VERIFIER,
+        arithmetic.VERIFIER,
+        remainder.VERIFIER,
+    )
 }
 """Every registered verifier, by name."""
 

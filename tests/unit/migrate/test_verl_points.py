@@ -414,3 +414,14 @@ def test_hydra_override_turns_a_refusal_into_a_plan(tmp_path, capsys):
     apply_foreign_overrides(flat, argv[7:])
     v = {s.key: s.value for s in translate("verl", flat).settings}
     assert v["policy.megatron.sequence_parallel"] is True
+
+
+def test_gsm8k_file_carries_verls_prompt_and_strict_reward():
+    """examples/data_preprocess/gsm8k.py: question = question_raw + " " + 'Let's think step
+    by step and output the final answer after "####".'; verl/utils/reward_score/gsm8k.py
+    scores the last `#### N` of the last 300 characters as text: our gsm8k_verl."""
+    s = dict(_convert("data.train_files", "/root/data/gsm8k/train.parquet").settings)
+    assert s["reward.verifier"] == "gsm8k_verl"
+    assert s["data.prompt_template"].format("What is 2+3?") == (
+        'What is 2+3? Let\'s think step by step and output the final answer after "####".'
+    )
