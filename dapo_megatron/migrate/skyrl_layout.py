@@ -169,6 +169,12 @@ _DAPO_FILES = {
 }
 
 
+_GSM8K_FILES = {"train.parquet": "train", "validation.parquet": "test"}
+"""examples/train/gsm8k/gsm8k_dataset.py writes openai/gsm8k's train and test splits."""
+GSM8K_TEMPLATE = "{} Let's think step by step and output the final answer after \"####\"."
+"""gsm8k_dataset.py's question: question_raw + " " + instruction_following."""
+
+
 def _data(ours: str) -> Callable[[Any, Mapping[str, Any]], Translation]:
     def convert(value: Any, ctx: Mapping[str, Any]) -> Translation:
         files = value if isinstance(value, list) else [value]
@@ -186,11 +192,17 @@ def _data(ours: str) -> Callable[[Any, Mapping[str, Any]], Translation]:
                 "(recognised by its name); the -cleaned copy also drops prompts whose "
                 "repeats disagree on the answer, ours keeps each prompt's first row",
             )
-        if "/gsm8k/" in path:
-            raise Untranslatable(
-                "needs SkyRL's GSM8K prompts (gsm8k_dataset.py appends 'Let's think step by "
-                'step and output the final answer after "####".\' to each question), which '
-                "dapo-megatron lacks (here: hf://openai/gsm8k gives the bare question)"
+        split = _GSM8K_FILES.get(name)
+        if "/gsm8k/" in path and split is not None:
+            return Translation(
+                (
+                    (ours, f"hf://openai/gsm8k:{split}"),
+                    ("data.format", "gsm8k"),
+                    ("data.prompt_template", GSM8K_TEMPLATE),
+                ),
+                f"{name} is openai/gsm8k (main) split {split}, written by SkyRL's "
+                "examples/train/gsm8k/gsm8k_dataset.py (recognised by its name), each question "
+                "+ ' ' + its instruction (data.prompt_template)",
             )
         raise Untranslatable(
             f"{path} is a dataset file we cannot identify; set {ours} (and data.format) by hand"
@@ -215,10 +227,10 @@ def _env(value: Any, ctx: Mapping[str, Any]) -> Translation:
             "\\boxed{} and math-verify equivalents of the `Answer:` line",
         )
     if value == "gsm8k":
-        raise Untranslatable(
-            "needs SkyRL's strict GSM8K reward (envs/gsm8k/utils.py: 0 unless the response "
-            "has `#### N`), which dapo-megatron lacks (here: the gsm8k verifier falls back to "
-            "the last number)"
+        return Translation(
+            (("reward.verifier", "gsm8k_skyrl"),),
+            "the same reward: envs/gsm8k/utils.py compute_score, the first `#### N` of the "
+            "response against the ground truth as text, else 0 (rewards/gsm8k_strict.py)",
         )
     raise Untranslatable(f"needs SkyRL's {value!r} environment, which dapo-megatron lacks")
 
