@@ -188,6 +188,29 @@ def _null(value: Any, ctx: Mapping[str, Any]) -> bool:
 _TRAIN_ROWS_AT_LEAST = {"DAPOMath17K": 1_700_000, "OpenMathInstruct-2": 900_000}
 
 
+def _on_policy_ratio(value: Any, ctx: Mapping[str, Any]) -> Translation:
+    """loss_functions.py ClippedPGLossFn: force_on_policy_ratio makes the ratio
+    exp(lp - lp.detach()) = 1 with the policy gradient's derivative; grpo.py asserts
+    train_global_batch_size == num_prompts_per_step x num_generations_per_prompt and skips
+    prev_logprobs. Ours at one optimizer step per step with old_logprob_pass auto takes the
+    training forward's detached logprobs as the old ones: the same ratio."""
+    if value is not True:
+        return Translation((), "same as here: the ratio pi/pi_old")
+    prompts, n = ctx.get("grpo.num_prompts_per_step"), ctx.get("grpo.num_generations_per_prompt")
+    batch = ctx.get("policy.train_global_batch_size")
+    one_step = isinstance(prompts, int) and isinstance(n, int) and prompts * n == batch
+    if not one_step:
+        raise Untranslatable(
+            "needs a ratio forced to 1 over several optimizer steps, which dapo-megatron "
+            "lacks (NeMo RL asserts one step per GRPO step; here: train_global_batch_size = "
+            "num_prompts_per_step x num_generations_per_prompt)"
+        )
+    return Translation(
+        (("policy.old_logprob_pass", "auto"),),
+        "same ratio: one optimizer step per step, no old-logprob pass, pi/pi.detach() = 1",
+    )
+
+
 def _epochs_bound(value: Any, ctx: Mapping[str, Any]) -> Translation:
     """grpo.py `while current_epoch < max_num_epochs and total_steps < max_num_steps` as our
     dapo.max_num_epochs beside dapo.max_num_steps. Several dataloaders: NeMo RL ignores
@@ -362,7 +385,14 @@ NEMO_ALGO_KEYS: tuple[ForeignKey, ...] = (
         off(False),
         "token-level ratios",
     ),
-    as_here(NEMO, "loss_fn.force_on_policy_ratio", "a ratio forced to 1", off(False), "pi/pi_old"),
+    custom(
+        NEMO,
+        "loss_fn.force_on_policy_ratio",
+        "policy.old_logprob_pass",
+        "true: one optimizer step per GRPO step (grpo.py asserts it), no old-logprob pass "
+        "and a ratio of 1 at every token, as our old_logprob_pass auto",
+        _on_policy_ratio,
+    ),
     as_here(NEMO, "loss_fn.use_kl_in_reward", "a KL penalty in the reward", off(False), "none"),
     as_here(NEMO, "loss_fn.use_cispo", "the CISPO loss", off(False), "the clipped PPO loss"),
     as_here(
