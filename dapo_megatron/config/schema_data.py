@@ -123,6 +123,8 @@ class ValidationConfig:
     """Sampling temperature of validation."""
     top_p: float
     """Nucleus sampling threshold of validation (DAPO: 0.7)."""
+    top_k: int
+    """Top-k sampling of validation; -1: off."""
     max_prompts: int | None
     """Validate on at most this many prompts; null uses the whole validation set."""
     greedy: bool

@@ -451,6 +451,8 @@ def _check_validation_data_reward(c: _Checker) -> None:
     c.at_least("validation.num_samples_per_prompt", 1)
     c.positive("validation.temperature")
     c.in_unit("validation.top_p")
+    top_k = cfg.validation.top_k
+    c.require(top_k == -1 or top_k >= 1, "validation.top_k", "must be -1 (off) or >= 1")
     if cfg.validation.max_prompts is not None:
         c.at_least("validation.max_prompts", 1)
     c.at_least("data.max_prompt_length", 1)

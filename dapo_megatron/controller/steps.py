@@ -247,7 +247,7 @@ def validation_sampling(
     return SamplingParams(
         temperature=1.0 if v.greedy else v.temperature,
         top_p=1.0 if v.greedy else v.top_p,
-        top_k=1 if v.greedy else -1,
+        top_k=1 if v.greedy else v.top_k,
         max_tokens=config.generation.max_response_length,
         stop_token_ids=list(config.generation.stop_token_ids or eos_ids),
         seed=seed,

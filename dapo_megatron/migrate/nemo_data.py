@@ -324,12 +324,12 @@ NEMO_DATA_KEYS: tuple[ForeignKey, ...] = (
     # NeMo-Gym, and validate() samples with the engine's configured parameters
     same(NEMO, f"{_TAG}.val_temperature", "validation.temperature"),
     same(NEMO, f"{_TAG}.val_top_p", "validation.top_p"),
-    as_here(
+    mapped(
         NEMO,
         f"{_TAG}.val_top_k",
-        "top-k sampling in validation",
-        lambda v, ctx: v in (None, 0, -1),
-        "validation samples without top-k",
+        "validation.top_k",
+        "null: -1 (off); same meaning",
+        sampling_top_k,
     ),
     same(NEMO, "grpo.val_num_generations_per_prompt", "validation.num_samples_per_prompt"),
     mapped(

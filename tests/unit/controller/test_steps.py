@@ -220,3 +220,21 @@ def test_sampled_validation_averages_k_samples_and_stderr_is_over_prompts():
     metrics = steps.validate(ctx, engines, step=10)
     assert seen[0].n == 4 and seen[0].top_k == -1 and seen[0].temperature == 0.8
     assert metrics["val/acc"] == 0.5 and metrics["val/acc_stderr"] == 0.0
+
+
+def test_validation_sampling_takes_validation_top_k():
+    """validation.top_k reaches the validation rounds' sampling (NeMo RL's val_top_k);
+    greedy validation stays top_k 1 whatever it says, and the config refuses 0."""
+    from dapo_megatron.config.errors import ConfigError
+    from dapo_megatron.config.loader import load_config
+    from dapo_megatron.controller.steps import validation_sampling
+
+    recipe = Path(__file__).resolve().parents[3] / "recipes" / "dapo-tiny-cpu.yaml"
+    sampled = load_config(recipe, ["validation.top_k=50", "validation.greedy=false"]).config
+    assert validation_sampling(sampled, [0], seed=1).top_k == 50
+    default = load_config(recipe, ["validation.greedy=false"]).config
+    assert validation_sampling(default, [0], seed=1).top_k == -1
+    greedy = load_config(recipe, ["validation.top_k=50", "validation.greedy=true"]).config
+    assert validation_sampling(greedy, [0], seed=1).top_k == 1
+    with pytest.raises(ConfigError, match="validation.top_k"):
+        load_config(recipe, ["validation.top_k=0"])
