@@ -4,8 +4,15 @@ run-changing values it carries, against the script's own text.
 The expected values come from an independent reading of each script (`script_overrides`
 below: its `NAME=value` lines and `key=value` Hydra overrides, with SkyRL's dataclass
 defaults of skyrl/train/config/config.py at a9564572 where a script omits a key), never
-from the importer. A file either plans (exit 0 and dapo-plan says it fits) or is refused
-(exit 2) naming each feature dapo-megatron lacks.
+from the importer. A file either plans (exit 0 and dapo-plan says it fits) or exits 2
+naming each feature dapo-megatron lacks: refused (nothing written), or, where only layout
+or memory keys are untranslated, written but not valid (WRITTEN_INVALID).
+
+GSM8K: the scripts train on the files examples/train/gsm8k/gsm8k_dataset.py writes (each
+script's header runs it with --output_dir $HOME/data/gsm8k): openai/gsm8k (config main),
+its train split as train.parquet and its test split as validation.parquet, each question
+followed by " " and the instruction below; env_class gsm8k scores with
+skyrl-gym/skyrl_gym/envs/gsm8k/utils.py compute_score (method strict: the first `#### N`).
 """
 
 from __future__ import annotations
@@ -17,6 +24,8 @@ from typing import Any
 import pytest
 
 from dapo_megatron.config import load_config
+from dapo_megatron.data.prompt_template import apply_prompt_template
+from dapo_megatron.data.records import PromptRecord
 from dapo_megatron.migrate.foreign_source import read_source
 from dapo_megatron.migrate.import_config import lacking_features, translate
 from dapo_megatron.migrate.import_config import main as import_main
@@ -94,7 +103,16 @@ DEFAULTS = {
     "trainer.max_prompt_length": "512",
     "generator.sampling_params.max_generate_length": "1024",
     "generator.inference_engine.tensor_parallel_size": "1",
+    # DataConfig: [os.path.expanduser("~/data/gsm8k/...")]; EnvironmentConfig.env_class
+    "data.train_data": f"[{HOME}/data/gsm8k/train.parquet]",
+    "data.val_data": f"[{HOME}/data/gsm8k/validation.parquet]",
+    "environment.env_class": "gsm8k",
 }
+
+# gsm8k_dataset.py, copied: instruction_following, and the file each split is written to
+GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+GSM8K_SPLITS = {"train.parquet": "train", "validation.parquet": "test"}
+GSM8K_DIR = f"{HOME}/data/gsm8k"  # its --output_dir, as the scripts' headers run it
 
 
 def expected(name: str) -> dict[str, Any]:
@@ -161,6 +179,20 @@ def expected(name: str) -> dict[str, Any]:
         agg = "seq-mean-token-mean"  # a token mean per one-sample slice, averaged
     if agg is not None:
         out["dapo.loss.loss_agg_mode"] = agg
+    for skyrl_key, ours in (
+        ("data.train_data", "data.train_path"),
+        ("data.val_data", "data.val_path"),
+    ):
+        folder, _, file = ov[skyrl_key].strip("[]").rpartition("/")
+        if folder == GSM8K_DIR and file in GSM8K_SPLITS:
+            out[ours] = f"hf://openai/gsm8k:{GSM8K_SPLITS[file]}"
+            out["data.format"] = "gsm8k"
+            # question_raw + " " + instruction_following, as a str.format template
+            out["data.prompt_template"] = "{} " + GSM8K_INSTRUCTION.replace("{", "{{").replace(
+                "}", "}}"
+            )
+    if ov["environment.env_class"] == "gsm8k":
+        out["reward.verifier"] = "gsm8k_skyrl"  # envs/gsm8k/utils.py: strict, first `#### N`
     return out
 
 
@@ -170,21 +202,20 @@ PLANS = ["run_megatron_dapo_qwen3_4b.sh"]
 
 LEGACY = "SkyRL's token_mean_legacy"
 KL = "a KL term averaged per sequence"
-GSM8K = ("SkyRL's GSM8K prompts", "SkyRL's strict GSM8K reward")
 ETP = "an expert tensor-parallel size (1) apart from TP"
 VLM = "a vision-language checkpoint trained as text only"
 PAO = "a precision-aware optimizer"
 REFUSED: dict[str, tuple[str, ...]] = {
     "fully_async_run_gsm8k_megatron_lora.sh": (
-        *GSM8K, "LoRA", KL, "SkyRL's rollout_is policy loss", "SkyRL's fully asynchronous training",
+        "LoRA", KL, "SkyRL's rollout_is policy loss", "SkyRL's fully asynchronous training",
     ),
-    "run_dapo_gsm8k.sh": (*GSM8K, LEGACY, "fsdp training"),
+    "run_dapo_gsm8k.sh": (LEGACY, "fsdp training"),
     "run_dapo_qwen2.5_32b_aime.sh": (LEGACY, "Ulysses sequence parallelism", "fsdp training"),
     "run_dapo_qwen2.5_math_7b_aime.sh": (LEGACY, "fsdp training"),
     "run_dapo_qwen3_1.7b_aime.sh": (LEGACY, "fsdp training"),
     "run_dapo_qwen3_30b_a3b_lora_megatron_aime.sh": (LEGACY, "LoRA", ETP),
     "run_dapo_qwen3_30b_a3b_megatron_aime.sh": (LEGACY, ETP),
-    "run_megatron.sh": (*GSM8K, KL),
+    "run_megatron.sh": (KL,),
     "run_megatron_dapo_mimo_7b_rl.sh": ("the MiMo architecture",),
     "run_megatron_dapo_mimo_7b_rl_specdecode.sh": ("the MiMo architecture", "multi-token prediction"),
     "run_megatron_dapo_qwen3.5_35b_a3b.sh": ("the Qwen3.5 architecture", VLM, ETP, PAO),
@@ -197,16 +228,24 @@ REFUSED: dict[str, tuple[str, ...]] = {
     "run_megatron_dapo_qwen3_30b_a3b.sh": (ETP,),
     "run_megatron_dapo_qwen3_30b_a3b_lora.sh": ("LoRA", ETP),
     "run_megatron_dapo_qwen3_4b_lora.sh": ("LoRA",),
-    "run_megatron_grpo_glm4_7_30b.sh": (*GSM8K, "the GLM architecture", "a router override"),
-    "run_megatron_lora_qwen3-0.6b.sh": (*GSM8K, "LoRA", KL),
-    "run_megatron_lora_qwen3-30b-a3b.sh": (*GSM8K, "LoRA", KL, ETP),
-    "run_megatron_moonlight.sh": (*GSM8K, "Moonlight", KL, ETP, "an uneven pipeline split"),
-    "run_megatron_nemotron_mini_4b.sh": (*GSM8K, "the Nemotron-H hybrid Mamba architecture", KL),
-    "run_megatron_qwen3-235b-a22b.sh": (*GSM8K, ETP, PAO, "an uneven pipeline split"),
-    "run_megatron_qwen3-30b-a3b.sh": (*GSM8K, KL, ETP),
-    "run_megatron_qwen3.5.sh": (*GSM8K, "the Qwen3.5 architecture", VLM, KL),
-    "run_megatron_qwen3.5_35b_a3b.sh": (*GSM8K, "the Qwen3.5 architecture", VLM, ETP, PAO),
+    "run_megatron_grpo_glm4_7_30b.sh": ("the GLM architecture", "a router override"),
+    "run_megatron_lora_qwen3-0.6b.sh": ("LoRA", KL),
+    "run_megatron_lora_qwen3-30b-a3b.sh": ("LoRA", KL, ETP),
+    "run_megatron_moonlight.sh": ("Moonlight", KL, ETP, "an uneven pipeline split"),
+    "run_megatron_nemotron_mini_4b.sh": ("the Nemotron-H hybrid Mamba architecture", KL),
+    "run_megatron_qwen3-235b-a22b.sh": (ETP, PAO, "an uneven pipeline split"),
+    "run_megatron_qwen3-30b-a3b.sh": (KL, ETP),
+    "run_megatron_qwen3.5.sh": ("the Qwen3.5 architecture", VLM, KL),
+    "run_megatron_qwen3.5_35b_a3b.sh": ("the Qwen3.5 architecture", VLM, ETP, PAO),
 }  # fmt: skip
+# Only layout keys untranslated: the recipe is written and fails validation (without
+# SkyRL's expert TP of 1, the EP must divide the dense layers' DP x CP, and does not).
+WRITTEN_INVALID = {"run_megatron_dapo_qwen3_30b_a3b.sh", "run_megatron_qwen3-235b-a22b.sh"}
+GSM8K_FILES = [
+    n
+    for n in sorted(REFUSED)
+    if "gsm8k_dataset.py --output_dir $HOME/data/gsm8k" in (DATA / n).read_text()
+]
 
 
 def test_every_script_has_an_outcome_and_a_source_row():
@@ -243,7 +282,8 @@ def test_refused_scripts_name_each_missing_feature(tmp_path, capsys, name):
     """Exit 2, and each feature the file needs that we lack is named: the error names the
     first tier that stops the import (a model we cannot build, else the keys that change
     what is learned, else the recipe's validation), and the import's untranslated list
-    (lacking_features of translate()) names every one."""
+    (lacking_features of translate()) names every one. Nothing is written unless only
+    layout keys are untranslated (WRITTEN_INVALID: written, named as not carried)."""
     out = tmp_path / "r.yaml"
     rc = import_main(
         ["--from", "skyrl", str(DATA / name), "-o", str(out), "--shell-var", f"HOME={HOME}"]
@@ -258,6 +298,11 @@ def test_refused_scripts_name_each_missing_feature(tmp_path, capsys, name):
     if "was not carried" not in err and algorithm:
         assert "nothing written" in err and not out.exists()
         assert lacking_features(algorithm) in err
+    if name in WRITTEN_INVALID:
+        assert not algorithm and out.exists() and "was written but does not validate" in err
+        assert f"not carried: {named}" in err
+    else:
+        assert "nothing written" in err and not out.exists()
     assert "no counterpart here" not in named
 
 
@@ -353,12 +398,19 @@ def test_token_mean_legacy_is_a_mean_per_micro_batch(micro, filtering, agg):
 
 def test_an_omitted_key_takes_skyrls_default_never_ours():
     """A config that only picks the Megatron strategy: every key of ours that matters is
-    SkyRL's default (config.py), or refused where that default needs what we lack (the
-    gsm8k environment and data, the KL loss averaged per sequence), except the run length
-    (epochs x the dataset's batches)."""
+    SkyRL's default (config.py), or refused where that default needs what we lack (the KL
+    loss averaged per sequence), except the run length (epochs x the dataset's batches).
+    The default data (~/data/gsm8k/{train,validation}.parquet) and env_class gsm8k are
+    gsm8k_dataset.py's files and the strict GSM8K reward."""
     result = translate("skyrl", {"trainer.strategy": "megatron"})
     v = {s.key: s.value for s in result.settings}
-    assert result.kept_ours == ["dapo.max_num_steps", "data.train_path"]
+    assert result.kept_ours == ["dapo.max_num_steps"]
+    assert (v["data.train_path"], v["data.val_path"]) == (
+        "hf://openai/gsm8k:train",
+        "hf://openai/gsm8k:test",
+    )
+    assert (v["data.format"], v["reward.verifier"]) == ("gsm8k", "gsm8k_skyrl")
+    assert v["data.prompt_template"] == "{} " + GSM8K_INSTRUCTION
     assert v["policy.model_name_or_path"] == "Qwen/Qwen2.5-1.5B-Instruct"
     assert (v["dapo.num_prompts_per_step"], v["dapo.num_generations_per_prompt"]) == (1024, 5)
     assert v["policy.train_global_batch_size"] == 256 * 5
@@ -370,9 +422,46 @@ def test_an_omitted_key_takes_skyrls_default_never_ours():
     assert v["validation.greedy"] is True  # no eval_sampling_params: temperature 0
     assert v["generation.engine.gpu_memory_utilization"] == 0.8
     refused = {s.key for s in result.skipped if s.blocking}
-    assert refused == {
-        "environment.env_class",
-        "data.train_data",
-        "data.val_data",
-        "trainer.algorithm.use_kl_loss",
+    assert refused == {"trainer.algorithm.use_kl_loss"}
+
+
+def test_gsm8k_files_carry_the_dataset_scripts_prompt_and_strict_reward():
+    """Each GSM8K script: its train/validation parquet are openai/gsm8k's train/test splits,
+    each question + " " + the instruction, scored by the first `#### N` (gsm8k_skyrl)."""
+    assert len(GSM8K_FILES) == 12
+    for name in GSM8K_FILES:
+        ov = script_overrides(name)
+        assert ov["data.train_data"] == f"[{GSM8K_DIR}/train.parquet]", name
+        assert ov["data.val_data"] == f"[{GSM8K_DIR}/validation.parquet]", name
+        assert ov["environment.env_class"] == "gsm8k", name
+        result = translate("skyrl", read_source(DATA / name, {"HOME": HOME}))
+        v = {s.key: s.value for s in result.settings}
+        assert v["data.train_path"] == "hf://openai/gsm8k:train", name
+        assert v["data.val_path"] == "hf://openai/gsm8k:test", name
+        assert (v["data.format"], v["reward.verifier"]) == ("gsm8k", "gsm8k_skyrl"), name
+        assert v["data.prompt_template"] == "{} " + GSM8K_INSTRUCTION, name
+        blocked = {s.key for s in result.blocking}
+        assert not blocked & {"data.train_data", "data.val_data", "environment.env_class"}
+
+
+@pytest.mark.parametrize(
+    "question_raw",
+    [
+        "Natalia sold clips to 48 of her friends in April. How many clips did she sell?",
+        "A set {1, 2} has {} braces, 50% of #### and a trailing space ",
+        "Line one.\nLine two: $3.50 each?",
+    ],
+)
+def test_the_carried_template_builds_gsm8k_dataset_pys_question(question_raw):
+    """gsm8k_dataset.py process_fn: question = question_raw + " " + instruction_following,
+    the row's one user message; ours: the template applied to the record's user message."""
+    v = {
+        s.key: s.value
+        for s in translate("skyrl", read_source(DATA / "run_megatron.sh", {"HOME": HOME})).settings
     }
+    instruction_following = 'Let\'s think step by step and output the final answer after "####".'
+    question = question_raw + " " + instruction_following
+    record = PromptRecord(question_raw, "72")
+    assert apply_prompt_template(record.messages, v["data.prompt_template"]) == [
+        {"role": "user", "content": question}
+    ]
