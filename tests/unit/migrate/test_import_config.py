@@ -159,9 +159,12 @@ def test_nemo_rl_megatron_recipe_values():
     assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.2)
     assert v["dapo.dynamic_sampling.enabled"] is False
     assert v["dapo.overlong_filtering"] is False
-    assert v["generation.max_response_length"] == 4096
-    # 4096 prompt + 4096 response > 4096: refused (test_nemo_keys.py), never derived
-    assert "policy.max_total_sequence_length" not in v
+    # 4095 + 4096 > 4096: NeMo RL's per-prompt cap, response_cap context (test_nemo_keys.py)
+    assert (v["policy.max_total_sequence_length"], v["generation.response_cap"]) == (
+        4096,
+        "context",
+    )
+    assert v["generation.max_response_length"] == 4095  # min(4096, 4096 - 1)
     skipped = {s.key: s for s in result.skipped}
     assert skipped["policy.optimizer.kwargs.lr"].impact == "harmless"  # not live
     # Megatron's warm-up: 50 GRPO steps (the recipe), counted in GRPO steps as NeMo RL steps
@@ -178,7 +181,8 @@ def test_nemo_rl_dapo_recipe_values():
     assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.28)
     assert v["dapo.dynamic_sampling.enabled"] is True
     assert v["dapo.overlong_buffer.enabled"] is True and v["dapo.overlong_buffer.length"] == 2048
-    assert "policy.max_total_sequence_length" not in v  # 2048 + 16384 > 16384: refused
+    # 2047 + 16384 > 16384: the per-prompt cap (response_cap context), min(16384, 16383)
+    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (16383, "context")
 
 
 def test_verl_dapo_7b_megatron_layout_and_lr():
@@ -270,9 +274,9 @@ def test_nemo_rl_dapo_cp2_recipe_inherits_the_dapo_recipe():
     assert v["dapo.dynamic_sampling.max_gen_batches"] == 11  # 10: NeMo RL runs 10 + 1 rounds
     assert v["dapo.overlong_buffer.enabled"] is True and v["dapo.overlong_buffer.length"] == 2048
     # reward_shaping.max_response_length 14336 is the penalty's Lmax, refused: it differs
-    # from the engine's cap, policy.generation.max_new_tokens 16384, which ours shares
-    assert v["generation.max_response_length"] == 16384
-    assert "policy.max_total_sequence_length" not in v  # 2047 + 16384 > 16384: refused
+    # from the engine's cap, max_new_tokens 16384; 2047 + 16384 > 16384: response_cap context
+    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (16383, "context")
+    assert v["policy.max_total_sequence_length"] == 16384  # the response cap: min(16384, 16383)
     assert v["dapo.dynamic_sampling.surplus"] == "discard"  # NeMo RL slices the surplus off
     assert (v["cluster.num_nodes"], v["cluster.gpus_per_node"]) == (16, 4)
     assert v["generation.engine.tensor_parallel_size"] == 2
@@ -290,7 +294,8 @@ def test_nemo_rl_grpo_recipes():
     assert v["policy.megatron.tensor_model_parallel_size"] == 1
     assert v["dapo.loss.kl_coef"] == 0.01
     assert (v["dapo.num_prompts_per_step"], v["dapo.num_generations_per_prompt"]) == (32, 16)
-    assert "policy.max_total_sequence_length" not in v  # 512 + 512 > 512: refused
+    # 511 + 512 > 512: the per-prompt cap (total 512), response cap min(512, 511)
+    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (511, "context")
 
 
 @pytest.mark.parametrize(

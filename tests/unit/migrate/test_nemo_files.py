@@ -1,13 +1,15 @@
 """Every NeMo RL file of tests/data/foreign/nemo-rl (SOURCES.md) through dapo-import-config:
-its outcome, the features a refusal names, and the run-changing values it carries.
+its outcome (plans, written but does not fit, refused naming each feature, or written but
+does not validate), checked by running the importer, and the run-changing values it
+carries.
 
 The expectations are read from the raw YAML here, independently of the importer: a plain
 yaml.safe_load of the file and its `defaults:` parents, merged (a child's key replaces its
 parent's), with OmegaConf's `${a.b}` / `${.b}` references followed by hand. What each value
-means in NeMo RL was read from its code at 7ea279ab (cited at each rule). NeMo-B's layout
-keys (cluster, parallelism, engine) are checked in their own tests; here a file's outcome
-only needs that every feature below is named, and that each of the keys this table owns
-that blocks names one of them.
+means in NeMo RL was read from its code at 7ea279ab (cited at each rule). NeMo RL's layout
+keys (cluster, parallelism, engine, kernels, LoRA, FP8, ...) are checked in
+test_nemo_layout.py; here a refused file's outcome only needs that every feature below is
+named, and that each blocking key this table owns names one of them.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any
 import pytest
 import yaml
 
+from dapo_megatron.data.prompt_template import NEMO_COT_TEMPLATE
 from dapo_megatron.migrate.foreign_source import read_source, resolve_interpolations
 from dapo_megatron.migrate.import_config import main as import_main
 from dapo_megatron.migrate.import_config import translate
+from dapo_megatron.migrate.nemo_data import COT_TEMPLATE
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "foreign" / "nemo-rl"
 FILES = sorted(str(p.relative_to(DATA)) for p in DATA.rglob("*.yaml"))
@@ -85,27 +89,35 @@ def expected_features(t: dict[str, Any]) -> set[str]:
     g = lambda k, d=None: _get(t, k, d)  # noqa: E731
     need: set[str] = set()
     train, val = g("data.train.dataset_name"), g("data.validation.dataset_name")
-    # response_datasets/__init__.py: only these two load our hub datasets (dapo_math.py)
-    if train != "DAPOMath17K":
+    # response_datasets/__init__.py: these load our hub datasets (dapo_math.py,
+    # openmathinstruct2.py: split train_1M, problem -> user message, expected_answer)
+    if train not in ("DAPOMath17K", "OpenMathInstruct-2"):
         need.add(f"NeMo RL's {train} dataset")
     if val not in (None, "DAPOMath17K", "DAPOMathAIME2024"):
         need.add(f"NeMo RL's {val} dataset")
-    if train == "OpenMathInstruct-2" and g("data.train.split_validation_size", 0.05):
-        need.add("a validation split held out of the training data")  # openmathinstruct2.py
-    if g("data.default.prompt_file") is not None:  # processors.py: prompt.format(problem)
-        need.add("a custom prompt template")
+    # openmathinstruct2.py -> raw_dataset.py split_train_validation(size, data.train.seed):
+    # ours is data.val_fraction, seeded by run.seed (grpo.seed)
+    split = g("data.train.split_validation_size", 0.05)
+    if train == "OpenMathInstruct-2" and split and g("data.train.seed", 42) != g("grpo.seed"):
+        need.add("a held-out split seeded apart from the run")
+    prompt_file = g("data.default.prompt_file")  # processors.py: prompt.format(problem)
+    if prompt_file not in (None, "examples/prompts/cot.txt"):  # cot.txt's text is known
+        need.add(f"the prompt file {prompt_file}")
     if g("data.validation.repeat", 1) != 1:  # aime.py: dataset.repeat(repeat)
         need.add("a validation set repeated")
     kl = g("loss_fn.reference_policy_kl_penalty", 0.01)
-    # utils.py calculate_kl: kl.clamp(-out, out) when output_clamp_value is set
-    if kl and g("loss_fn.kl_output_clamp_value", 10.0) is not None:
-        need.add("a clamp of the per-token KL estimate")
     if kl and g("loss_fn.use_on_policy_kl_approximation"):
         need.add("an importance-weighted on-policy KL estimate")
-    # the engine's context less the prompt caps a response (vllm_worker.py)
+    # vllm_worker.py: a response stops at min(max_new_tokens, max_model_len - prompt); ours
+    # (generation.response_cap context) at the total less the prompt: the same only while
+    # the engine's context is the total
     prompt, response = g("data.max_input_seq_length"), g("policy.generation.max_new_tokens")
-    if prompt - 1 + response > g("policy.max_total_sequence_length"):
-        need.add("a per-prompt response cap")
+    total, context = (
+        g("policy.max_total_sequence_length"),
+        g("policy.generation.vllm_cfg.max_model_len"),
+    )
+    if prompt - 1 + response > total and context not in (None, total):
+        need.add(f"an engine context ({context} tokens)")
     if g("loss_fn.use_importance_sampling_correction"):
         kind = g("loss_fn.truncated_importance_sampling_type")
         if kind is None or g("loss_fn.truncated_importance_sampling_ratio") is None:
@@ -113,7 +125,6 @@ def expected_features(t: dict[str, Any]) -> set[str]:
         elif kind != "tis" or g("loss_fn.truncated_importance_sampling_ratio_min") not in (None, 0):
             need.add(f"NeMo RL's {kind}")
     for key, phrase in (
-        ("loss_fn.force_on_policy_ratio", "a ratio forced to 1"),
         ("loss_fn.use_cispo", "the CISPO loss"),
         ("loss_fn.sequence_level_importance_ratios", "sequence-level importance ratios"),
         ("loss_fn.disable_ppo_ratio", "a REINFORCE loss"),
@@ -123,6 +134,13 @@ def expected_features(t: dict[str, Any]) -> set[str]:
     ):
         if g(key) is True:
             need.add(phrase)
+    # loss_functions.py: the ratio exp(lp - lp.detach()) = 1; ours at one optimizer step per
+    # step (grpo.py asserts train_global_batch_size = prompts x generations then) likewise
+    one_step = g("grpo.num_prompts_per_step") * g("grpo.num_generations_per_prompt") == g(
+        "policy.train_global_batch_size"
+    )
+    if g("loss_fn.force_on_policy_ratio") is True and not one_step:
+        need.add("a ratio forced to 1")
     if g("policy.quant_cfg") is not None or g("policy.generation.quant_cfg") is not None:
         need.add("ModelOpt quantisation")
     sampler = g("async_rl.sampler.name")
@@ -132,8 +150,6 @@ def expected_features(t: dict[str, Any]) -> set[str]:
         need.add("single-controller asynchronous rollouts")
     if g("policy.tokenizer.chat_template_kwargs.enable_thinking") is False:
         need.add("arguments to the chat template")
-    if g("policy.generation.val_top_k") not in (None, 0, -1):
-        need.add("top-k sampling in validation")
     # reward_functions.py: the penalty's Lmax apart from the engine's cap
     if (
         g("grpo.reward_shaping.enabled")
@@ -145,30 +161,19 @@ def expected_features(t: dict[str, Any]) -> set[str]:
         need.add("per-sample leave-one-out dynamic-sampling filter")
     if g("grpo.adv_estimator.name", "grpo") != "grpo":
         need.add("advantage estimator")
-    if not _epochs_end_after_the_steps(t):
-        need.add("a stop after max_num_epochs passes")
+    if g("grpo.max_num_epochs", 1) < 1:  # grpo.py's loop trains no step
+        need.add("max_num_epochs >= 1")
     return need
 
 
-def _epochs_end_after_the_steps(t: dict[str, Any]) -> bool:
-    """grpo.py ends the run after max_num_epochs passes over the data or max_num_steps
-    steps, whichever comes first; with the row counts of the datasets (DAPO-Math-17k's
-    parquet ~1.79M rows, OpenMathInstruct-2's train_1M less 5%), the steps surely come
-    first when even the most prompts they can draw fit in the epochs."""
-    if _get(t, "data.use_multiple_dataloader"):
-        return True
-    rows = {"DAPOMath17K": 1_700_000, "OpenMathInstruct-2": 900_000}.get(
-        _get(t, "data.train.dataset_name")
-    )
-    if rows is None:
-        return False
-    prompts, steps = _get(t, "grpo.num_prompts_per_step"), _get(t, "grpo.max_num_steps")
-    rounds = 1
-    if _get(t, "grpo.use_dynamic_sampling"):
-        rounds = _get(t, "grpo.dynamic_sampling_max_gen_batches", 10) + 1
-        prompts = int(prompts * _get(t, "grpo.batch_multiplier", 1))
-    return steps * rounds * prompts <= _get(t, "grpo.max_num_epochs", 1) * rows - prompts
-
+# examples/prompts/cot.txt at 7ea279ab, byte for byte (no final newline): two literal
+# backslashes before boxed, `{{}}` an escaped pair of braces, `{}` the problem
+MAX_NEW = "policy.generation.max_new_tokens"
+COT_TEXT = (
+    r"Think step-by-step to solve the following problem. Output your answer inside of "
+    r"\\boxed{{}} tags.:"
+    "\n{}\n\nLet's think step-by-step"
+)
 
 _FAMILY = ("nemotron", "moonlight", "deepseek", "gpt-oss", "glm", "qwen3.5")
 
@@ -186,28 +191,24 @@ def _family(t: dict[str, Any]) -> str | None:
     return next((f for f in _FAMILY if f in model), None)
 
 
-def _plans(t: dict[str, Any]) -> bool:
-    """No feature this table owns blocks (the model's family included)."""
-    return not expected_features(t) and _family(t) is None
-
-
-# The outcome of each file: "plans", or the features it needs that we lack, by tag (TAGS),
-# plus "model:<family>" where its model is a family we cannot build (or prose, not a name).
-# Every NeMo RL file kept needs at least one: NeMo RL's default training set and prompt
-# (OpenMathInstruct-2 with examples/prompts/cot.txt and a 5% held-out split), its clamped
-# KL term, its response cap per prompt (max_total_sequence_length shared by the prompt and
-# the response) and its stop at the end of an epoch are the common ones. The table is
-# checked against expected_features (the rules above), both from the raw YAML; a file that
-# would plan but for NeMo-B's layout keys would say so here.
+# The outcome of each file, the first word, as the importer ends (import_config.py):
+#   plans              exit 0, written and planned
+#   nofit=<setting>    exit 1, written, the plan does not fit and its line names <setting>
+#   refused            exit 2, nothing written: keys that change what is learned
+#   layout             exit 2, nothing written: layout or memory keys we lack, and the plan
+#                      without them does not fit
+#   model=<family>     exit 2, nothing written: a model we cannot build (or prose)
+#   noval              exit 2, written but the recipe does not validate
+# then the features this table's rules say the file needs (TAGS). NeMo RL's default data
+# (OpenMathInstruct-2, its 5% held-out split, examples/prompts/cot.txt), its KL clamp, its
+# per-prompt response cap and its epoch bound are carried; what still refuses most files
+# is a layout feature (test_nemo_layout.py) or a model we cannot build. The table is checked
+# against expected_features and _family (both from the raw YAML) and by running the import.
 TAGS = {
-    "omi": "NeMo RL's OpenMathInstruct-2 dataset",
+    "split-seed": "a held-out split seeded apart from the run",
+    "engine-context": "an engine context",
     "aime2024": "NeMo RL's AIME2024 dataset",
     "deepscaler": "NeMo RL's DeepScaler dataset",
-    "split": "a validation split held out of the training data",
-    "prompt": "a custom prompt template",
-    "kl-clamp": "a clamp of the per-token KL estimate",
-    "cap": "a per-prompt response cap",
-    "epochs": "a stop after max_num_epochs passes",
     "uncapped-is": "an uncapped importance-sampling correction",
     "ratio-1": "a ratio forced to 1",
     "cispo": "the CISPO loss",
@@ -216,225 +217,155 @@ TAGS = {
     "draft": "speculative-decoding draft model",
     "quant": "ModelOpt quantisation",
     "thinking-off": "arguments to the chat template",
-    "val-top-k": "top-k sampling in validation",
     "penalty-length": "an overlong-penalty length",
     "on-policy-kl": "an importance-weighted on-policy KL estimate",
     "val-repeat": "a validation set repeated",
 }
 OUTCOMES: dict[str, str] = {
-    "grpo_math_1B.yaml": "cap epochs kl-clamp omi prompt split",
-    "grpo_math_1B_megatron.yaml": "cap epochs kl-clamp omi prompt split",
-    "grpo_math_1B_megatron_single_controller.yaml": (
-        "cap epochs kl-clamp omi prompt sc-async split"
-    ),
-    "grpo_math_1B_trtllm.yaml": "cap epochs kl-clamp omi prompt split",
-    "grpo_math_70B_megatron.yaml": "cap epochs kl-clamp omi prompt split",
-    "grpo_math_70B_megatron_fp8.yaml": "cap epochs kl-clamp omi prompt split uncapped-is",
-    "grpo_math_8B_megatron.yaml": "cap epochs kl-clamp omi prompt split",
-    "grpo_math_8B_megatron_fp8.yaml": "cap epochs kl-clamp omi prompt split uncapped-is",
-    "grpo_math_8B_megatron_nixl.yaml": "cap epochs kl-clamp omi prompt split",
-    "grpo_math_qwen30ba3b_megatron.yaml": "cap epochs kl-clamp omi prompt split",
-    "recipes/llm/dapo-qwen2.5-7b-16n4g-fsdp2cp2.v2.yaml": "cap epochs penalty-length",
-    "recipes/llm/dapo-qwen2.5-7b.v2.yaml": "cap epochs penalty-length",
+    "grpo_math_1B.yaml": "nofit=generation.engine.gpu_memory_utilization",
+    "grpo_math_1B_megatron.yaml": "nofit=generation.engine.gpu_memory_utilization",
+    "grpo_math_1B_megatron_single_controller.yaml": "refused sc-async",
+    "grpo_math_1B_trtllm.yaml": "refused",
+    "grpo_math_70B_megatron.yaml": "nofit=policy.megatron.recompute_granularity",
+    "grpo_math_70B_megatron_fp8.yaml": "refused uncapped-is",
+    "grpo_math_8B_megatron.yaml": "nofit=generation.engine.gpu_memory_utilization",
+    "grpo_math_8B_megatron_fp8.yaml": "refused uncapped-is",
+    "grpo_math_8B_megatron_nixl.yaml": "plans",
+    "grpo_math_qwen30ba3b_megatron.yaml": "layout",
+    "recipes/llm/dapo-qwen2.5-7b-16n4g-fsdp2cp2.v2.yaml": "refused penalty-length",
+    "recipes/llm/dapo-qwen2.5-7b.v2.yaml": "refused penalty-length",
     "recipes/llm/grpo-cispo-mm1-async-lag1-highoffpolicy-qwen3-30ba3b-3n8g-megatron-cispo.yaml": (
-        "async cap cispo omi prompt split uncapped-is"
+        "refused async cispo uncapped-is"
     ),
     "recipes/llm/grpo-dapomath17k-dsv3-32n4g-megatron.yaml": (
-        "cap epochs kl-clamp on-policy-kl uncapped-is model:prose"
+        "model=prose on-policy-kl uncapped-is"
     ),
-    "recipes/llm/grpo-dapomath17k-dsv3-megatron.yaml": (
-        "cap epochs kl-clamp on-policy-kl uncapped-is model:prose"
-    ),
+    "recipes/llm/grpo-dapomath17k-dsv3-megatron.yaml": "model=prose on-policy-kl uncapped-is",
     "recipes/llm/grpo-dapomath17k-nanov3-30BA3B-8n4g-megatron-trtllm.yaml": (
-        "uncapped-is model:nemotron"
+        "model=nemotron uncapped-is"
     ),
-    "recipes/llm/grpo-deepscaler-1.5b-8K.yaml": "aime2024 cap deepscaler epochs prompt val-repeat",
-    "recipes/llm/grpo-glm5.1-64n8g-megatron.yaml": (
-        "cap kl-clamp omi prompt split uncapped-is model:glm"
-    ),
-    "recipes/llm/grpo-gptoss-20b-8n4g-megatron.yaml": (
-        "cap epochs kl-clamp omi prompt split uncapped-is model:gpt-oss"
-    ),
-    "recipes/llm/grpo-gptoss-20b-8n8g-megatron.yaml": (
-        "cap epochs kl-clamp omi prompt split uncapped-is model:gpt-oss"
-    ),
+    "recipes/llm/grpo-deepscaler-1.5b-8K.yaml": "refused aime2024 deepscaler val-repeat",
+    "recipes/llm/grpo-glm5.1-64n8g-megatron.yaml": "model=glm uncapped-is",
+    "recipes/llm/grpo-gptoss-20b-8n4g-megatron.yaml": "model=gpt-oss uncapped-is",
+    "recipes/llm/grpo-gptoss-20b-8n8g-megatron.yaml": "model=gpt-oss uncapped-is",
     "recipes/llm/grpo-llama3.1-8b-instruct-1n8g-megatron-fp8-rollouts.v3-tq_simple.yaml": (
-        "cap kl-clamp omi prompt split uncapped-is"
+        "refused uncapped-is"
     ),
     "recipes/llm/grpo-llama3.1-8b-instruct-1n8g-megatron-fp8-rollouts.v3.yaml": (
-        "cap kl-clamp omi prompt split uncapped-is"
+        "refused uncapped-is"
     ),
     "recipes/llm/grpo-llama3.1-8b-instruct-2n4g-async-1off-single-controller-streaming2.yaml": (
-        "cap kl-clamp omi prompt ratio-1 sc-async split uncapped-is"
+        "refused sc-async uncapped-is"
     ),
     "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-async-1off-single-controller-streaming2.yaml": (
-        "cap kl-clamp omi prompt ratio-1 sc-async split uncapped-is"
+        "refused sc-async uncapped-is"
     ),
     "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-megatron-fp8-e2e-tq_mooncake.yaml": (
-        "cap kl-clamp omi prompt split uncapped-is"
+        "refused uncapped-is"
     ),
-    "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-megatron-fp8-e2e.yaml": (
-        "cap kl-clamp omi prompt split uncapped-is"
-    ),
+    "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-megatron-fp8-e2e.yaml": "refused uncapped-is",
     "recipes/llm/grpo-llama3.1-8b-instruct-2n8g-ready-first-single-controller.yaml": (
-        "cap omi prompt sc-async split uncapped-is"
+        "refused sc-async uncapped-is"
     ),
-    "recipes/llm/grpo-llama3.2-1b-instruct-1n4g-megatron.yaml": "cap kl-clamp omi prompt split",
-    "recipes/llm/grpo-llama3.2-1b-instruct-1n4g-megatron_generation.yaml": (
-        "cap kl-clamp omi prompt split"
-    ),
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n4g-megatron.yaml": "plans",
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n4g-megatron_generation.yaml": "plans",
     "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron-temp0.8-topp0.9-topk50-tq_mooncake.yaml": (
-        "cap kl-clamp omi prompt split val-top-k"
+        "plans"
     ),
-    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron-temp0.8-topp0.9-topk50.yaml": (
-        "cap kl-clamp omi prompt split val-top-k"
-    ),
-    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron-tq_simple.yaml": (
-        "cap kl-clamp omi prompt split"
-    ),
-    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron.yaml": "cap kl-clamp omi prompt split",
-    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron_generation-tq_mooncake.yaml": (
-        "cap kl-clamp omi prompt split"
-    ),
-    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron_generation.yaml": (
-        "cap kl-clamp omi prompt split"
-    ),
-    "recipes/llm/grpo-llama3.2-1b-instruct-2n8g-megatron_generation-noncolocated.yaml": (
-        "cap kl-clamp omi prompt split"
-    ),
-    "recipes/llm/grpo-math-qwen3-30ba3b-megatron-tp4-32k.yaml": "cap kl-clamp omi prompt split",
-    "recipes/llm/grpo-moonlight-16ba3b-4n4g-megatron.yaml": (
-        "cap epochs kl-clamp omi prompt split model:moonlight"
-    ),
-    "recipes/llm/grpo-moonlight-16ba3b-4n8g-megatron-fp8-e2e.yaml": (
-        "cap epochs kl-clamp omi prompt split uncapped-is model:moonlight"
-    ),
-    "recipes/llm/grpo-moonlight-16ba3b-4n8g-megatron-tq_simple.yaml": (
-        "cap epochs kl-clamp omi prompt split model:moonlight"
-    ),
-    "recipes/llm/grpo-moonlight-16ba3b-4n8g-megatron.yaml": (
-        "cap epochs kl-clamp omi prompt split model:moonlight"
-    ),
-    "recipes/llm/grpo-nano-v2-12b-1n4g-megatron.yaml": (
-        "cap kl-clamp omi prompt split model:nemotron"
-    ),
-    "recipes/llm/grpo-nano-v2-12b-1n8g-megatron.yaml": (
-        "cap kl-clamp omi prompt split model:nemotron"
-    ),
-    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron-lora.yaml": (
-        "cap epochs kl-clamp omi prompt split model:nemotron"
-    ),
-    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron-pack-cp-tq_simple.yaml": (
-        "cap epochs kl-clamp omi prompt split model:nemotron"
-    ),
-    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron-pack-cp.yaml": (
-        "cap epochs kl-clamp omi prompt split model:nemotron"
-    ),
-    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron_generation.yaml": (
-        "cap epochs kl-clamp omi prompt split model:nemotron"
-    ),
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron-temp0.8-topp0.9-topk50.yaml": "plans",
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron-tq_simple.yaml": "plans",
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron.yaml": "plans",
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron_generation-tq_mooncake.yaml": "plans",
+    "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron_generation.yaml": "plans",
+    "recipes/llm/grpo-llama3.2-1b-instruct-2n8g-megatron_generation-noncolocated.yaml": "plans",
+    "recipes/llm/grpo-math-qwen3-30ba3b-megatron-tp4-32k.yaml": "plans",
+    "recipes/llm/grpo-moonlight-16ba3b-4n4g-megatron.yaml": "model=moonlight",
+    "recipes/llm/grpo-moonlight-16ba3b-4n8g-megatron-fp8-e2e.yaml": "model=moonlight uncapped-is",
+    "recipes/llm/grpo-moonlight-16ba3b-4n8g-megatron-tq_simple.yaml": "model=moonlight",
+    "recipes/llm/grpo-moonlight-16ba3b-4n8g-megatron.yaml": "model=moonlight",
+    "recipes/llm/grpo-nano-v2-12b-1n4g-megatron.yaml": "model=nemotron",
+    "recipes/llm/grpo-nano-v2-12b-1n8g-megatron.yaml": "model=nemotron",
+    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron-lora.yaml": "model=nemotron",
+    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron-pack-cp-tq_simple.yaml": "model=nemotron",
+    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron-pack-cp.yaml": "model=nemotron",
+    "recipes/llm/grpo-nanov3-30BA3B-2n8g-megatron_generation.yaml": "model=nemotron",
     "recipes/llm/grpo-nanov3-30BA3B-4n4g-megatron_async_colocated.yaml": (
-        "async cap epochs kl-clamp omi prompt split uncapped-is model:nemotron"
+        "model=nemotron async uncapped-is"
     ),
-    "recipes/llm/grpo-nanov3-30BA3B-4n4g-megatron_colocated_reshard.yaml": (
-        "cap kl-clamp omi prompt split model:nemotron"
-    ),
+    "recipes/llm/grpo-nanov3-30BA3B-4n4g-megatron_colocated_reshard.yaml": "model=nemotron",
     "recipes/llm/grpo-nanov3-30BA3B-4n4g-megatron_sync_colocated.yaml": (
-        "cap epochs kl-clamp omi prompt split uncapped-is model:nemotron"
+        "model=nemotron uncapped-is"
     ),
     "recipes/llm/grpo-nemotron3-super-120BA12B-16n4g-megatron-qa-bf16-300step.yaml": (
-        "omi split thinking-off model:nemotron"
+        "model=nemotron thinking-off"
     ),
     "recipes/llm/grpo-nemotron3-super-120BA12B-16n4g-megatron-qa-nvfp4-w4a16-real-300step.yaml": (
-        "omi quant split thinking-off model:nemotron"
+        "model=nemotron quant thinking-off"
     ),
     "recipes/llm/grpo-nemotron3-super-120BA12B-16n4g-megatron-qa-nvfp4-w4a4-real-300step.yaml": (
-        "omi quant split thinking-off model:nemotron"
+        "model=nemotron quant thinking-off"
     ),
-    "recipes/llm/grpo-nemotron3-super-120BA12B-16n8g-megatron.yaml": (
-        "cap epochs kl-clamp omi prompt split model:nemotron"
+    "recipes/llm/grpo-nemotron3-super-120BA12B-16n8g-megatron.yaml": "model=nemotron",
+    "recipes/llm/grpo-nemotron3-super-120BA12B-8n4g-megatron.yaml": "model=nemotron",
+    "recipes/llm/grpo-qwen2.5-0.5b-1n4g-megatron-trtllm-noncolocated-async.yaml": "refused async",
+    "recipes/llm/grpo-qwen2.5-1.5B-4n8g-megatron-yarn-256k.yaml": "refused",
+    "recipes/llm/grpo-qwen2.5-7b-instruct-4n4g-megatron.yaml": (
+        "nofit=policy.megatron.tensor_model_parallel_size"
     ),
-    "recipes/llm/grpo-nemotron3-super-120BA12B-8n4g-megatron.yaml": (
-        "cap epochs kl-clamp omi prompt split model:nemotron"
+    "recipes/llm/grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml": (
+        "nofit=generation.engine.gpu_memory_utilization"
     ),
-    "recipes/llm/grpo-qwen2.5-0.5b-1n4g-megatron-trtllm-noncolocated-async.yaml": (
-        "async cap epochs kl-clamp omi prompt split"
-    ),
-    "recipes/llm/grpo-qwen2.5-1.5B-4n8g-megatron-yarn-256k.yaml": "cap kl-clamp omi prompt split",
-    "recipes/llm/grpo-qwen2.5-7b-instruct-4n4g-megatron.yaml": "cap kl-clamp omi prompt split",
-    "recipes/llm/grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml": "cap kl-clamp omi prompt split",
     "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n4g-megatron-single-controller-sync.yaml": (
-        "cap kl-clamp omi prompt split"
+        "plans"
     ),
-    "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-fsdp2tp1.v3.yaml": (
-        "cap kl-clamp omi prompt split"
-    ),
+    "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-fsdp2tp1.v3.yaml": "plans",
     "recipes/llm/grpo-qwen2.5-math-1.5b-instruct-1n8g-megatron-single-controller-sync.yaml": (
-        "cap kl-clamp omi prompt split"
+        "plans"
     ),
-    "recipes/llm/grpo-qwen3-1.7b-1n4g-megatron-eagle3.yaml": "cap draft kl-clamp omi prompt split",
-    "recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-eagle3-tq_mooncake.yaml": (
-        "cap draft kl-clamp omi prompt split"
-    ),
-    "recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-eagle3.yaml": "cap draft kl-clamp omi prompt split",
+    "recipes/llm/grpo-qwen3-1.7b-1n4g-megatron-eagle3.yaml": "refused draft",
+    "recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-eagle3-tq_mooncake.yaml": "refused draft",
+    "recipes/llm/grpo-qwen3-1.7b-1n8g-megatron-eagle3.yaml": "refused draft",
     "recipes/llm/grpo-qwen3-30ba3b-10n8g-megatron-cp2-r3-async-single-controller.yaml": (
-        "epochs kl-clamp omi prompt sc-async split uncapped-is"
+        "refused sc-async uncapped-is"
     ),
-    "recipes/llm/grpo-qwen3-30ba3b-10n8g-megatron-cp2-r3-async.yaml": (
-        "async epochs kl-clamp omi prompt split uncapped-is"
-    ),
-    "recipes/llm/grpo-qwen3-30ba3b-2n8g-megatron_fused_linear_logprobs.yaml": (
-        "cap omi prompt split"
-    ),
-    "recipes/llm/grpo-qwen3-30ba3b-4n8g-megatron-zmq-deltaweight-noncolocated.yaml": (
-        "cap kl-clamp omi prompt ratio-1 split"
-    ),
-    "recipes/llm/grpo-qwen3-30ba3b-8n4g-megatron.yaml": "cap epochs kl-clamp omi prompt split",
-    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron-cp2-r3-tq_simple.yaml": (
-        "epochs kl-clamp omi prompt split"
-    ),
-    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron-cp2-r3.yaml": "epochs kl-clamp omi prompt split",
-    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron.yaml": "cap epochs kl-clamp omi prompt split",
-    "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron.yaml": (
-        "cap epochs kl-clamp uncapped-is"
-    ),
-    "recipes/llm/grpo-qwen3-8b-base-1n8g-megatron-lora.yaml": (
-        "cap epochs kl-clamp omi prompt split"
-    ),
+    "recipes/llm/grpo-qwen3-30ba3b-10n8g-megatron-cp2-r3-async.yaml": "refused async uncapped-is",
+    "recipes/llm/grpo-qwen3-30ba3b-2n8g-megatron_fused_linear_logprobs.yaml": "layout",
+    "recipes/llm/grpo-qwen3-30ba3b-4n8g-megatron-zmq-deltaweight-noncolocated.yaml": "plans",
+    "recipes/llm/grpo-qwen3-30ba3b-8n4g-megatron.yaml": "layout",
+    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron-cp2-r3-tq_simple.yaml": "noval",
+    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron-cp2-r3.yaml": "noval",
+    "recipes/llm/grpo-qwen3-30ba3b-8n8g-megatron.yaml": "plans",
+    "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron.yaml": "refused uncapped-is",
+    "recipes/llm/grpo-qwen3-8b-base-1n8g-megatron-lora.yaml": "refused",
     "recipes/llm/grpo-qwen3-8b-base-dapo-2n8g-long-megatron-qa-nvfp4-w4a16.yaml": (
-        "quant uncapped-is"
+        "refused quant uncapped-is"
     ),
-    "recipes/llm/grpo-qwen3.5-35ba3b-2n8g-megatron-ep16tp2-fp8.yaml": (
-        "cap epochs kl-clamp omi prompt split model:qwen3.5"
-    ),
-    "recipes/llm/grpo-qwen3.5-35ba3b-2n8g-megatron-ep16tp2cp2.yaml": (
-        "cap epochs kl-clamp omi prompt split model:qwen3.5"
-    ),
-    "recipes/llm/grpo-qwen3.5-397ba17b-32n8g-megatron.v2.yaml": "cap prompt model:qwen3.5",
-    "recipes/llm/grpo-qwen3.5-9b-1n8g-megatron-fp8.yaml": (
-        "cap epochs kl-clamp omi prompt split model:qwen3.5"
-    ),
-    "recipes/llm/grpo-qwen3.5-9b-1n8g-megatron.yaml": (
-        "cap epochs kl-clamp omi prompt split model:qwen3.5"
-    ),
+    "recipes/llm/grpo-qwen3.5-35ba3b-2n8g-megatron-ep16tp2-fp8.yaml": "model=qwen3.5",
+    "recipes/llm/grpo-qwen3.5-35ba3b-2n8g-megatron-ep16tp2cp2.yaml": "model=qwen3.5",
+    "recipes/llm/grpo-qwen3.5-397ba17b-32n8g-megatron.v2.yaml": "model=qwen3.5",
+    "recipes/llm/grpo-qwen3.5-9b-1n8g-megatron-fp8.yaml": "model=qwen3.5",
+    "recipes/llm/grpo-qwen3.5-9b-1n8g-megatron.yaml": "model=qwen3.5",
     "recipes/llm/performance/grpo-llama3.1-8b-instruct-2n8g-async-1off.yaml": (
-        "async cap kl-clamp omi prompt ratio-1 split uncapped-is"
+        "refused async uncapped-is"
     ),
-    "recipes/llm/performance/grpo-llama3.1-8b-instruct-2n8g.yaml": (
-        "cap kl-clamp omi prompt ratio-1 split uncapped-is"
-    ),
-    "recipes/llm/performance/grpo-qwen3-30ba3b-4n8g.yaml": (
-        "cap epochs kl-clamp omi prompt ratio-1 split"
-    ),
+    "recipes/llm/performance/grpo-llama3.1-8b-instruct-2n8g.yaml": "refused uncapped-is",
+    "recipes/llm/performance/grpo-qwen3-30ba3b-4n8g.yaml": "layout",
 }
-PLANS = frozenset(name for name, outcome in OUTCOMES.items() if outcome == "plans")
 
 
-def _outcome(name: str) -> tuple[set[str], str | None]:
-    """(the features a file's refusal names, its model family or None) from OUTCOMES."""
-    tags = OUTCOMES[name].split()
-    family = next((t.split(":", 1)[1] for t in tags if t.startswith("model:")), None)
-    return {TAGS[t] for t in tags if not t.startswith("model:")}, family
+# Files whose import meets an importer bug (reported; the tests that would catch the fix
+# are the strict xfails at the end): max_new_tokens written as total - 1 conflicts with an
+# equal reward_shaping.max_response_length (8192), which blocks and keeps the 8192.
+PENALTY_BUG = "recipes/llm/grpo-qwen3.5-397ba17b-32n8g-megatron.v2.yaml"
+_BUG = pytest.mark.xfail(strict=True, reason="importer bug: response cap vs penalty Lmax")
+FILES_BUGS = [pytest.param(n, marks=_BUG) if n == PENALTY_BUG else n for n in FILES]
+
+
+def _outcome(name: str) -> tuple[str, str | None, set[str]]:
+    """(kind, its argument or None, the features the file needs) from OUTCOMES."""
+    first, *tags = OUTCOMES[name].split()
+    kind, _, arg = first.partition("=")
+    return kind, arg or None, {TAGS[t] for t in tags}
 
 
 def test_every_file_has_an_outcome():
@@ -444,10 +375,13 @@ def test_every_file_has_an_outcome():
 @pytest.mark.parametrize("name", FILES)
 def test_the_outcome_table_matches_the_rules(name):
     t = _tree(DATA / name)
-    need, family = _outcome(name)
-    assert need == expected_features(t)
-    assert family == _family(t)
-    assert (name in PLANS) == _plans(t)
+    kind, arg, need = _outcome(name)
+    assert kind in ("plans", "nofit", "refused", "layout", "model", "noval")
+    # an engine context names its token count: the rule's phrase starts the tag's
+    assert {p.split(" (")[0] for p in expected_features(t)} == need
+    assert (arg if kind == "model" else None) == _family(t)
+    if kind in ("plans", "nofit", "layout", "noval"):  # nothing of this table's blocks
+        assert not need
 
 
 def _flat(name: str) -> dict[str, Any]:
@@ -456,31 +390,43 @@ def _flat(name: str) -> dict[str, Any]:
     return flat
 
 
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", FILES_BUGS)
 def test_outcome_names_each_missing_feature(tmp_path, capsys, name):
-    need, family = _outcome(name)
+    kind, arg, need = _outcome(name)
     out = tmp_path / "r.yaml"
     rc = import_main(["--from", "nemo-rl", str(DATA / name), "-o", str(out)])
     printed = capsys.readouterr()
     err = printed.err
-    if name in PLANS:
-        assert rc == 0, err
+    plan = [x for x in printed.out.splitlines() if x.startswith("dapo-plan: ")]
+    if kind == "plans":
+        assert rc == 0 and out.exists() and len(plan) == 1, err
+        return
+    if kind == "nofit":
+        assert rc == 1 and out.exists() and "was written but does not fit" in err, err
+        assert arg in plan[0], plan
+        return
+    if kind == "noval":
+        assert rc == 2 and out.exists() and "was written but does not validate yet" in err
         return
     assert rc == 2 and not out.exists(), err
-    if family is not None:
-        # a model we cannot build stops the import first, naming it (import_config.py)
-        assert "policy.model_name" in err
+    if kind == "layout":
+        assert "layout or memory setting(s) need what dapo-megatron lacks" in err, err
+        assert "the plan does not show the run fits" in err
         return
+    if kind == "model":
+        # a model we cannot build stops the import first, naming it and what else it needs
+        assert "nothing written: the model policy.model_name = " in err, err
+        assert "was not carried" in err
+    else:
+        assert "change what is learned and need what dapo-megatron lacks: " in err, err
     for phrase in need:
         # what is learned: in the refusal; speed only (a draft model): in the key listing
         assert phrase in err or phrase in printed.out, phrase
     # each of this table's keys that blocks names one of those features (or the model)
     result = translate("nemo-rl", _flat(name))
     for s in result.blocking:
-        if LAYOUT.match(s.key):
-            continue
-        if s.key == "policy.model_name":
-            continue  # a family we cannot build: dialects.UNSUPPORTED_FAMILIES
+        if LAYOUT.match(s.key) or s.key == "policy.model_name":
+            continue  # test_nemo_layout.py; a family we cannot build
         assert any(p in s.reason for p in need), (s.key, s.reason)
 
 
@@ -493,6 +439,7 @@ def expected_values(t: dict[str, Any]) -> dict[str, Any]:
     megatron = g("policy.megatron_cfg.enabled") is True
     ds = g("grpo.use_dynamic_sampling") is True
     loo = g("grpo.adv_estimator.use_leave_one_out_baseline")
+    clamp = g("loss_fn.kl_output_clamp_value", 10.0)
     v: dict[str, Any] = {
         "dapo.num_prompts_per_step": g("grpo.num_prompts_per_step"),
         "dapo.num_generations_per_prompt": g("grpo.num_generations_per_prompt"),
@@ -510,13 +457,31 @@ def expected_values(t: dict[str, Any]) -> dict[str, Any]:
         "dapo.advantage.std_over": "others" if loo else "group",
         "generation.temperature": g("policy.generation.temperature"),
         "generation.top_p": g("policy.generation.top_p"),
-        "generation.max_response_length": g("policy.generation.max_new_tokens"),
         "data.max_prompt_length": g("data.max_input_seq_length") - 1,
+        "policy.max_total_sequence_length": g("policy.max_total_sequence_length"),
         "validation.num_samples_per_prompt": g("grpo.val_num_generations_per_prompt"),
         "validation.temperature": g("policy.generation.val_temperature"),
         "policy.train_global_batch_size": g("policy.train_global_batch_size"),
         "run.seed": g("grpo.seed"),
     }  # fmt: skip
+    if v["dapo.loss.kl_coef"]:  # utils.py calculate_kl: clamped to +-kl_output_clamp_value
+        v["dapo.loss.kl_clamp"] = None if clamp is None else float(clamp)
+    for ours, theirs in (("generation.top_k", "top_k"), ("validation.top_k", "val_top_k")):
+        k = g(f"policy.generation.{theirs}")  # vllm_worker.py: null -> -1 (off)
+        v[ours] = -1 if k is None else k
+    if g("loss_fn.force_on_policy_ratio") is True:  # a ratio of 1: no old-logprob pass
+        v["policy.old_logprob_pass"] = "auto"
+    # vllm_worker.py: a response stops at min(max_new_tokens, total - prompt); where the
+    # longest trained prompt + max_new_tokens exceed the total, that is our response_cap
+    # context, and no response is longer than total - 1 (a prompt has a token)
+    prompt, total = g("data.max_input_seq_length"), g("policy.max_total_sequence_length")
+    response = g("policy.generation.max_new_tokens")
+    v["generation.max_response_length"] = response
+    if prompt - 1 + response > total:
+        v["generation.max_response_length"] = min(response, total - 1)
+        v["generation.response_cap"] = "context"
+    if g("data.use_multiple_dataloader") is not True:  # grpo.py: epochs ignored with several
+        v["dapo.max_num_epochs"] = g("grpo.max_num_epochs", 1)
     if ds:  # grpo.py dynamic_sampling(): the batch is sliced, the surplus dropped
         v["dapo.dynamic_sampling.surplus"] = "discard"
         v["dapo.dynamic_sampling.metric"] = "score"  # the filter reads unshaped_total_reward
@@ -532,6 +497,15 @@ def expected_values(t: dict[str, Any]) -> dict[str, Any]:
     if g("data.train.dataset_name") == "DAPOMath17K":
         v["data.train_path"] = "hf://BytedTsinghua-SIA/DAPO-Math-17k"
         v["data.format"] = "dapo_math"
+    if g("data.train.dataset_name") == "OpenMathInstruct-2":  # openmathinstruct2.py
+        v["data.train_path"] = "hf://nvidia/OpenMathInstruct-2"  # split train_1M, ours too
+        v["data.format"] = "aime"  # problem -> the user message, expected_answer -> truth
+        split = g("data.train.split_validation_size", 0.05)
+        if split:  # raw_dataset.py train_test_split(test_size=split, seed=data.train.seed)
+            v["data.val_fraction"] = split
+            v["data.val_path"] = None
+    if g("data.default.prompt_file") == "examples/prompts/cot.txt":
+        v["data.prompt_template"] = COT_TEXT
     if g("data.validation.dataset_name") == "DAPOMathAIME2024":
         v["data.val_path"] = "hf://BytedTsinghua-SIA/AIME-2024"
     if "validation" in t.get("data", {}) and t["data"]["validation"] is None:
@@ -539,13 +513,16 @@ def expected_values(t: dict[str, Any]) -> dict[str, Any]:
     return v
 
 
-@pytest.mark.parametrize("name", FILES)
+@pytest.mark.parametrize("name", FILES_BUGS)
 def test_carried_values_match_the_yaml(name):
     t = _tree(DATA / name)
     got = {s.key: s.value for s in translate("nemo-rl", _flat(name)).settings}
-    for key, want in expected_values(t).items():
+    want_all = expected_values(t)
+    for key, want in want_all.items():
         assert key in got, key
         assert got[key] == want and type(got[key]) is type(want), (key, got[key], want)
+    if "generation.response_cap" not in want_all:  # lengths that fit: one cap, ours
+        assert "generation.response_cap" not in got
 
 
 def test_dapo_recipe_by_hand():
@@ -580,8 +557,9 @@ def test_dapo_recipe_by_hand():
 
 def test_grpo_megatron_recipe_by_hand():
     """grpo-llama3.2-1b-instruct-1n8g-megatron.yaml over grpo_math_1B.yaml: the base's
-    leave-one-out GRPO estimator, Megatron's optimizer (lr 5e-6 base? the recipe's), the
-    scheduler's weight decay, and the features it needs named."""
+    leave-one-out GRPO estimator, Megatron's optimizer, the scheduler's weight decay, and
+    the base's data, KL clamp, lengths and epoch bound, read by eye: nothing it needs is
+    missing (it plans, OUTCOMES)."""
     name = "recipes/llm/grpo-llama3.2-1b-instruct-1n8g-megatron.yaml"
     t = _tree(DATA / name)
     v = {s.key: s.value for s in translate("nemo-rl", _flat(name)).settings}
@@ -592,6 +570,57 @@ def test_grpo_megatron_recipe_by_hand():
     assert v["policy.optimizer.weight_decay"] == 0.01  # base scheduler end_weight_decay
     assert v["validation.temperature"] == v["generation.temperature"]  # ${.temperature}
     assert v["dapo.loss.kl_estimator"] == "k3"
-    need = expected_features(t)
-    assert {"NeMo RL's OpenMathInstruct-2 dataset", "a custom prompt template"} <= need
-    assert "a clamp of the per-token KL estimate" in need  # kl 0.01 with the +-10 clamp
+    assert (v["dapo.loss.kl_coef"], v["dapo.loss.kl_clamp"]) == (0.01, 10.0)  # +-10 clamp
+    # dataset_name OpenMathInstruct-2, split_validation_size 0.05, seed ${grpo.seed} = 42
+    assert (v["data.train_path"], v["data.format"]) == ("hf://nvidia/OpenMathInstruct-2", "aime")
+    assert (v["data.val_fraction"], v["data.val_path"], v["run.seed"]) == (0.05, None, 42)
+    assert v["data.prompt_template"] == COT_TEXT  # prompt_file examples/prompts/cot.txt
+    # total 512, max_input_seq_length 512, max_new_tokens 512: prompts < 512 tokens,
+    # 511 + 512 > 512, so responses stop at 512 less the prompt: context, cap 511
+    assert (v["policy.max_total_sequence_length"], v["data.max_prompt_length"]) == (512, 511)
+    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (511, "context")
+    assert v["dapo.max_num_epochs"] == 1  # grpo.max_num_epochs 1, one dataloader
+    assert expected_features(t) == set() and OUTCOMES[name] == "plans"
+
+
+def test_cot_template_is_nemo_rls_prompt_file():
+    """nemo_data.COT_TEMPLATE (what the importer writes) is the package's NEMO_COT_TEMPLATE
+    and the file's text; NeMo RL's processors.py formats the problem into it."""
+    assert COT_TEMPLATE == NEMO_COT_TEMPLATE == COT_TEXT
+    message = (
+        "Think step-by-step to solve the following problem. Output your answer inside of "
+        + "\\\\"  # the two backslashes of the file, kept by str.format
+        + "boxed{} tags.:\n1+1?\n\nLet's think step-by-step"
+    )
+    assert COT_TEMPLATE.format("1+1?") == message
+    assert message.count("\\") == 2 and "boxed{}" in message and not message.endswith("\n")
+
+
+@pytest.mark.xfail(strict=True, reason="importer bug: the epoch bound of a deduplicated set")
+def test_dapo_math_epochs_count_nemo_rls_rows():
+    """response_datasets/dapo_math.py loads DAPO-Math-17k whole, ~1.79M rows (each of ~17.9k
+    problems about 100 times), and grpo.py's epoch is a pass over those rows; ours keeps one
+    copy of each problem (data/hub_datasets.py dedupe), so max_num_epochs passes over ours
+    end the run ~100 times sooner. The bound should cover NeMo RL's rows (or be left off
+    where its steps surely end the run first)."""
+    name = "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron.yaml"
+    t = _tree(DATA / name)
+    assert _get(t, "data.train.dataset_name") == "DAPOMath17K"
+    assert _get(t, "grpo.max_num_epochs") == 1  # 1M steps x 32 prompts: the epoch ends it
+    v = {s.key: s.value for s in translate("nemo-rl", _flat(name)).settings}
+    epochs = v.get("dapo.max_num_epochs")
+    assert epochs is None or epochs * 17_000 >= 1_700_000
+
+
+@pytest.mark.xfail(strict=True, reason="importer bug: the response cap conflicts with Lmax")
+def test_penalty_length_equal_to_max_new_tokens_is_carried():
+    """reward_functions.py: the penalty ramps up to reward_shaping.max_response_length; equal
+    to max_new_tokens it is our overlong buffer over generation.max_response_length. With the
+    per-prompt cap the importer writes max_new_tokens as total - 1, and the equal shaping
+    length then conflicts and blocks (grpo-qwen3.5-397ba17b-32n8g-megatron.v2.yaml: 8192)."""
+    t = _tree(DATA / PENALTY_BUG)
+    assert _get(t, "grpo.reward_shaping.max_response_length") == 8192
+    assert _get(t, "policy.generation.max_new_tokens") == 8192
+    result = translate("nemo-rl", _flat(PENALTY_BUG))
+    blocking = {s.key for s in result.blocking}
+    assert not {"grpo.reward_shaping.max_response_length", MAX_NEW} & blocking

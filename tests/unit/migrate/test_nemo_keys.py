@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from dapo_megatron.migrate.dialect_keys import foreign_key
 from dapo_megatron.migrate.dialects import Untranslatable
@@ -212,48 +213,48 @@ def test_megatron_warmup_refusals_and_no_warmup():
 
 
 # ---------------------------------------------------------------------------------------
-# Lengths
+# Lengths. NeMo RL's vLLM engine runs with max_model_len (by default the total length) and
+# max_tokens = max_new_tokens, so a response stops at min(max_new_tokens, total - prompt):
+# a cap per prompt, our generation.response_cap context. A prompt holds at least one token,
+# so no response is longer than total - 1 there: the response cap is min(max_new_tokens,
+# total - 1). Each row: the total, max_input_seq_length and max_new_tokens read from the
+# file by eye, then by hand max_prompt_length = prompt - 1 and the response cap.
 
 
 @pytest.mark.parametrize(
-    "name, total, prompt, response",
+    "name, total, prompt, response, cap",
     [
-        ("grpo_math_1B.yaml", 512, 512, 512),  # both `${policy.max_total_sequence_length}`
-        (LLM + "grpo-llama3.2-1b-instruct-1n8g-megatron.yaml", 512, 512, 512),
-        (LLM + "grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml", 4096, 4096, 4096),
-        (LLM + "dapo-qwen2.5-7b.v2.yaml", 16384, 2048, 16384),
-        (LLM + "grpo-deepscaler-1.5b-8K.yaml", 8192, 8192, 8192),
-        (LLM + "grpo-dapomath17k-dsv3-megatron.yaml", 16384, 16384, 16384),
+        # grpo_math_1B.yaml: all three `${policy.max_total_sequence_length}` = 512:
+        # 511 + 512 = 1023 > 512, so context, and the cap min(512, 511) = 511
+        ("grpo_math_1B.yaml", 512, 512, 512, 511),
+        (LLM + "grpo-llama3.2-1b-instruct-1n8g-megatron.yaml", 512, 512, 512, 511),
+        (LLM + "grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml", 4096, 4096, 4096, 4095),
+        # prompts < 2048 tokens, max_new_tokens 16384 = the total: 2047 + 16384 > 16384
+        (LLM + "dapo-qwen2.5-7b.v2.yaml", 16384, 2048, 16384, 16383),
+        (LLM + "grpo-deepscaler-1.5b-8K.yaml", 8192, 8192, 8192, 8191),
+        (LLM + "grpo-dapomath17k-dsv3-megatron.yaml", 16384, 16384, 16384, 16383),
     ],
 )
-def test_lengths_that_do_not_fit_are_refused_naming_the_three_keys(name, total, prompt, response):
-    """Every real NeMo RL config lets the engine cut responses at its context: max_new_tokens
-    is the whole length, so a short prompt may generate more than a long one. Ours has one
-    response cap: refused, and the cap is not derived from prompt + response instead. The
-    longest prompt NeMo RL trains is max_input_seq_length - 1 tokens (see below)."""
+def test_lengths_beyond_the_total_carry_the_per_prompt_cap(name, total, prompt, response, cap):
     v, skipped = _import(name)
-    assert TOTAL not in v
-    reason = skipped[TOTAL]
-    for part in (
-        f"data.max_input_seq_length {prompt} trains prompts of up to {prompt - 1} tokens",
-        f"policy.generation.max_new_tokens {response}",
-        f"= {prompt - 1 + response} > {total}",
-        "max_input_seq_length - 1 + max_new_tokens <= max_total_sequence_length",
-    ):
-        assert part in reason
-    fix = f"policy.generation.max_new_tokens={total - prompt + 1}"
-    assert (fix in reason) == (total > prompt)
+    assert TOTAL not in skipped and "policy.generation.max_new_tokens" not in skipped
+    assert prompt - 1 + response > total  # the file's lengths do exceed the total
+    assert v[TOTAL] == total
+    assert v["data.max_prompt_length"] == prompt - 1
+    assert v["generation.max_response_length"] == cap == min(response, total - 1)
+    assert v["generation.response_cap"] == "context"
 
 
 def test_lengths_made_to_fit_import_as_nemo_rl_runs_them():
     # The DAPO recipe with lengths that fit: prompts of up to 2047 tokens + 14336 <= 16384, so
-    # every response stops at 14336 there as here, and reward_shaping.max_response_length
-    # (14336) agrees.
+    # every response stops at 14336 there as here (one cap: no response_cap set), and
+    # reward_shaping.max_response_length (14336) agrees.
     v, skipped = _import(LLM + "dapo-qwen2.5-7b.v2.yaml", "policy.generation.max_new_tokens=14336")
     assert (v[TOTAL], v["data.max_prompt_length"], v["generation.max_response_length"]) == (
         16384, 2047, 14336,
     )  # fmt: skip
     assert TOTAL not in skipped and "policy.generation.max_new_tokens" not in skipped
+    assert "generation.response_cap" not in v
     # the base config: its lengths are interpolations of max_total_sequence_length
     v, skipped = _import(
         "grpo_math_1B.yaml", "data.max_input_seq_length=256", "policy.generation.max_new_tokens=256"
@@ -261,6 +262,24 @@ def test_lengths_made_to_fit_import_as_nemo_rl_runs_them():
     assert (v[TOTAL], v["data.max_prompt_length"], v["generation.max_response_length"]) == (
         512, 255, 256,
     )  # fmt: skip
+    assert "generation.response_cap" not in v
+    # a cap below total - 1 is kept as it is: 255 + 300 > 512, min(300, 511) = 300
+    v, _ = _import(
+        "grpo_math_1B.yaml", "data.max_input_seq_length=256", "policy.generation.max_new_tokens=300"
+    )
+    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (300, "context")
+
+
+def test_an_engine_context_other_than_the_total_is_still_refused():
+    # vllm_cfg.max_model_len 1024 with a total of 512: NeMo RL's responses stop at 1024 less
+    # the prompt, ours at 512 less it; refused naming the engine's context.
+    _, skipped = _import("grpo_math_1B.yaml", "policy.generation.vllm_cfg.max_model_len=1024")
+    reason = skipped[TOTAL]
+    assert "needs an engine context (1024 tokens) other than the training length (512)" in reason
+    assert "which dapo-megatron lacks" in reason
+    # equal to the total (the base's `${policy.max_total_sequence_length}`): carried
+    v, skipped = _import("grpo_math_1B.yaml", "policy.generation.vllm_cfg.max_model_len=512")
+    assert TOTAL not in skipped and v["generation.response_cap"] == "context"
 
 
 def test_lengths_inline_and_on_the_command_line(tmp_path, capsys):
@@ -270,8 +289,14 @@ def test_lengths_inline_and_on_the_command_line(tmp_path, capsys):
     assert dict(fk.convert(4096, fits).settings) == {TOTAL: 4096}
     assert dict(fk.convert(4096, {}).settings) == {TOTAL: 4096}  # lengths not given: as is
     assert dict(fk.convert(4095, fits).settings) == {TOTAL: 4095}  # 1023 + 3072
-    with pytest.raises(Untranslatable, match=r"1023 \+ .* 4096 = 5119 > 4096"):
-        fk.convert(4096, {**fits, "policy.generation.max_new_tokens": 4096})
+    beyond = {**fits, "policy.generation.max_new_tokens": 4096}  # 1023 + 4096 = 5119 > 4096
+    assert dict(fk.convert(4096, beyond).settings) == {
+        TOTAL: 4096,
+        "generation.response_cap": "context",
+    }
+    context = {**beyond, "policy.generation.vllm_cfg.max_model_len": 8192}
+    with pytest.raises(Untranslatable, match=r"engine context \(8192 tokens\)"):
+        fk.convert(4096, context)
 
     source = tmp_path / "grpo.yaml"
     source.write_text(
@@ -279,11 +304,14 @@ def test_lengths_inline_and_on_the_command_line(tmp_path, capsys):
         "data: {max_input_seq_length: 1024}\n"
     )
     out = tmp_path / "r.yaml"
-    assert import_main(["--from", "nemo-rl", str(source), "-o", str(out)]) == 2
-    captured = capsys.readouterr()
-    assert not out.exists()
-    assert TOTAL in captured.err
-    assert "max_new_tokens=3073" in captured.out  # the fix, in the printed summary
+    import_main(["--from", "nemo-rl", str(source), "-o", str(out)])
+    capsys.readouterr()
+    written = yaml.safe_load(out.read_text())
+    # 1023 + 4096 > 4096: the cap per prompt, the response cap min(4096, 4095) = 4095
+    assert written["generation"]["response_cap"] == "context"
+    assert written["generation"]["max_response_length"] == 4095
+    assert written["policy"]["max_total_sequence_length"] == 4096
+    assert written["data"]["max_prompt_length"] == 1023
 
 
 # ---------------------------------------------------------------------------------------
