@@ -49,11 +49,14 @@ def length_problems(config: DapoMegatronConfig) -> list[tuple[str, str]]:
                 f"generation.response_cap: context (a prompt must leave room for a response)",
             )
         )
-    if response > total - 1:
+    # A cap of `total` is legal (NeMo RL's recipes set max_new_tokens to the whole length):
+    # every prompt holds a token, so no response reaches it, but as the overlong penalty's
+    # Lmax (dapo.overlong_buffer) it keeps the source's ramp.
+    if response > total:
         problems.append(
             (
                 "generation.max_response_length",
-                f"must be <= policy.max_total_sequence_length - 1 = {total - 1} with "
+                f"must be <= policy.max_total_sequence_length = {total} with "
                 f"generation.response_cap: context (no response is longer)",
             )
         )

@@ -233,6 +233,68 @@ SCHEDULE_PER_TRAIN_STEP = {
 """The systems whose lr schedule counts trainer steps (policy.scheduler.unit train_step)."""
 
 
+COPIED_ROWS = {"hf://BytedTsinghua-SIA/DAPO-Math-17k": 1_791_700}
+"""Rows the peers read of a hub dataset that ours reads once per problem (data/hub_datasets.py
+drops repeats): DAPO-Math-17k's parquet repeats each of its ~17.9k problems ~100 times, and
+NeMo RL's dapo_math.py and verl's and SkyRL's parquet loaders read every row, so an epoch
+there is ~100 of ours."""
+
+
+def _epochs_over_copies(chosen: dict[str, ImportedSetting], skipped: list[Skipped]) -> None:
+    """A source's epoch bound over a dataset we read without its copies: kept out when the
+    step count surely ends the run first (the prompts drawn in max_num_steps steps, with
+    every dynamic-sampling round, fit in the source's passes), else refused."""
+    epochs = chosen.get("dapo.max_num_epochs")
+    data = chosen.get("data.train_path")
+    if epochs is None or data is None or str(data.value) not in COPIED_ROWS:
+        return
+    rows = COPIED_ROWS[str(data.value)]
+    del chosen["dapo.max_num_epochs"]
+
+    def value(key: str, default: Any) -> Any:
+        setting = chosen.get(key)
+        return default if setting is None else setting.value
+
+    steps, prompts = value("dapo.max_num_steps", None), value("dapo.num_prompts_per_step", None)
+    if not isinstance(prompts, int) or prompts <= 0:
+        steps = prompts = None
+    elif not isinstance(steps, int):
+        steps = 10**12  # no step bound in the source: its passes end the run
+    dynamic = value("dapo.dynamic_sampling.enabled", False) is True
+    rounds = 1.0
+    if dynamic:
+        rounds = float(value("dapo.dynamic_sampling.max_gen_batches", 10)) * float(
+            value("dapo.dynamic_sampling.batch_multiplier", 1.0)
+        )
+    if steps is not None and prompts is not None:
+        if steps * prompts * rounds <= epochs.value * rows:
+            return  # max_num_steps ends both runs first; ours has no epoch bound to set
+        if not dynamic:
+            # One dataloader batch of num_prompts_per_step rows a step, each pass's last
+            # partial batch dropped (drop_last): the passes end after this many steps.
+            passes = epochs.value * (rows // prompts)
+            chosen["dapo.max_num_steps"] = ImportedSetting(
+                "dapo.max_num_steps",
+                min(steps, passes),
+                f"{epochs.source} + the step count",
+                f"the source ends after {epochs.value} pass(es) over {data.value}'s "
+                f"{rows:,} rows (each problem ~100 times) at {prompts} prompts a step = "
+                f"{passes} steps (or its own step count, when smaller); ours reads each "
+                "problem once, so the bound is written in steps",
+            )
+            return
+    skipped.append(
+        Skipped(
+            epochs.source,
+            epochs.value,
+            f"needs an epoch over {data.value}'s {rows:,} rows (each problem ~100 times), "
+            "which dapo-megatron lacks: ours reads each problem once, so its epochs are "
+            "~100 times shorter; set dapo.max_num_steps to the source's step count",
+            IMPACT_ALGORITHM,
+        )
+    )
+
+
 def _unresolved(value: Any) -> bool:
     """A value still holding a shell variable or an interpolation the reader left."""
     return isinstance(value, str) and ("${" in value or "$(" in value)
@@ -243,6 +305,7 @@ def _derive(chosen: dict[str, ImportedSetting], skipped: list[Skipped], dialect:
     response when the source gives only the two lengths (verl, SkyRL, RLinf); never in
     place of a source's own cap that was refused (NeMo RL's, when the lengths exceed it).
     The schedule's unit is the source's (SCHEDULE_PER_TRAIN_STEP)."""
+    _epochs_over_copies(chosen, skipped)
     unit = "policy.scheduler.unit"
     if dialect in SCHEDULE_PER_TRAIN_STEP and unit not in chosen:
         chosen[unit] = ImportedSetting(

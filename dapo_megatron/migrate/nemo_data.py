@@ -96,18 +96,6 @@ def _split_unread(value: Any, ctx: Mapping[str, Any]) -> bool:
     return ctx.get("data.train.dataset_name") not in _SPLITTING or value in (0, 0.0, None)
 
 
-def _response_cap(value: Any, ctx: Mapping[str, Any]) -> int:
-    """max_new_tokens, or total - 1 where it is larger: with the per-prompt cap (nemo_keys.py
-    _total_length) a response stops at min(max_new_tokens, total - prompt), and a prompt
-    holds at least one token, so no response is longer than total - 1 in NeMo RL either."""
-    cap = as_int(value)
-    total = ctx.get("policy.max_total_sequence_length")
-    prompt = ctx.get("data.max_input_seq_length")
-    if isinstance(total, int) and isinstance(prompt, int) and prompt - 1 + cap > total:
-        return min(cap, total - 1)
-    return cap
-
-
 def _split(value: Any, ctx: Mapping[str, Any]) -> Translation:
     """raw_dataset.py split_train_validation: train_test_split(test_size=f, seed) of the
     training rows, computed alike by our data/val_split.py (data.val_fraction)."""
@@ -309,14 +297,12 @@ NEMO_DATA_KEYS: tuple[ForeignKey, ...] = (
     same(NEMO, f"{_TAG}.temperature", "generation.temperature"),
     same(NEMO, f"{_TAG}.top_p", "generation.top_p"),
     mapped(NEMO, f"{_TAG}.top_k", "generation.top_k", "null: -1 (off)", sampling_top_k),
-    mapped(
+    same(
         NEMO,
         f"{_TAG}.max_new_tokens",
         MAX_RESPONSE,
-        "same meaning: the engine's response cap; where prompt + response exceed "
-        "max_total_sequence_length (generation.response_cap context) at most that length - 1, "
-        "since every prompt has a token",
-        _response_cap,
+        "same meaning: the engine's response cap (with the context's own per-prompt cap, "
+        "generation.response_cap context, where prompt + response exceed the total length)",
     ),
     same(NEMO, f"{_TAG}.stop_token_ids", "generation.stop_token_ids"),
     as_here(NEMO, f"{_TAG}.stop_strings", "stop strings", lambda v, ctx: v is None, "none"),

@@ -81,7 +81,11 @@ def _total_length(value: Any, ctx: Mapping[str, Any]) -> Translation:
     if not (_is_int(prompt) and _is_int(response)) or total >= prompt - 1 + response:
         return Translation(((TOTAL, total),), "same meaning: prompt + response fit in it")
     longest = prompt - 1  # the longest prompt NeMo RL generates from for training
-    context = ctx.get("policy.generation.vllm_cfg.max_model_len")
+    # The engine's context: vLLM's max_model_len, or with the Megatron backend its own
+    # (megatron_worker.py builds the engine with mcore_generation_config.max_model_len).
+    backend = ctx.get("policy.generation.backend", "vllm")
+    cfg = "mcore_generation_config" if backend == "megatron" else "vllm_cfg"
+    context = ctx.get(f"policy.generation.{cfg}.max_model_len")
     if _is_int(context) and context != total:
         raise Untranslatable(
             f"needs an engine context ({context} tokens) other than the training length "

@@ -76,15 +76,17 @@ def test_validation_of_the_lengths_in_each_mode():
     assert length_problems(_config(validate=False).config) == []
     with pytest.raises(ConfigError, match=r"max_total_sequence_length.*>= .* = 56"):
         _config("data.max_prompt_length=40")
-    # context: any prompt shorter than the context; the response cap at most total - 1.
+    # context: any prompt shorter than the context; the response cap at most the total (a
+    # cap of 48 is NeMo RL's max_new_tokens = the whole length, reached by no response).
     plan = _config("generation.response_cap=context", "data.max_prompt_length=47").require_plan()
     assert longest_sequence(plan.config) == TOTAL  # not 47 + 16 = 63: the packing budget
     ok = _config("generation.response_cap=context", "generation.max_response_length=47")
     assert ok.config.generation.max_response_length == 47
     with pytest.raises(ConfigError, match=r"data.max_prompt_length.*must be < .*= 48"):
         _config("generation.response_cap=context", "data.max_prompt_length=48")
-    with pytest.raises(ConfigError, match=r"generation.max_response_length.*<= .* - 1 = 47"):
-        _config("generation.response_cap=context", "generation.max_response_length=48")
+    assert _config("generation.response_cap=context", "generation.max_response_length=48")
+    with pytest.raises(ConfigError, match=r"generation.max_response_length.*<= .* = 48"):
+        _config("generation.response_cap=context", "generation.max_response_length=49")
     problems = length_problems(
         _config(
             "generation.response_cap=context",
