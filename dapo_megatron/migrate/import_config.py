@@ -169,10 +169,16 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
         fk = foreign_key(key, dialect)
         if fk is None:
             other = foreign_key(key)
-            reason = "not in the importer's table: its meaning here is unknown (counted as changing the run)"
+            tier = impact(key, dialect)
+            reason = (
+                "not in the importer's table: logging, naming or bookkeeping by its name"
+                if tier == IMPACT_HARMLESS
+                else "not in the importer's table: its meaning here is unknown (counted as "
+                "changing the run)"
+            )
             if other is not None:
                 reason = f"not a {DIALECTS[dialect]} key (it is {other.system}'s: --from {other.dialect})"
-            result.skipped.append(Skipped(key, value, reason, impact(key, dialect)))
+            result.skipped.append(Skipped(key, value, reason, tier))
             continue
         if _unresolved(value) and key not in READS_UNRESOLVED.get(dialect, frozenset()):
             reason = (

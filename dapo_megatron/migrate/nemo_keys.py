@@ -231,6 +231,15 @@ def inactive(flat: Mapping[str, Any]) -> dict[str, str]:
     shaping = "grpo.reward_shaping.max_response_length"
     if shaping in flat and flat.get("grpo.reward_shaping.enabled") is not True:
         dead[shaping] = "not live: grpo.reward_shaping.enabled is not true"
+    backend = flat.get("policy.generation.backend", "vllm")
+    for key in flat:
+        if key.startswith(("policy.generation.trtllm_cfg.", "policy.generation.trtllm_kwargs.")):
+            # The TRT-LLM engine's own settings: refused with it (generation.backend).
+            dead[key] = (
+                "the TRT-LLM engine's setting, refused with policy.generation.backend"
+                if backend == "trtllm"
+                else f"not live: policy.generation.backend is {backend}"
+            )
     megatron = flat.get("policy.megatron_cfg.enabled") is True
     optimizer = ("policy.optimizer", "policy.scheduler", "policy.max_grad_norm")
     for key in flat:
