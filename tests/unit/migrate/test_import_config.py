@@ -164,7 +164,7 @@ def test_nemo_rl_megatron_recipe_values():
         4096,
         "context",
     )
-    assert v["generation.max_response_length"] == 4095  # min(4096, 4096 - 1)
+    assert v["generation.max_response_length"] == 4096  # max_new_tokens as is
     skipped = {s.key: s for s in result.skipped}
     assert skipped["policy.optimizer.kwargs.lr"].impact == "harmless"  # not live
     # Megatron's warm-up: 50 GRPO steps (the recipe), counted in GRPO steps as NeMo RL steps
@@ -181,8 +181,8 @@ def test_nemo_rl_dapo_recipe_values():
     assert (v["dapo.loss.clip_ratio_low"], v["dapo.loss.clip_ratio_high"]) == (0.2, 0.28)
     assert v["dapo.dynamic_sampling.enabled"] is True
     assert v["dapo.overlong_buffer.enabled"] is True and v["dapo.overlong_buffer.length"] == 2048
-    # 2047 + 16384 > 16384: the per-prompt cap (response_cap context), min(16384, 16383)
-    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (16383, "context")
+    # 2047 + 16384 > 16384: the per-prompt cap (response_cap context), max_new_tokens as is
+    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (16384, "context")
 
 
 def test_verl_dapo_7b_megatron_layout_and_lr():
@@ -275,8 +275,8 @@ def test_nemo_rl_dapo_cp2_recipe_inherits_the_dapo_recipe():
     assert v["dapo.overlong_buffer.enabled"] is True and v["dapo.overlong_buffer.length"] == 2048
     # reward_shaping.max_response_length 14336 is the penalty's Lmax, refused: it differs
     # from the engine's cap, max_new_tokens 16384; 2047 + 16384 > 16384: response_cap context
-    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (16383, "context")
-    assert v["policy.max_total_sequence_length"] == 16384  # the response cap: min(16384, 16383)
+    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (16384, "context")
+    assert v["policy.max_total_sequence_length"] == 16384  # a cap of the whole length: legal
     assert v["dapo.dynamic_sampling.surplus"] == "discard"  # NeMo RL slices the surplus off
     assert (v["cluster.num_nodes"], v["cluster.gpus_per_node"]) == (16, 4)
     assert v["generation.engine.tensor_parallel_size"] == 2
@@ -294,17 +294,17 @@ def test_nemo_rl_grpo_recipes():
     assert v["policy.megatron.tensor_model_parallel_size"] == 1
     assert v["dapo.loss.kl_coef"] == 0.01
     assert (v["dapo.num_prompts_per_step"], v["dapo.num_generations_per_prompt"]) == (32, 16)
-    # 511 + 512 > 512: the per-prompt cap (total 512), response cap min(512, 511)
-    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (511, "context")
+    # 511 + 512 > 512: the per-prompt cap (total 512), response cap max_new_tokens 512
+    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (512, "context")
 
 
 @pytest.mark.parametrize(
     "name, steps, dyn, agg",
     [
-        ("verl/run_dapo_early_qwen2.5_32b.sh", None, False, "seq-mean-token-mean"),
-        ("verl/test_dapo_7b_math.sh", 200, False, "token-mean"),
+        ("verl/run_dapo_early_qwen2.5_32b.sh", 3499, False, "seq-mean-token-mean"),
+        ("verl/test_dapo_7b_math.sh", 200, False, "token-mean"),  # 200 x 512 <= 10 epochs
         ("verl/test_dapo_qwen3_30b_math.sh", 300, False, "token-mean"),
-        ("verl/run_dapo_qwen2.5_32b_rollout_corr.sh", None, True, "token-mean"),
+        ("verl/run_dapo_qwen2.5_32b_rollout_corr.sh", None, True, "token-mean"),  # refused
     ],
 )
 def test_verl_recipe_dapo_scripts(name, steps, dyn, agg):
@@ -321,7 +321,7 @@ def test_verl_recipe_dapo_scripts(name, steps, dyn, agg):
     assert v["generation.engine.tensor_parallel_size"] == 4
     assert (v["validation.num_samples_per_prompt"], v["validation.top_p"]) == (1, 0.7)
     assert v["validation.greedy"] is False  # val_kwargs.do_sample=True
-    assert v.get("dapo.max_num_steps") == steps
+    assert v.get("dapo.max_num_steps") == steps  # early: 1 epoch, no steps: 1791700 // 512
     response = 8192 if "7b" in name or "30b" in name else 20480
     assert v["generation.max_response_length"] == response
     assert v["policy.max_total_sequence_length"] == 2048 + response

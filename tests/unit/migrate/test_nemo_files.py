@@ -29,6 +29,7 @@ from dapo_megatron.migrate.nemo_data import COT_TEMPLATE
 
 DATA = Path(__file__).resolve().parents[2] / "data" / "foreign" / "nemo-rl"
 FILES = sorted(str(p.relative_to(DATA)) for p in DATA.rglob("*.yaml"))
+DAPO_MATH_ROWS = 1_791_700  # DAPO-Math-17k's parquet rows, each problem ~100 times
 
 # Keys of NeMo RL's layout (nemo_layout.py, checked in its own tests)
 LAYOUT = re.compile(
@@ -110,12 +111,12 @@ def expected_features(t: dict[str, Any]) -> set[str]:
         need.add("an importance-weighted on-policy KL estimate")
     # vllm_worker.py: a response stops at min(max_new_tokens, max_model_len - prompt); ours
     # (generation.response_cap context) at the total less the prompt: the same only while
-    # the engine's context is the total
+    # the engine's context is the total (megatron_worker.py: mcore_generation_config's)
     prompt, response = g("data.max_input_seq_length"), g("policy.generation.max_new_tokens")
-    total, context = (
-        g("policy.max_total_sequence_length"),
-        g("policy.generation.vllm_cfg.max_model_len"),
-    )
+    backend = g("policy.generation.backend")
+    engine = "mcore_generation_config" if backend == "megatron" else "vllm_cfg"
+    total = g("policy.max_total_sequence_length")
+    context = g(f"policy.generation.{engine}.max_model_len")
     if prompt - 1 + response > total and context not in (None, total):
         need.add(f"an engine context ({context} tokens)")
     if g("loss_fn.use_importance_sampling_correction"):
@@ -163,7 +164,29 @@ def expected_features(t: dict[str, Any]) -> set[str]:
         need.add("advantage estimator")
     if g("grpo.max_num_epochs", 1) < 1:  # grpo.py's loop trains no step
         need.add("max_num_epochs >= 1")
+    if _dapo_math_steps(t) == "refused":
+        need.add("an epoch over")
     return need
+
+
+def _dapo_math_steps(t: dict[str, Any]) -> int | str | None:
+    """dapo_math.py reads DAPO-Math-17k's 1,791,700 rows, ours each problem once. The epoch
+    bound: None (another dataset, several dataloaders); "dropped" when max_num_steps steps
+    of (dynamic sampling: (max_gen_batches + 1) x batch_multiplier) batches of prompts fit
+    in the passes; else without dynamic sampling the passes in steps (drop_last); "refused"."""
+    g = lambda k, d=None: _get(t, k, d)  # noqa: E731
+    if g("data.train.dataset_name") != "DAPOMath17K" or g("data.use_multiple_dataloader"):
+        return None
+    steps, prompts = g("grpo.max_num_steps"), g("grpo.num_prompts_per_step")
+    epochs = g("grpo.max_num_epochs", 1)
+    rounds = 1
+    if g("grpo.use_dynamic_sampling") is True:
+        rounds = (g("grpo.dynamic_sampling_max_gen_batches") + 1) * g("grpo.batch_multiplier", 1)
+    if steps * prompts * rounds <= epochs * DAPO_MATH_ROWS:
+        return "dropped"
+    if rounds == 1:
+        return min(steps, epochs * (DAPO_MATH_ROWS // prompts))
+    return "refused"
 
 
 # examples/prompts/cot.txt at 7ea279ab, byte for byte (no final newline): two literal
@@ -220,20 +243,21 @@ TAGS = {
     "penalty-length": "an overlong-penalty length",
     "on-policy-kl": "an importance-weighted on-policy KL estimate",
     "val-repeat": "a validation set repeated",
+    "epoch-17k": "an epoch over",
 }
 OUTCOMES: dict[str, str] = {
     "grpo_math_1B.yaml": "nofit=generation.engine.gpu_memory_utilization",
     "grpo_math_1B_megatron.yaml": "nofit=generation.engine.gpu_memory_utilization",
     "grpo_math_1B_megatron_single_controller.yaml": "refused sc-async",
-    "grpo_math_1B_trtllm.yaml": "refused",
+    "grpo_math_1B_trtllm.yaml": "layout",
     "grpo_math_70B_megatron.yaml": "nofit=policy.megatron.recompute_granularity",
     "grpo_math_70B_megatron_fp8.yaml": "refused uncapped-is",
     "grpo_math_8B_megatron.yaml": "nofit=generation.engine.gpu_memory_utilization",
     "grpo_math_8B_megatron_fp8.yaml": "refused uncapped-is",
     "grpo_math_8B_megatron_nixl.yaml": "plans",
     "grpo_math_qwen30ba3b_megatron.yaml": "layout",
-    "recipes/llm/dapo-qwen2.5-7b-16n4g-fsdp2cp2.v2.yaml": "refused penalty-length",
-    "recipes/llm/dapo-qwen2.5-7b.v2.yaml": "refused penalty-length",
+    "recipes/llm/dapo-qwen2.5-7b-16n4g-fsdp2cp2.v2.yaml": "refused penalty-length epoch-17k",
+    "recipes/llm/dapo-qwen2.5-7b.v2.yaml": "refused penalty-length epoch-17k",
     "recipes/llm/grpo-cispo-mm1-async-lag1-highoffpolicy-qwen3-30ba3b-3n8g-megatron-cispo.yaml": (
         "refused async cispo uncapped-is"
     ),
@@ -353,14 +377,6 @@ OUTCOMES: dict[str, str] = {
 }
 
 
-# Files whose import meets an importer bug (reported; the tests that would catch the fix
-# are the strict xfails at the end): max_new_tokens written as total - 1 conflicts with an
-# equal reward_shaping.max_response_length (8192), which blocks and keeps the 8192.
-PENALTY_BUG = "recipes/llm/grpo-qwen3.5-397ba17b-32n8g-megatron.v2.yaml"
-_BUG = pytest.mark.xfail(strict=True, reason="importer bug: response cap vs penalty Lmax")
-FILES_BUGS = [pytest.param(n, marks=_BUG) if n == PENALTY_BUG else n for n in FILES]
-
-
 def _outcome(name: str) -> tuple[str, str | None, set[str]]:
     """(kind, its argument or None, the features the file needs) from OUTCOMES."""
     first, *tags = OUTCOMES[name].split()
@@ -390,7 +406,7 @@ def _flat(name: str) -> dict[str, Any]:
     return flat
 
 
-@pytest.mark.parametrize("name", FILES_BUGS)
+@pytest.mark.parametrize("name", FILES)
 def test_outcome_names_each_missing_feature(tmp_path, capsys, name):
     kind, arg, need = _outcome(name)
     out = tmp_path / "r.yaml"
@@ -472,16 +488,17 @@ def expected_values(t: dict[str, Any]) -> dict[str, Any]:
     if g("loss_fn.force_on_policy_ratio") is True:  # a ratio of 1: no old-logprob pass
         v["policy.old_logprob_pass"] = "auto"
     # vllm_worker.py: a response stops at min(max_new_tokens, total - prompt); where the
-    # longest trained prompt + max_new_tokens exceed the total, that is our response_cap
-    # context, and no response is longer than total - 1 (a prompt has a token)
+    # longest trained prompt + max_new_tokens exceed the total: our response_cap context
     prompt, total = g("data.max_input_seq_length"), g("policy.max_total_sequence_length")
     response = g("policy.generation.max_new_tokens")
-    v["generation.max_response_length"] = response
+    v["generation.max_response_length"] = response  # as is (a cap of the total is legal)
     if prompt - 1 + response > total:
-        v["generation.max_response_length"] = min(response, total - 1)
         v["generation.response_cap"] = "context"
-    if g("data.use_multiple_dataloader") is not True:  # grpo.py: epochs ignored with several
-        v["dapo.max_num_epochs"] = g("grpo.max_num_epochs", 1)
+    dapo_math = _dapo_math_steps(t)
+    if isinstance(dapo_math, int):  # the passes over NeMo RL's rows, in steps
+        v["dapo.max_num_steps"] = dapo_math
+    elif dapo_math is None and g("data.use_multiple_dataloader") is not True:
+        v["dapo.max_num_epochs"] = g("grpo.max_num_epochs", 1)  # grpo.py: ignored with several
     if ds:  # grpo.py dynamic_sampling(): the batch is sliced, the surplus dropped
         v["dapo.dynamic_sampling.surplus"] = "discard"
         v["dapo.dynamic_sampling.metric"] = "score"  # the filter reads unshaped_total_reward
@@ -513,7 +530,7 @@ def expected_values(t: dict[str, Any]) -> dict[str, Any]:
     return v
 
 
-@pytest.mark.parametrize("name", FILES_BUGS)
+@pytest.mark.parametrize("name", FILES)
 def test_carried_values_match_the_yaml(name):
     t = _tree(DATA / name)
     got = {s.key: s.value for s in translate("nemo-rl", _flat(name)).settings}
@@ -523,6 +540,8 @@ def test_carried_values_match_the_yaml(name):
         assert got[key] == want and type(got[key]) is type(want), (key, got[key], want)
     if "generation.response_cap" not in want_all:  # lengths that fit: one cap, ours
         assert "generation.response_cap" not in got
+    if _dapo_math_steps(t) is not None:  # an epoch of ours is not one of NeMo RL's
+        assert "dapo.max_num_epochs" not in got
 
 
 def test_dapo_recipe_by_hand():
@@ -576,9 +595,9 @@ def test_grpo_megatron_recipe_by_hand():
     assert (v["data.val_fraction"], v["data.val_path"], v["run.seed"]) == (0.05, None, 42)
     assert v["data.prompt_template"] == COT_TEXT  # prompt_file examples/prompts/cot.txt
     # total 512, max_input_seq_length 512, max_new_tokens 512: prompts < 512 tokens,
-    # 511 + 512 > 512, so responses stop at 512 less the prompt: context, cap 511
+    # 511 + 512 > 512, so responses stop at 512 less the prompt: context, cap 512 as is
     assert (v["policy.max_total_sequence_length"], v["data.max_prompt_length"]) == (512, 511)
-    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (511, "context")
+    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (512, "context")
     assert v["dapo.max_num_epochs"] == 1  # grpo.max_num_epochs 1, one dataloader
     assert expected_features(t) == set() and OUTCOMES[name] == "plans"
 
@@ -596,31 +615,35 @@ def test_cot_template_is_nemo_rls_prompt_file():
     assert message.count("\\") == 2 and "boxed{}" in message and not message.endswith("\n")
 
 
-@pytest.mark.xfail(strict=True, reason="importer bug: the epoch bound of a deduplicated set")
 def test_dapo_math_epochs_count_nemo_rls_rows():
-    """response_datasets/dapo_math.py loads DAPO-Math-17k whole, ~1.79M rows (each of ~17.9k
-    problems about 100 times), and grpo.py's epoch is a pass over those rows; ours keeps one
-    copy of each problem (data/hub_datasets.py dedupe), so max_num_epochs passes over ours
-    end the run ~100 times sooner. The bound should cover NeMo RL's rows (or be left off
-    where its steps surely end the run first)."""
+    """response_datasets/dapo_math.py loads DAPO-Math-17k whole, 1,791,700 rows (each of
+    ~17.9k problems about 100 times), and grpo.py's epoch is a pass over those rows; ours
+    keeps one copy of each problem, so the bound is written in steps: 1 pass of 32 prompts
+    a step (no dynamic sampling, drop_last) = 1791700 // 32 = 55990 steps < 1M."""
     name = "recipes/llm/grpo-qwen3-8b-base-1n8g-fp8-kvcache-megatron.yaml"
     t = _tree(DATA / name)
     assert _get(t, "data.train.dataset_name") == "DAPOMath17K"
-    assert _get(t, "grpo.max_num_epochs") == 1  # 1M steps x 32 prompts: the epoch ends it
+    assert (_get(t, "grpo.max_num_epochs"), _get(t, "grpo.max_num_steps")) == (1, 1_000_000)
+    assert _get(t, "grpo.num_prompts_per_step") == 32
     v = {s.key: s.value for s in translate("nemo-rl", _flat(name)).settings}
-    epochs = v.get("dapo.max_num_epochs")
-    assert epochs is None or epochs * 17_000 >= 1_700_000
+    assert "dapo.max_num_epochs" not in v and v["dapo.max_num_steps"] == 55990
+    # 10000 steps x 128 = 1.28M <= 1,791,700 rows: the steps end it first, no epoch bound
+    name = "recipes/llm/grpo-dapomath17k-nanov3-30BA3B-8n4g-megatron-trtllm.yaml"
+    v = {s.key: s.value for s in translate("nemo-rl", _flat(name)).settings}
+    assert "dapo.max_num_epochs" not in v and v["dapo.max_num_steps"] == 10000
+    # dapo-qwen2.5-7b.v2.yaml: 10000 x 512 x (10 + 1) x 3 > 1 pass: refused (OUTCOMES)
 
 
-@pytest.mark.xfail(strict=True, reason="importer bug: the response cap conflicts with Lmax")
 def test_penalty_length_equal_to_max_new_tokens_is_carried():
     """reward_functions.py: the penalty ramps up to reward_shaping.max_response_length; equal
-    to max_new_tokens it is our overlong buffer over generation.max_response_length. With the
-    per-prompt cap the importer writes max_new_tokens as total - 1, and the equal shaping
-    length then conflicts and blocks (grpo-qwen3.5-397ba17b-32n8g-megatron.v2.yaml: 8192)."""
-    t = _tree(DATA / PENALTY_BUG)
-    assert _get(t, "grpo.reward_shaping.max_response_length") == 8192
-    assert _get(t, "policy.generation.max_new_tokens") == 8192
-    result = translate("nemo-rl", _flat(PENALTY_BUG))
+    to max_new_tokens it is our overlong buffer over generation.max_response_length, which
+    carries max_new_tokens as is (8192, the whole length: a legal response_cap context cap)."""
+    name = "recipes/llm/grpo-qwen3.5-397ba17b-32n8g-megatron.v2.yaml"
+    t = _tree(DATA / name)
+    assert _get(t, "grpo.reward_shaping.max_response_length") == _get(t, MAX_NEW) == 8192
+    assert _get(t, "policy.max_total_sequence_length") == 8192
+    result = translate("nemo-rl", _flat(name))
     blocking = {s.key for s in result.blocking}
     assert not {"grpo.reward_shaping.max_response_length", MAX_NEW} & blocking
+    v = {s.key: s.value for s in result.settings}
+    assert (v["generation.max_response_length"], v["generation.response_cap"]) == (8192, "context")

@@ -215,24 +215,24 @@ def test_megatron_warmup_refusals_and_no_warmup():
 # ---------------------------------------------------------------------------------------
 # Lengths. NeMo RL's vLLM engine runs with max_model_len (by default the total length) and
 # max_tokens = max_new_tokens, so a response stops at min(max_new_tokens, total - prompt):
-# a cap per prompt, our generation.response_cap context. A prompt holds at least one token,
-# so no response is longer than total - 1 there: the response cap is min(max_new_tokens,
-# total - 1). Each row: the total, max_input_seq_length and max_new_tokens read from the
-# file by eye, then by hand max_prompt_length = prompt - 1 and the response cap.
+# a cap per prompt, our generation.response_cap context, and max_new_tokens is carried as
+# is (a cap up to the total is legal there; it is also the overlong penalty's Lmax). Each
+# row: the total, max_input_seq_length and max_new_tokens read from the file by eye, then
+# by hand max_prompt_length = prompt - 1 and the response cap (= max_new_tokens).
 
 
 @pytest.mark.parametrize(
     "name, total, prompt, response, cap",
     [
         # grpo_math_1B.yaml: all three `${policy.max_total_sequence_length}` = 512:
-        # 511 + 512 = 1023 > 512, so context, and the cap min(512, 511) = 511
-        ("grpo_math_1B.yaml", 512, 512, 512, 511),
-        (LLM + "grpo-llama3.2-1b-instruct-1n8g-megatron.yaml", 512, 512, 512, 511),
-        (LLM + "grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml", 4096, 4096, 4096, 4095),
+        # 511 + 512 = 1023 > 512, so context, and the cap max_new_tokens = 512
+        ("grpo_math_1B.yaml", 512, 512, 512, 512),
+        (LLM + "grpo-llama3.2-1b-instruct-1n8g-megatron.yaml", 512, 512, 512, 512),
+        (LLM + "grpo-qwen2.5-7b-instruct-4n8g-megatron.yaml", 4096, 4096, 4096, 4096),
         # prompts < 2048 tokens, max_new_tokens 16384 = the total: 2047 + 16384 > 16384
-        (LLM + "dapo-qwen2.5-7b.v2.yaml", 16384, 2048, 16384, 16383),
-        (LLM + "grpo-deepscaler-1.5b-8K.yaml", 8192, 8192, 8192, 8191),
-        (LLM + "grpo-dapomath17k-dsv3-megatron.yaml", 16384, 16384, 16384, 16383),
+        (LLM + "dapo-qwen2.5-7b.v2.yaml", 16384, 2048, 16384, 16384),
+        (LLM + "grpo-deepscaler-1.5b-8K.yaml", 8192, 8192, 8192, 8192),
+        (LLM + "grpo-dapomath17k-dsv3-megatron.yaml", 16384, 16384, 16384, 16384),
     ],
 )
 def test_lengths_beyond_the_total_carry_the_per_prompt_cap(name, total, prompt, response, cap):
@@ -241,7 +241,7 @@ def test_lengths_beyond_the_total_carry_the_per_prompt_cap(name, total, prompt, 
     assert prompt - 1 + response > total  # the file's lengths do exceed the total
     assert v[TOTAL] == total
     assert v["data.max_prompt_length"] == prompt - 1
-    assert v["generation.max_response_length"] == cap == min(response, total - 1)
+    assert v["generation.max_response_length"] == cap == response
     assert v["generation.response_cap"] == "context"
 
 
@@ -263,7 +263,7 @@ def test_lengths_made_to_fit_import_as_nemo_rl_runs_them():
         512, 255, 256,
     )  # fmt: skip
     assert "generation.response_cap" not in v
-    # a cap below total - 1 is kept as it is: 255 + 300 > 512, min(300, 511) = 300
+    # a cap below the total is kept as it is too: 255 + 300 > 512, cap 300
     v, _ = _import(
         "grpo_math_1B.yaml", "data.max_input_seq_length=256", "policy.generation.max_new_tokens=300"
     )
@@ -282,7 +282,6 @@ def test_an_engine_context_other_than_the_total_is_still_refused():
     assert TOTAL not in skipped and v["generation.response_cap"] == "context"
 
 
-@pytest.mark.xfail(strict=True, reason="importer bug: reads vLLM's context for Megatron's")
 def test_the_megatron_engines_context_is_its_own():
     # backend megatron: megatron_worker.py builds the engine with max_sequence_length =
     # mcore_generation_config.max_model_len; vllm_cfg is not read. A context of 1024 there
@@ -320,9 +319,9 @@ def test_lengths_inline_and_on_the_command_line(tmp_path, capsys):
     import_main(["--from", "nemo-rl", str(source), "-o", str(out)])
     capsys.readouterr()
     written = yaml.safe_load(out.read_text())
-    # 1023 + 4096 > 4096: the cap per prompt, the response cap min(4096, 4095) = 4095
+    # 1023 + 4096 > 4096: the cap per prompt, the response cap max_new_tokens = 4096
     assert written["generation"]["response_cap"] == "context"
-    assert written["generation"]["max_response_length"] == 4095
+    assert written["generation"]["max_response_length"] == 4096
     assert written["policy"]["max_total_sequence_length"] == 4096
     assert written["data"]["max_prompt_length"] == 1023
 

@@ -41,14 +41,16 @@ TWO_FILES = "2 files; ours reads one"
 
 # Hand-read from each script: what the import must refuse (a fragment of each feature's
 # words), or [] for "plans". Every script here sets a CPU offload or a feature we lack (a
-# run length in epochs is carried: trainer.total_epochs -> dapo.max_num_epochs).
+# run length in epochs is carried: trainer.total_epochs -> dapo.max_num_epochs, except over
+# dapo-math-17k.parquet, _dapo_math: refused with filter_groups on and no step count).
+EPOCH_17K = "needs an epoch over"
 OUTCOMES: dict[str, list[str]] = {
     "30B_megatron_dapo_npu.sh": ["NPU devices", OFFLOAD],
     "qwen2_32B_grpo_8_h20_megatron_vllm.sh": ["MATH-lighteval", OFFLOAD],
     "run_dapo_early_qwen2.5_32b.sh": [OFFLOAD],
-    "run_dapo_qwen2.5_32b.sh": [OFFLOAD],
-    "run_dapo_qwen2.5_32b_rollout_corr.sh": ["rollout correction", OFFLOAD],
-    "run_dapo_qwen3_moe_30b_megatron_npu.sh": [OFFLOAD],
+    "run_dapo_qwen2.5_32b.sh": [OFFLOAD, EPOCH_17K],
+    "run_dapo_qwen2.5_32b_rollout_corr.sh": ["rollout correction", OFFLOAD, EPOCH_17K],
+    "run_dapo_qwen3_moe_30b_megatron_npu.sh": [OFFLOAD, EPOCH_17K],
     "run_dapo_wo_ds_qwen2.5_32b.sh": [OFFLOAD],
     "run_deepseek671b_math_megatron_80gb.sh": [
         "neither a hub id",
@@ -256,7 +258,42 @@ def _ours(raw: dict[str, Any]) -> dict[str, Any]:
         exp["policy.max_tokens_per_microbatch"] = budget * cp
     elif f"{A}.ppo_micro_batch_size_per_gpu" in raw:
         exp["policy.train_micro_batch_size"] = raw[f"{A}.ppo_micro_batch_size_per_gpu"]
+    if _dapo_math(raw):
+        del exp["dapo.max_num_epochs"]
+        steps = _dapo_math_steps(raw, exp["dapo.num_prompts_per_step"])
+        if steps is not None:
+            exp["dapo.max_num_steps"] = steps
     return {k: v for k, v in exp.items() if not (isinstance(v, str) and "${" in v)}
+
+
+DAPO_MATH_ROWS = 1_791_700  # dapo-math-17k.parquet's rows, each problem ~100 times
+
+
+def _dapo_math(raw: dict[str, Any]) -> bool:
+    """prepare_dapo_data.sh's DAPO-Math-17k file, read whole by verl's RLHFDataset."""
+    train = raw.get("data.train_files")
+    return isinstance(train, str) and train.rsplit("/", 1)[-1] == "dapo-math-17k.parquet"
+
+
+def _dapo_math_steps(raw: dict[str, Any], prompts: int) -> int | None:
+    """Ours reads each problem once, so total_epochs E over verl's 1,791,700 rows is kept
+    out when the step cap S (none: unbounded) surely ends the run first, S x prompts x
+    rounds <= E x rows (rounds: max_num_gen_batches x gen_batch_size / train_batch_size
+    with filter_groups on, else 1); else without filtering written as min(S, E x (rows //
+    prompts)) steps (the dataloader's drop_last); else refused (None)."""
+    epochs, steps = raw.get("trainer.total_epochs", 30), raw.get("trainer.total_training_steps")
+    rounds = 1.0
+    if raw.get("algorithm.filter_groups.enable") is True:
+        gen = raw.get("data.gen_batch_size", raw["data.train_batch_size"])
+        rounds = raw["algorithm.filter_groups.max_num_gen_batches"] * max(
+            1.0, gen / raw["data.train_batch_size"]
+        )
+    if steps is not None and steps * prompts * rounds <= epochs * DAPO_MATH_ROWS:
+        return steps
+    if rounds == 1.0:
+        passes = epochs * (DAPO_MATH_ROWS // prompts)
+        return passes if steps is None else min(steps, passes)
+    return None
 
 
 @pytest.mark.parametrize("name", sorted(OUTCOMES))
@@ -271,6 +308,10 @@ def test_each_file_values(name):
     for key, value in _ours(raw).items():
         assert key in got, key
         assert got[key] == value, (key, got[key], value)
+    if _dapo_math(raw):  # an epoch of ours is not one of verl's
+        assert "dapo.max_num_epochs" not in got
+        if _dapo_math_steps(raw, got["dapo.num_prompts_per_step"]) is None:
+            assert "trainer.total_epochs" in {s.key for s in result.blocking}
     # a warm-up of N trainer steps is carried as N with our scheduler stepping per trainer
     # step (policy.scheduler.unit train_step), whatever the optimizer steps per step
     warm = raw.get(f"{A}.optim.lr_warmup_steps")
@@ -295,3 +336,22 @@ def test_each_file_outcome(name, tmp_path, capsys):
         assert code == 2, console.out
     for feature in features:  # the summary names each untranslated key's feature
         assert feature in console.out + console.err, (feature, console.out, console.err)
+
+
+def test_dapo_math_run_lengths_by_hand():
+    """total_epochs over dapo-math-17k.parquet (1,791,700 rows), read by eye: 10 epochs of
+    96 prompts, no step cap: 10 x 18663 steps (96 x 18663 = 1,791,648); 10 epochs, 200
+    steps of 512: 102,400 prompts fit, the steps end it; 1 epoch of 512 with filter_groups
+    on and no step cap: refused."""
+    for name, want in (
+        ("run_deepseek671b_math_megatron_96gb.sh", 186_630),
+        ("test_dapo_7b_math.sh", 200),
+        ("run_dapo_early_qwen2.5_32b.sh", 3499),
+    ):
+        raw = _script(name)
+        assert (
+            _dapo_math(raw)
+            and _dapo_math_steps(raw, _ours(raw)["dapo.num_prompts_per_step"]) == want
+        )
+    raw = _script("run_dapo_qwen2.5_32b.sh")
+    assert _dapo_math_steps(raw, 512) is None

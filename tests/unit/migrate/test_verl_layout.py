@@ -311,23 +311,51 @@ def test_keys_with_a_knob_here():
 def test_run_length():
     # ray_trainer.py fit: the run ends at global_steps >= total_training_steps or when the
     # `for epoch in range(..., total_epochs)` loop over the drop_last dataloader runs out,
-    # whichever first: both bounds are carried
-    v, skipped = _values({"trainer.total_epochs": 10})
+    # whichever first: both bounds are carried (over a dataset read alike: gsm8k)
+    gsm = {"data.train_files": "/data/gsm8k/train.parquet"}
+    v, skipped = _values({**gsm, "trainer.total_epochs": 10})
     assert v["dapo.max_num_steps"] == 5 and v["dapo.max_num_epochs"] == 10
     assert "trainer.total_epochs" not in skipped
     # Without total_training_steps verl's cap is len(dataloader) x total_epochs, never
     # reached before the data runs out: the epochs alone (our max_num_steps stays untraced)
     flat = {k: x for k, x in MINIMAL.items() if k != "trainer.total_training_steps"}
-    result = translate("verl", {**flat, "trainer.total_epochs": 10})
+    result = translate("verl", {**flat, **gsm, "trainer.total_epochs": 10})
     v = {s.key: s.value for s in result.settings}
     assert v["dapo.max_num_epochs"] == 10 and "dapo.max_num_steps" not in v
     assert "trainer.total_epochs" not in {s.key for s in result.skipped}
     note = {s.key: s.note for s in result.settings}["dapo.max_num_epochs"]
     assert "10 pass(es) over the data" in note and "drop_last" in note
     # Omitted: verl's default total_epochs 30 (ppo_trainer.yaml trainer.total_epochs)
-    v, _ = _values({})
+    v, _ = _values(gsm)
     assert v["dapo.max_num_epochs"] == 30
     assert "would train no step" in _refusal("trainer.total_epochs", 0)
+
+
+def test_run_length_over_dapo_math_17k():
+    # RLHFDataset reads dapo-math-17k.parquet whole: 1,791,700 rows, each problem ~100
+    # times; ours reads each problem once, so verl's epochs are not ours. 5 steps x 512
+    # prompts <= 10 x 1,791,700: the steps end the run first, no epoch bound is written
+    v, skipped = _values({"trainer.total_epochs": 10, "data.train_batch_size": 512})
+    assert v["dapo.max_num_steps"] == 5 and "dapo.max_num_epochs" not in v
+    assert "trainer.total_epochs" not in skipped
+    # no step cap, filter_groups off: 10 passes of 1791700 // 512 = 3499 batches (drop_last)
+    flat = {k: x for k, x in MINIMAL.items() if k != "trainer.total_training_steps"}
+    result = translate("verl", {**flat, "trainer.total_epochs": 10, "data.train_batch_size": 512})
+    v = {s.key: s.value for s in result.settings}
+    assert v["dapo.max_num_steps"] == 34_990 and "dapo.max_num_epochs" not in v
+    # filter_groups on (up to 10 rounds a step) and no step cap: refused
+    result = translate(
+        "verl",
+        {
+            **flat,
+            "trainer.total_epochs": 1,
+            "data.train_batch_size": 512,
+            "algorithm.filter_groups.enable": True,
+            "algorithm.filter_groups.max_num_gen_batches": 10,
+        },
+    )
+    refused = {s.key: s.reason for s in result.blocking}
+    assert "needs an epoch over" in refused["trainer.total_epochs"]
 
 
 @pytest.mark.parametrize(
