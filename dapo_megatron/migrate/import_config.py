@@ -220,13 +220,12 @@ def translate(dialect: str, flat: dict[str, Any]) -> ImportResult:
     unused = {"validation.temperature"} if greedy is not None and greedy.value is True else set()
     result.kept_ours = [k for k in OURS_THAT_MATTER if k not in chosen and k not in unused]
     dynamic = chosen.get("dapo.dynamic_sampling.enabled")
-    if (
-        dynamic is not None
-        and dynamic.value is True
-        and "dapo.dynamic_sampling.surplus" not in chosen
-    ):
-        # Ours carries the surplus groups to the next step by default; the peers discard.
-        result.kept_ours.append("dapo.dynamic_sampling.surplus")
+    if dynamic is not None and dynamic.value is True:
+        # Ours carries the surplus groups to the next step by default (the peers discard)
+        # and stops after 10 rounds (verl's default is no limit).
+        for key in ("dapo.dynamic_sampling.surplus", "dapo.dynamic_sampling.max_gen_batches"):
+            if key not in chosen:
+                result.kept_ours.append(key)
     return result
 
 
@@ -269,9 +268,10 @@ def _epochs_over_copies(chosen: dict[str, ImportedSetting], skipped: list[Skippe
     dynamic = value("dapo.dynamic_sampling.enabled", False) is True
     rounds = 1.0
     if dynamic:
-        rounds = float(value("dapo.dynamic_sampling.max_gen_batches", 10)) * float(
-            value("dapo.dynamic_sampling.batch_multiplier", 1.0)
-        )
+        # <= 0: no round limit (ours and the peers'): the steps bound nothing.
+        limit = float(value("dapo.dynamic_sampling.max_gen_batches", 0))
+        bound = float(value("dapo.dynamic_sampling.batch_multiplier", 1.0))
+        rounds = limit * bound if limit > 0 else float("inf")
     if steps is not None and prompts is not None:
         if steps * prompts * rounds <= epochs.value * rows:
             return  # max_num_steps ends both runs first; ours has no epoch bound to set

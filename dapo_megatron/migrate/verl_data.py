@@ -46,7 +46,10 @@ def unresolved(value: Any) -> bool:
 def _one_file(value: Any) -> str:
     if isinstance(value, list):
         if len(value) != 1:
-            raise Untranslatable(f"{len(value)} files; ours reads one")
+            raise Untranslatable(
+                f"needs {len(value)} training files in one set, which dapo-megatron lacks "
+                "(here: one file or hub dataset)"
+            )
         value = value[0]
     if not isinstance(value, str):
         raise Untranslatable(f"{value!r}: expected a path")

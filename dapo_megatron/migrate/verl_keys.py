@@ -574,6 +574,8 @@ VERL_DEFAULTS: dict[str, Any] = {
     "data.max_response_length": 512,
     "data.shuffle": True,
     "algorithm.filter_groups.enable": False,
+    # dapo_trainer.yaml: "Non-positive values mean no upper limit".
+    "algorithm.filter_groups.max_num_gen_batches": 0,
     "algorithm.norm_adv_by_std_in_grpo": True,
     "algorithm.adv_estimator": "gae",
     "reward_model.reward_manager": "naive",

@@ -37,7 +37,7 @@ R = "actor_rollout_ref.rollout"
 M = f"{A}.megatron"
 
 OFFLOAD = "CPU offload"
-TWO_FILES = "2 files; ours reads one"
+TWO_FILES = "2 training files in one set"
 
 # Hand-read from each script: what the import must refuse (a fragment of each feature's
 # words), or [] for "plans". Every script here sets a CPU offload or a feature we lack (a

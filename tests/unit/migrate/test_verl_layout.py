@@ -356,6 +356,27 @@ def test_run_length_over_dapo_math_17k():
     )
     refused = {s.key: s.reason for s in result.blocking}
     assert "needs an epoch over" in refused["trainer.total_epochs"]
+    # No round limit (max_num_gen_batches <= 0, dapo_trainer.yaml's default when omitted): a
+    # step may draw any number of prompts, so even a step cap bounds nothing: refused, and
+    # the omitted limit is carried as 0, never our 10.
+    for limit in ({"algorithm.filter_groups.max_num_gen_batches": 0}, {}):
+        result = translate(
+            "verl",
+            {
+                **flat,
+                "trainer.total_training_steps": 1_000_000,
+                "trainer.total_epochs": 1,
+                "data.train_batch_size": 512,
+                "algorithm.filter_groups.enable": True,
+                **limit,
+            },
+        )
+        v = {s.key: s.value for s in result.settings}
+        assert v["dapo.dynamic_sampling.max_gen_batches"] == 0
+        assert (
+            "needs an epoch over"
+            in {s.key: s.reason for s in result.blocking}["trainer.total_epochs"]
+        )
 
 
 @pytest.mark.parametrize(
