@@ -45,6 +45,7 @@ from dapo_megatron.migrate.foreign_source import (
     resolve_interpolations,
 )
 from dapo_megatron.migrate.plan_check import check_plan
+from dapo_megatron.planning.capacity import DEFAULT_CARD, card_names, parse_gpu_mem
 from dapo_megatron.shared.commands import tool_command
 
 BASE_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "dapo_base.yaml"
@@ -461,6 +462,13 @@ def _parser() -> argparse.ArgumentParser:
         help="a launch script's environment variable (e.g. HOME=/home/me), repeatable",
     )
     parser.add_argument(
+        "--gpu-mem",
+        default=DEFAULT_CARD,
+        metavar="GIB|CARD",
+        help=f"the source cluster's GPU for the plan of the written recipe, in GiB or a card "
+        f"name ({card_names()}; default: {DEFAULT_CARD}, as dapo-plan)",
+    )
+    parser.add_argument(
         "--table", action="store_true", help="print the migration table (markdown) and exit"
     )
     parser.add_argument(
@@ -494,6 +502,7 @@ def _import(args: argparse.Namespace) -> int:
                 f"{'|'.join(DIALECTS)} FILE -o recipes/mine.yaml"
             )
     out: Path = args.output
+    parse_gpu_mem(args.gpu_mem)  # a bad --gpu-mem is one line before anything is read
     if out.is_dir():
         raise ConfigError(f"-o {display_path(out)} is a directory; name the recipe file to write")
     if out.exists() and not args.force:
@@ -549,7 +558,7 @@ def _import(args: argparse.Namespace) -> int:
         raise ConfigError(
             f"{display_path(out)} was written but does not validate yet{gaps}: {e}"
         ) from None
-    verdict = check_plan(out)
+    verdict = check_plan(out, args.gpu_mem)
     if layout and verdict.fits is not True and not args.allow_untranslated:
         # Speed and memory knobs we lack only pass when the plan shows memory fits without
         # them; unplanned or over budget, they may be what the source needed.
