@@ -56,6 +56,7 @@ from dapo_megatron.data.prompt_template import apply_prompt_template
 from dapo_megatron.data.records import Message, PromptRecord, gsm8k_final_answer
 from dapo_megatron.data.remainder import RemainderTask
 from dapo_megatron.data.remainder import make_train_val_split as remainder_split
+from dapo_megatron.data.val_split import split_validation
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -492,11 +493,14 @@ def build_datasets(data: DataConfig, *, seed: int) -> DatasetSplits:
     if data.val_path is not None:
         val_set = load_prompt_file(data.val_path, data.format, **_file_args(data, "data.val_path"))
     elif data.val_fraction is not None:
-        # NeMo RL's split_validation_size (data/val_split.py); imported here because
-        # val_split.py builds on PromptDataset from this module.
-        from dapo_megatron.data.val_split import split_validation
-
-        train_set, val_set = split_validation(train_set, data.val_fraction, seed)
+        # NeMo RL's split_validation_size (data/val_split.py).
+        fraction = data.val_fraction
+        train, val, n_train, n_val = split_validation(
+            train_set.records, train_set.num_rows, train_set.source, fraction, seed
+        )
+        where = f"{train_set.source} (data.val_fraction = {fraction}, seed {seed})"
+        train_set = PromptDataset(train, f"{where} training share", n_train, {})
+        val_set = PromptDataset(val, f"{where} held-out share", n_val, {})
     return DatasetSplits(train_set, val_set)
 
 

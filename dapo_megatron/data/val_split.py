@@ -27,9 +27,10 @@ and so does our converter of that dataset, so the rows are the same rows.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.data.datasets import PromptDataset
+from dapo_megatron.data.records import PromptRecord
 
 
 def split_indices(num_rows: int, fraction: float, seed: int) -> tuple[list[int], list[int]]:
@@ -47,29 +48,26 @@ def split_indices(num_rows: int, fraction: float, seed: int) -> tuple[list[int],
 
 
 def split_validation(
-    dataset: PromptDataset, fraction: float, seed: int
-) -> tuple[PromptDataset, PromptDataset]:
-    """The training set and the validation set held out of ``dataset`` (the records of one
-    file, ``metadata["row"]`` their 1-based row numbers) by data.val_fraction ``fraction``
-    with seed ``seed`` (run.seed, NeMo RL's data.train.seed)."""
+    records: Sequence[PromptRecord], num_rows: int, source: str, fraction: float, seed: int
+) -> tuple[list[PromptRecord], list[PromptRecord], int, int]:
+    """The training and the validation records held out of one file's ``records``
+    (``metadata["row"]`` their 1-based row numbers, ``num_rows`` the file's rows, read from
+    ``source``) by data.val_fraction ``fraction`` with seed ``seed`` (run.seed, NeMo RL's
+    data.train.seed), and the row count of each side (skipped rows included)."""
     try:
-        train_rows, val_rows = split_indices(dataset.num_rows, fraction, seed)
+        train_rows, val_rows = split_indices(num_rows, fraction, seed)
     except ValueError as e:
         raise ConfigError(
-            f"data.val_fraction = {fraction}: {dataset.source} has {dataset.num_rows} rows and "
+            f"data.val_fraction = {fraction}: {source} has {num_rows} rows and "
             f"{e}; lower it or validate on a file (data.val_path)"
         ) from None
-    by_row = {record.metadata["row"] - 1: record for record in dataset.records}
+    by_row = {record.metadata["row"] - 1: record for record in records}
     train = [by_row[i] for i in train_rows if i in by_row]
     val = [by_row[i] for i in val_rows if i in by_row]
-    for records, side in ((train, "training"), (val, "validation")):
-        if not records:
+    for side_records, side in ((train, "training"), (val, "validation")):
+        if not side_records:
             raise ConfigError(
-                f"data.val_fraction = {fraction}: every {side} row of {dataset.source} was "
-                f"skipped ({dataset.skipped}); raise data.val_fraction or fix the file"
+                f"data.val_fraction = {fraction}: every {side} row of {source} was "
+                "skipped; raise data.val_fraction or fix the file"
             )
-    where = f"{dataset.source} (data.val_fraction = {fraction}, seed {seed})"
-    return (
-        PromptDataset(train, f"{where} training share", len(train_rows), {}),
-        PromptDataset(val, f"{where} held-out share", len(val_rows), {}),
-    )
+    return train, val, len(train_rows), len(val_rows)
