@@ -21,3 +21,7 @@ DUAL_WHY = "same meaning: the dual-clip bound for negative advantages, here {v} 
 UNLIMITED_WHY = (
     "same meaning: at most {v} full generation rounds' worth of prompts per step, <= 0 unlimited"
 )
+GSM8K_TEMPLATE = '{} Let\'s think step by step and output the final answer after "####".'
+"""verl's examples/data_preprocess/gsm8k.py and SkyRL's examples/train/gsm8k/gsm8k_dataset.py
+both build each question as question_raw + " " + instruction_following: the same text as a
+str.format template of the question (no braces to escape)."""

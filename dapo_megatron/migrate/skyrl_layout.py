@@ -25,7 +25,7 @@ from dapo_megatron.migrate.dialects import (
     off,
     same,
 )
-from dapo_megatron.migrate.shared_keys import SKYRL
+from dapo_megatron.migrate.shared_keys import GSM8K_TEMPLATE, SKYRL
 
 MEG = "trainer.policy.megatron_config"
 ENGINE = "generator.inference_engine"
@@ -171,8 +171,6 @@ _DAPO_FILES = {
 
 _GSM8K_FILES = {"train.parquet": "train", "validation.parquet": "test"}
 """examples/train/gsm8k/gsm8k_dataset.py writes openai/gsm8k's train and test splits."""
-GSM8K_TEMPLATE = "{} Let's think step by step and output the final answer after \"####\"."
-"""gsm8k_dataset.py's question: question_raw + " " + instruction_following."""
 
 
 def _data(ours: str) -> Callable[[Any, Mapping[str, Any]], Translation]:

@@ -27,7 +27,7 @@ from dapo_megatron.migrate.dialects import (
     off,
     same,
 )
-from dapo_megatron.migrate.shared_keys import VERL
+from dapo_megatron.migrate.shared_keys import GSM8K_TEMPLATE, VERL
 
 _UNRESOLVED = re.compile(r"\$\{|\$\(|\$[A-Za-z_]")
 
@@ -54,11 +54,6 @@ def _one_file(value: Any) -> str:
     if not isinstance(value, str):
         raise Untranslatable(f"{value!r}: expected a path")
     return value
-
-
-GSM8K_TEMPLATE = "{} Let's think step by step and output the final answer after \"####\"."
-"""verl's examples/data_preprocess/gsm8k.py question: question_raw + " " +
-instruction_following, as a str.format template of the question (no braces to escape)."""
 
 
 def identify(path: str) -> tuple[str, str, str] | None:
