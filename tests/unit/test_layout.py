@@ -25,6 +25,7 @@ TOP_LEVEL = {
     "test_shipped_recipes.py": "tests/shipped_recipes.py, a helper of the test suite",
     "test_docs.py": "README.md and docs/: the commands and recipe names they show",
     "test_shm_hygiene.py": "tests/shm_hygiene.py, a helper of the test suite",
+    "test_waits.py": "tests/waits.py, a helper of the test suite",
     "test_layout.py": "this layout",
 }
 
