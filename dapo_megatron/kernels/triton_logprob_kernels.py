@@ -24,6 +24,9 @@ import triton
 import triton.language as tl
 
 from dapo_megatron.kernels.compile_check import KernelSpec
+from dapo_megatron.kernels.triton_interpret import patch_interpreter
+
+patch_interpreter()  # Triton 3.6's interpreter with NumPy >= 2.4 (triton_interpret.py)
 
 # A finite stand-in for -inf as the initial running max: the online update multiplies the
 # old sums by exp(m_old - m_new) and adds (m_old - m_new) * s; with -inf that is -inf * 0.

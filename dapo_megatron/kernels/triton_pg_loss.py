@@ -52,6 +52,9 @@ from dapo_megatron.algorithms.kl import LOG_RATIO_CLAMP
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.kernels.chunked import _TensorOptions
 from dapo_megatron.kernels.compile_check import KernelSpec
+from dapo_megatron.kernels.triton_interpret import patch_interpreter
+
+patch_interpreter()  # Triton 3.6's interpreter with NumPy >= 2.4 (triton_interpret.py)
 
 # Column order of the per-program sums buffer.
 SUM_KEYS: tuple[str, ...] = (
