@@ -190,10 +190,24 @@ def _check_authentication(address: str) -> None:
         )
 
 
+def local_gpus(device: Device) -> int | None:
+    """The GPUs a local cluster declares: on CUDA the devices torch sees (it honours
+    CUDA_VISIBLE_DEVICES), so that placement does not hang on Ray's own detection through
+    NVML, which finds none where the NVML library is not where Ray looks; None (Ray's own
+    count, as ever) on CPU or when torch sees no device."""
+    if device != "cuda":
+        return None
+    import torch
+
+    count = torch.cuda.device_count()
+    return count or None
+
+
 def _init_local(*, num_cpus: int | None, device: Device) -> None:
     ray.init(
         address="local",  # never a stale cluster file from an earlier session
         num_cpus=num_cpus,
+        num_gpus=local_gpus(device),
         include_dashboard=False,
         logging_level=_RAY_LOG,
         object_store_memory=256 * 1024 * 1024 if device == "cpu" else None,

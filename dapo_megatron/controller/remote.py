@@ -77,6 +77,25 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(error).__name__
 
 
+# The end of a worker's traceback kept in the controller's error: the failing frames and
+# the exception are at the end; a deep Megatron stack above them would drown the console.
+WORKER_TRACEBACK_CHARS = 6000
+
+
+def raised_text(name: str, error: ray.exceptions.RayTaskError) -> str:
+    """The error of a worker call that raised: its one line (the name and the exception's
+    repr), then the worker's own traceback (Ray's ``traceback_str``), which otherwise lives
+    only in the worker's log, in a run directory a caller may already have deleted."""
+    head = f"{name} raised: {error.cause!r}"
+    trace = (getattr(error, "traceback_str", None) or "").strip()
+    if not trace:
+        return head
+    if len(trace) > WORKER_TRACEBACK_CHARS:
+        trace = "..." + trace[-WORKER_TRACEBACK_CHARS:]
+    body = "\n".join(f"  | {line}" for line in trace.splitlines())
+    return f"{head}\n  worker traceback:\n{body}"
+
+
 class RestartsExhausted(WorkerFailure):
     """A worker died once more after ``run.max_restarts`` restarts: the run gives up."""
 
@@ -194,7 +213,7 @@ def gather(
             except ray.exceptions.RayActorError as e:
                 raise WorkerDied(f"{describe(index[ref])} died: {first_line(e)}") from None
             except ray.exceptions.RayTaskError as e:
-                failure = WorkerFailure(f"{describe(index[ref])} raised: {e.cause!r}")
+                failure = WorkerFailure(raised_text(describe(index[ref]), e))
                 if is_peer_error(e.cause) and pending:
                     witness = f"{describe(index[ref])} ({_short(e.cause)})"
                     _raise_behind_peer_error(witness, pending, index, describe)
