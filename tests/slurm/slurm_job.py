@@ -3,12 +3,14 @@
 A ``Job`` is one submission: its own directory (output, Ray logs, run directory), its own
 Ray temp dir and port (other tests on this machine may run Ray too), the job's state and
 exit codes read from ``scontrol show job`` (no accounting daemon here, so no sacct), and
-waits sized by progress: every wait polls the job's state or a file and returns when it
-changes, with a generous ceiling that only a hung job reaches.
+waits sized by progress (tests/waits.py): every wait polls the job's state or a file, and
+fails only once the job has shown no progress (its state, its output, a file of its
+directory) for an idle limit scaled by the machine's speed, never at a fixed time.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,9 +19,10 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+import waits
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
@@ -152,7 +155,8 @@ class Job:
             RAY_TEMP_DIR=str(self.ray_tmp),
             RAY_START_ARGS="--object-store-memory=100000000",
             LOG_DIR=str(self.root / "logs"),
-            JOIN_TIMEOUT_S="120",
+            # ray.sub's own clock for the nodes to join: 120 s when quiet, scaled.
+            JOIN_TIMEOUT_S=str(round(waits.scaled(120))),
             TEARDOWN_GRACE_S="15",
         )
         if command is not None:
@@ -205,9 +209,9 @@ class Job:
         records = [dict(re.findall(r"(\w+)=(\S*)", line)) for line in path.read_text().splitlines()]
         return [r for r in records if r.get("JobId") == self.job_id]
 
-    def final_record(self, timeout: float = 30) -> dict[str, str]:
+    def final_record(self, idle_s: float = 30) -> dict[str, str]:
         """The jobcomp record of the job's last end (written as the job completes)."""
-        self.wait_for("jobcomp record", lambda: bool(self.completions()), timeout)
+        self.wait_for("jobcomp record", lambda: bool(self.completions()), idle_s)
         return self.completions()[-1]
 
     def state(self) -> str:
@@ -223,19 +227,24 @@ class Job:
         return " ".join(f"{k}={info.get(k)}" for k in keys) + "\n" + self.output()[-6000:]
 
     # --- waits, sized by progress --------------------------------------------------------
-    def wait_for(self, what: str, ready, timeout: float = 240) -> float:
-        """Poll ready() until true; seconds waited. Fails (and cancels the job) at timeout."""
-        started = time.monotonic()
-        while time.monotonic() - started < timeout:
-            if ready():
-                return time.monotonic() - started
-            time.sleep(0.25)
-        subprocess.run(["scancel", "--full", "--signal=KILL", self.job_id], check=False)
-        raise AssertionError(
-            f"job {self.job_id}: no {what} after {timeout:.0f} s\n{self.explain()}"
-        )
+    def progress(self) -> tuple:
+        """Changes whenever the job does something visible: its state, its output, a file
+        of its directory (run directory, logs)."""
+        return self.state(), waits.files_progress(self.root)()
 
-    def wait_steps(self, n: int, timeout: float = 240) -> float:
+    def wait_for(self, what: str, ready, idle_s: float = 120) -> float:
+        """Poll ready() until true; seconds waited. Fails (and cancels the job) once the job
+        showed no progress for idle_s (scaled by the machine's speed)."""
+        try:
+            return waits.wait_until(
+                ready, what=f"job {self.job_id}: {what}", idle_s=idle_s, progress=self.progress,
+                poll_s=0.25, details=self.explain,
+            )  # fmt: skip
+        except waits.WaitTimeout:
+            subprocess.run(["scancel", "--full", "--signal=KILL", self.job_id], check=False)
+            raise
+
+    def wait_steps(self, n: int, idle_s: float = 120) -> float:
         metrics = self.run_dir / "metrics.jsonl"
 
         def logged() -> bool:
@@ -243,7 +252,7 @@ class Job:
                 raise AssertionError(f"job ended before {n} steps:\n{self.explain()}")
             return metrics.exists() and len(metrics.read_text().splitlines()) >= n
 
-        return self.wait_for(f"{n} steps", logged, timeout)
+        return self.wait_for(f"{n} steps", logged, idle_s)
 
     def ended(self) -> bool:
         """In a final state and done completing: after `scancel` the state is CANCELLED at
@@ -257,11 +266,11 @@ class Job:
         ).stdout.split()
         return "CG" not in flags
 
-    def wait_end(self, timeout: float = 240) -> float:
-        return self.wait_for("end", self.ended, timeout)
+    def wait_end(self, idle_s: float = 120) -> float:
+        return self.wait_for("end", self.ended, idle_s)
 
-    def wait_line(self, text: str, timeout: float = 120) -> float:
-        return self.wait_for(f"line {text!r}", lambda: text in self.output(), timeout)
+    def wait_line(self, text: str, idle_s: float = 120) -> float:
+        return self.wait_for(f"line {text!r}", lambda: text in self.output(), idle_s)
 
     # --- what the run left --------------------------------------------------------------
     def assert_saved_current_step(self) -> int:
@@ -288,7 +297,7 @@ class Job:
         """The requeued attempt (held by BeginTime, cred_expire) resumed from the saved
         ``step``, ran to ``step + 2`` and the job ended COMPLETED 0:0, DerivedExitCode
         0:0, with the first attempt's output ``first`` kept. Returns the whole output."""
-        self.wait_line("[resume] ", timeout=120)
+        self.wait_line("[resume] ")
         self.wait_end()
         info = self.info()
         assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1")
@@ -307,9 +316,12 @@ class Job:
     def leftovers(self) -> list[str]:
         """Processes of the job still alive, and /dev/shm files that appeared during it and
         that no live process holds (Ray's object store), after the job ended."""
-        deadline = time.monotonic() + 20  # Slurm reaps a finished job's steps within seconds
-        while time.monotonic() < deadline and job_processes(self.job_id):
-            time.sleep(0.25)
+        # Slurm reaps a finished job's steps within seconds; each exit is progress.
+        with contextlib.suppress(waits.WaitTimeout):
+            waits.wait_until(
+                lambda: not job_processes(self.job_id), what="the job's processes to end",
+                idle_s=20, progress=lambda: len(job_processes(self.job_id)), poll_s=0.25,
+            )  # fmt: skip
         problems = [f"pid {pid} of job {self.job_id}" for pid in job_processes(self.job_id)]
         # Only the kinds a job of ours makes (Ray's object store, our buffers): other tests
         # on this machine may leave their own files meanwhile.
@@ -326,9 +338,11 @@ class Job:
         """Kill a job a failed test left running (then leftovers() waits for it to go)."""
         if self.job_id and self.state() not in FINAL_STATES:
             subprocess.run(["scancel", "--full", "--signal=KILL", self.job_id], check=False)
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not self.ended():
-                time.sleep(0.5)
+            with contextlib.suppress(waits.WaitTimeout):  # leftovers() names what is left
+                waits.wait_until(
+                    self.ended, what="the cancelled job's end", idle_s=60,
+                    progress=self.progress, poll_s=0.5,
+                )  # fmt: skip
 
     def cleanup(self) -> None:
         shutil.rmtree(self.ray_tmp, ignore_errors=True)

@@ -18,7 +18,7 @@ STATE = Path(os.environ.get("SLURM_LOCAL_DIR", "/tmp/dapo-slurm"))
 
 def _started(job) -> float:
     """When the current attempt's Ray came up (monotonic clock of this test)."""
-    job.wait_line("Ray cluster is up", timeout=120)
+    job.wait_line("Ray cluster is up", idle_s=120)
     return time.monotonic()
 
 
@@ -33,13 +33,13 @@ def test_time_limit_warning_saves_requeues_and_resumes(new_job):
     steps_file.write_text("100000")
     job.submit(job.command(steps=f"$(cat {steps_file})"), "--time=3", "--requeue")
     up = _started(job)
-    job.wait_line("preempted: SIGTERM", timeout=200)
+    job.wait_line("preempted: SIGTERM", idle_s=200)
     warned_after = time.monotonic() - up
     step = job.assert_saved_current_step()
     steps_file.write_text(str(step + 2))
-    job.wait_line("requeued job", timeout=30)
-    job.wait_line("[resume] ", timeout=150)
-    job.wait_end(timeout=120)
+    job.wait_line("requeued job", idle_s=30)
+    job.wait_line("[resume] ", idle_s=150)
+    job.wait_end(idle_s=120)
     info = job.info()
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1")
     assert job.final_record()["DerivedExitCode"] == "0:0", job.completions()
@@ -86,15 +86,15 @@ def test_a_dead_slurmd_fails_the_node_and_the_job_requeues_and_resumes(new_job):
         job.wait_for(
             "NODE_FAIL requeue",
             lambda: "DUE TO NODE FAILURE" in job.output() and "COMMAND exited" in job.output(),
-            timeout=150,
+            idle_s=150,
         )
         step = job.assert_saved_current_step()  # before the next attempt logs its steps
     finally:
         _reboot_node(job.job_id, "n2")
-    job.wait_line("[resume] ", timeout=240)
+    job.wait_line("[resume] ", idle_s=240)
     job.wait_steps(step + 1)
     subprocess.run(["scancel", job.job_id], check=True)
-    job.wait_end(timeout=90)
+    job.wait_end(idle_s=90)
     out = job.output()
     resumed = out.split("attempt 1:", 1)[1]
     assert f"[resume] {job.run_dir / 'checkpoints' / f'step_{step:06d}'}" in resumed, resumed

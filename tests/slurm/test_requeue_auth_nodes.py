@@ -20,6 +20,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import waits
 
 pytestmark = pytest.mark.slurm
 
@@ -36,7 +37,7 @@ def test_scontrol_requeue_resumes_from_the_saved_step_keeping_the_first_output(n
     job.submit(job.command(steps=f"$(cat {steps_file})"), "--requeue")
     job.wait_steps(STEPS_BEFORE_REQUEUE)
     subprocess.run(["scontrol", "requeue", job.job_id], check=True)
-    job.wait_line("preempted: SIGTERM", timeout=60)
+    job.wait_line("preempted: SIGTERM", idle_s=60)
     first = job.output()
     saved = [x for x in first.splitlines() if x.startswith("preempted: SIGTERM; saved step ")]
     assert len(saved) == 1, job.explain()
@@ -53,7 +54,7 @@ def test_a_driver_with_another_auth_mode_is_refused_at_once_in_one_line(new_job)
     job = new_job(nodes=1)
     # COMMAND drops the mode ray.sub exported: as a driver started by hand with it unset.
     job.submit("env -u RAY_AUTH_MODE -u RAY_AUTH_TOKEN " + job.command())
-    job.wait_end(timeout=120)
+    job.wait_end(idle_s=120)
     info = job.info()
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "1:0"), job.explain()
     out = job.output()
@@ -61,17 +62,18 @@ def test_a_driver_with_another_auth_mode_is_refused_at_once_in_one_line(new_job)
     assert len(errors) == 1 and "RAY_AUTH_MODE=unset" in errors[0], job.explain()
     assert "refused this driver's authentication" in errors[0], errors[0]
     assert "Traceback" not in out, out[-4000:]
-    assert _seconds_between(out, "running COMMAND", "COMMAND exited") < 15, out[-3000:]
+    seconds = _seconds_between(out, "running COMMAND", "COMMAND exited")
+    assert seconds < waits.scaled(15), out[-3000:]
 
 
 def test_token_mode_without_a_token_is_refused_before_ray_starts(new_job, tmp_path):
     job = new_job(nodes=1)
     job.submit(job.command(), RAY_AUTH_MODE="token", HOME=str(tmp_path))
-    seconds = job.wait_end(timeout=60)
+    seconds = job.wait_end(idle_s=60)
     assert (job.info()["JobState"], job.info()["ExitCode"]) == ("FAILED", "1:0"), job.explain()
     lines = [x for x in job.output().splitlines() if "ERROR:" in x]
     assert len(lines) == 1 and "RAY_AUTH_MODE=token but no token" in lines[0], job.explain()
-    assert "RAY_AUTH_TOKEN" in lines[0] and seconds < 15
+    assert "RAY_AUTH_TOKEN" in lines[0] and seconds < waits.scaled(15)
 
 
 def _seconds_between(out: str, first: str, second: str) -> int:
@@ -108,7 +110,7 @@ def test_a_raylet_killed_on_one_node_of_two_stops_with_one_line(new_job):
     job.submit(job.command())
     job.wait_steps(1)
     subprocess.run(["kill", "-KILL", str(_raylet_of(job.job_id, "n2"))], check=True)
-    job.wait_end(timeout=120)
+    job.wait_end(idle_s=120)
     info = job.info()
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "1:0"), job.explain()
     out = job.output()

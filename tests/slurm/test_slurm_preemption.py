@@ -24,7 +24,7 @@ def _preempt(job, *flags: str) -> float:
     """Signal the job after STEPS_BEFORE_SIGNAL steps; seconds from the signal to its end."""
     job.wait_steps(STEPS_BEFORE_SIGNAL)
     _scancel(job, *flags)
-    return job.wait_end(timeout=90)
+    return job.wait_end(idle_s=90)
 
 
 def test_sigterm_to_the_batch_shell_on_two_nodes_saves_the_step(new_job):
@@ -53,7 +53,7 @@ def test_sigterm_to_the_batch_shell_with_requeue_requeues_and_resumes(new_job):
     job.submit(job.command(steps=f"$(cat {steps_file})"), "--requeue")
     job.wait_steps(STEPS_BEFORE_SIGNAL)
     _scancel(job, "--batch", "--signal=TERM")
-    job.wait_line("requeued job", timeout=60)
+    job.wait_line("requeued job", idle_s=60)
     step = job.assert_saved_current_step()
     steps_file.write_text(str(step + 2))
     job.assert_resumed_after_requeue(step, first=job.output())
