@@ -284,15 +284,19 @@ def communicate(
     idle_s: float,
     progress: Progress | Iterable[Progress] | None = None,
     cap_s: float = CAP_S,
+    cpu: bool = False,
 ) -> str:
     """Wait for proc to exit while its output (or progress) moves; its whole stdout since
     it started ("" when not captured). A child idle for the limit is killed with its
-    process group and the wait fails with its last output."""
+    process group and the wait fails with its last output. cpu: the CPU time of proc and
+    its descendants counts as progress too (for a child that computes quietly; not for one
+    with a Ray cluster, whose daemons use CPU while idle)."""
     output_of(proc), output_of(proc, "stderr")  # start reading before waiting
+    extra = [cpu_progress(lambda: [proc.pid])] if cpu else []
     try:
         wait_until(
             lambda: proc.poll() is not None, what=what, idle_s=idle_s,
-            progress=[_line_count(proc), *_as_list(progress)], cap_s=cap_s,
+            progress=[_line_count(proc), *_as_list(progress), *extra], cap_s=cap_s,
             details=_details(proc),
         )  # fmt: skip
     except WaitTimeout:
@@ -309,6 +313,7 @@ def run(
     what: str | None = None,
     progress: Progress | Iterable[Progress] | None = None,
     cap_s: float = CAP_S,
+    cpu: bool = False,
     **popen: Any,
 ) -> subprocess.CompletedProcess[str]:
     """subprocess.run(cmd, capture_output=True, text=True, **popen), waited on by output
@@ -319,7 +324,7 @@ def run(
     )  # fmt: skip
     try:
         communicate(proc, what=what or f"{cmd[0]} to exit", idle_s=idle_s,
-                    progress=progress, cap_s=cap_s)  # fmt: skip
+                    progress=progress, cap_s=cap_s, cpu=cpu)  # fmt: skip
     finally:
         if proc.poll() is None:  # an error in the wait itself (Ctrl-C): never leave it
             kill_group(proc)

@@ -9,10 +9,9 @@ from __future__ import annotations
 import math
 import os
 import signal
-import subprocess
 
 import pytest
-from tiny_job import REPO, job_env, metrics_by_step, start_and_wait_for, train_command
+from tiny_job import metrics_by_step, run_job, start_and_wait_for, train_command
 
 pytestmark = pytest.mark.functional
 
@@ -50,10 +49,7 @@ def test_overlapped_run_respects_k_and_resumes_after_sigkill(tmp_path, k):
     os.killpg(proc.pid, signal.SIGKILL)  # the driver, its generation thread and its workers
     proc.wait()
     assert not (run_dir / "checkpoints" / f"step_{STEPS:06d}").exists(), "killed too late"
-    out = subprocess.run(
-        _command(run_dir, k), env=job_env(), cwd=REPO, capture_output=True, text=True,
-        timeout=600,
-    )  # fmt: skip
+    out = run_job(_command(run_dir, k))
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "[resume]" in out.stdout
     assert "generated again first" in out.stdout, out.stdout[-3000:]

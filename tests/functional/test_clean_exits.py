@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import psutil
 import pytest
-from tiny_job import REPO, actor_pids, job_env, start_and_wait_for, train_command
+import waits
+from tiny_job import REPO, actor_pids, finish, run_job, start_and_wait_for, train_command
 
 from dapo_megatron.cli import train_main
 
@@ -47,9 +47,7 @@ def test_ctrl_c_stops_the_workers_and_exits_130_with_one_line(tmp_path):
     assert marker.exists(), "the run never wrote its step-1 checkpoint"
     # A second dapo-train on the same directory is refused at once, leaving it untouched.
     config_before = (run_dir / "config.yaml").read_bytes()
-    second = subprocess.run(
-        _command(run_dir), env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    second = run_job(_command(run_dir))
     assert second.returncode == 2, second.stderr[-2000:]
     assert "Traceback" not in second.stderr
     assert f"run.output_dir = {run_dir} is in use by another dapo-train (pid {proc.pid}" in (
@@ -62,26 +60,19 @@ def test_ctrl_c_stops_the_workers_and_exits_130_with_one_line(tmp_path):
     ]
     assert workers, "no policy worker found under the driver"
     os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C sends: the whole group
-    try:
-        output, _ = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        # Never leave a run behind for the later tests (their workers would be found).
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
-        raise AssertionError(f"no exit 120 s after Ctrl-C:\n{output[-3000:]}") from None
+    # A run that goes quiet instead of exiting is killed with its group (never left behind
+    # for the later tests: their workers would be found), and the wait fails.
+    output = finish(proc, "the exit after Ctrl-C")
     assert proc.returncode == 130, output[-3000:]
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output[-3000:]
     line = next(x for x in output.splitlines() if x.startswith("interrupted:"))
     assert "the workers were stopped; the last checkpoint is" in line
     assert str(run_dir / "checkpoints" / "step_0000") in line and "resumes from it" in line
     assert "dapo-train --config" in line and f"run.output_dir={run_dir}" in line
-    _, alive = psutil.wait_procs(workers, timeout=30)
+    alive = waits.wait_exited(workers, what="the policy workers' exit", idle_s=30)
     assert alive == [], f"policy workers still running after the exit: {alive}"
     # The directory now holds a run: resume=never refuses it instead of mixing two runs.
-    never = subprocess.run(
-        _command(run_dir, "checkpointing.resume=never"),
-        env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    never = run_job(_command(run_dir, "checkpointing.resume=never"))
     assert never.returncode == 2 and "Traceback" not in never.stderr, never.stderr[-2000:]
     assert "checkpointing.resume = never, but run.output_dir" in never.stderr
     assert "already holds a run" in never.stderr
@@ -94,7 +85,7 @@ def test_exhausted_restarts_name_the_last_checkpoint_and_the_command(tmp_path):
     pids = actor_pids("PolicyWorker", proc.pid)
     assert marker.exists() and pids, "no checkpoint or no worker to kill"
     os.kill(pids[-1], signal.SIGKILL)
-    output, _ = proc.communicate(timeout=300)
+    output = finish(proc)
     assert proc.returncode == 1, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     line = next(x for x in output.splitlines() if x.startswith("error:"))
@@ -121,10 +112,7 @@ def test_overrides_may_follow_flags(tmp_path, capsys):
 
 
 def test_help_documents_run_dir_resume_exit_codes_and_overrides():
-    out = subprocess.run(
-        [*train_command(REPO / "unused", REPO / "unused")[:3], "--help"],
-        capture_output=True, text=True, env=job_env(), cwd=REPO, timeout=60,
-    ).stdout  # fmt: skip
+    out = run_job([*train_command(REPO / "unused", REPO / "unused")[:3], "--help"]).stdout
     for needle in ("run directory", "metrics.jsonl", "checkpointing.resume=never",
                    "exit status", "130 interrupted", "anywhere on the command"):  # fmt: skip
         assert needle in out, needle

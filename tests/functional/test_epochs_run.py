@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tiny_job import REPO, job_env, train_command
+from tiny_job import run_job, train_command
 
 pytestmark = pytest.mark.functional
 
@@ -32,7 +32,7 @@ EPOCH_RUN = (
 
 def _train(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
     cmd = train_command(run_dir, run_dir / "model", *EPOCH_RUN, *overrides)
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=job_env())
+    return run_job(cmd)
 
 
 def _steps(run_dir: Path) -> list[int]:

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from tiny_job import REPO, job_env, train_command
+from tiny_job import run_job, train_command
 
 pytestmark = pytest.mark.functional
 
@@ -46,7 +46,7 @@ def test_a_full_disk_during_a_save_is_one_line(tmp_path, small_disk):
         "logger.plots=false",
         f"checkpointing.checkpoint_dir={checkpoints}",
     )
-    out = subprocess.run(cmd, env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=300)
+    out = run_job(cmd)
     output = out.stdout + out.stderr
     assert out.returncode == 1, output[-3000:]
     assert "Unhandled error" not in output and "Traceback" not in output, output[-3000:]
@@ -59,7 +59,7 @@ def test_a_full_disk_during_a_save_is_one_line(tmp_path, small_disk):
 
 def test_a_full_disk_during_dapo_export_is_one_line(tmp_path, small_disk):
     run_dir = tmp_path / "run"
-    train = subprocess.run(
+    train = run_job(
         train_command(
             run_dir,
             tmp_path / "model",
@@ -71,19 +71,18 @@ def test_a_full_disk_during_dapo_export_is_one_line(tmp_path, small_disk):
             "logger.progress_bar=false",
             "logger.plots=false",
             "checkpointing.export_hf=false",
-        ),
-        env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        )
+    )
     assert train.returncode == 0, train.stderr[-3000:]
     out_dir = small_disk / "hf"
     (small_disk / "filler").write_bytes(bytes(200 * 1024))  # leaves less than the weights
-    export = subprocess.run(
+    export = run_job(
         [
             sys.executable, "-c",
             "import sys; from dapo_megatron.cli import export_main; sys.exit(export_main())",
             "--checkpoint", str(run_dir / "checkpoints" / "step_000001"), "--out", str(out_dir),
         ],
-        env=job_env(), cwd=REPO, capture_output=True, text=True, timeout=300,
+        progress_paths=(out_dir,),
     )  # fmt: skip
     assert export.returncode == 1, export.stdout[-2000:] + export.stderr[-3000:]
     # (the export ranks' library warnings are not ours to silence here)

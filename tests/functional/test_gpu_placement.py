@@ -14,6 +14,7 @@ import os
 
 import pytest
 import ray
+import waits
 from tiny_job import REPO
 
 from dapo_megatron.config.loader import load_config
@@ -28,6 +29,7 @@ from dapo_megatron.generation.vllm_backend import executor_backend
 from dapo_megatron.workers.generation_worker import apply_visible_devices
 
 pytestmark = pytest.mark.functional
+# Ray's scheduling on a quiet machine takes seconds; scaled by the machine's speed at use.
 SCHEDULE_TIMEOUT_S = 60
 
 
@@ -77,7 +79,7 @@ def _plan(*overrides: str) -> RunPlan:
 
 
 def _reports(actors: list) -> list[dict]:
-    return ray.get([a.report.remote() for a in actors], timeout=SCHEDULE_TIMEOUT_S)
+    return ray.get([a.report.remote() for a in actors], timeout=waits.scaled(SCHEDULE_TIMEOUT_S))
 
 
 def _policy(plan: RunPlan) -> tuple[Reservation, list, list[dict]]:
@@ -85,7 +87,7 @@ def _policy(plan: RunPlan) -> tuple[Reservation, list, list[dict]]:
     resources = rank_resources(
         plan.config.cluster, device=plan.device, device_share=plan.policy_device_share
     )
-    group = reserve_ranks(world, resources, timeout_s=SCHEDULE_TIMEOUT_S)
+    group = reserve_ranks(world, resources, timeout_s=waits.scaled(SCHEDULE_TIMEOUT_S))
     places = policy_placements(group, plan, resources)
     actors = [Probe.options(**p.options).remote() for p in places]
     return group, actors, _reports(actors)

@@ -12,7 +12,8 @@ import time
 import psutil
 import pytest
 import ray
-from tiny_job import start_and_wait_for, train_command
+import waits
+from tiny_job import finish, start_and_wait_for, train_command, wait_line
 
 from dapo_megatron.controller.remote import WorkerHung, gather
 
@@ -41,22 +42,16 @@ def test_a_rank_stopped_in_a_collective_ends_the_run_naming_it(tmp_path):
         "run.collective_timeout_s=10",
     )
     proc = start_and_wait_for(cmd, run_dir / "config.yaml", capture=True)
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:  # the ranks are in their SFT steps (an all-reduce each)
-        lines.append(line)
-        if line.startswith("sft warm-up 10/"):
-            break
+    wait_line(proc, "sft warm-up 10/")  # the ranks are in their SFT steps (an all-reduce each)
     stopped = _policy_workers(proc.pid)[-1]
     stopped.send_signal(signal.SIGSTOP)
     started = time.monotonic()
     try:
-        rest, _ = proc.communicate(timeout=120)
+        output = finish(proc, "the exit after a rank stopped")
     finally:
         if stopped.is_running():
             stopped.send_signal(signal.SIGKILL)
     seconds = time.monotonic() - started
-    output = "".join(lines) + rest
     assert proc.returncode == 1, output[-3000:]
     assert "Traceback" not in output, output[-3000:]
     errors = [x for x in output.splitlines() if x.startswith("error:")]
@@ -66,7 +61,8 @@ def test_a_rank_stopped_in_a_collective_ends_the_run_naming_it(tmp_path):
     assert " stopped responding: the collective of policy rank " in line, line
     assert "failed waiting for it (10 s, run.collective_timeout_s)" in line, line
     assert "restarts exhausted (run.max_restarts = 0" in line, line
-    assert seconds < 60, f"{seconds:.0f} s from SIGSTOP to the exit"
+    # The collective's timeout (a clock), then the stop (work, as slow as the machine).
+    assert seconds < 10 + waits.scaled(50), f"{seconds:.0f} s from SIGSTOP to the exit"
 
 
 @ray.remote(num_cpus=0)
@@ -95,6 +91,6 @@ def test_a_stopped_worker_fails_the_call_after_its_timeout_naming_it():
         assert str(caught.value) == (
             "engine 1 gave no answer within 3 s (run.call_timeout_s); killed with its group"
         )
-        assert 3 <= seconds < 10
+        assert 3 <= seconds < 3 + waits.scaled(7)
     finally:
         ray.shutdown()

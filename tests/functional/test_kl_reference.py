@@ -12,7 +12,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from tiny_job import REPO, job_env, metrics_by_step, train_command
+from tiny_job import metrics_by_step, run_job, train_command
 
 pytestmark = pytest.mark.functional
 
@@ -33,7 +33,7 @@ COMMON = [
 
 def _train(run_dir: Path, steps: int) -> subprocess.CompletedProcess:
     cmd = train_command(run_dir, run_dir.parent / "model", *COMMON, f"dapo.max_num_steps={steps}")
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=REPO, env=job_env())
+    out = run_job(cmd)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 

@@ -4,12 +4,11 @@ actually occur on its task, so overlong handling and dynamic sampling have work 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from tiny_job import REPO, job_env
+from tiny_job import REPO, run_job
 
 pytestmark = pytest.mark.functional
 
@@ -35,7 +34,7 @@ def test_longcot_recipe_truncates_and_filters_groups(tmp_path: Path) -> None:
         "validation.val_at_start=false",
         "validation.val_period=0",
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=job_env())
+    out = run_job(cmd)
     assert out.returncode == 0, out.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in rows if r["step"] > 0]

@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import ray
+import waits
 from ray.cluster_utils import Cluster
 from ray.util.placement_group import remove_placement_group
 from shipped_recipes import shipped_recipes
@@ -51,7 +52,7 @@ NODES = 4
 GPUS_PER_NODE = 8
 # Logical CPUs per fake node: 8 policy ranks (1 CPU each on GPU clusters) plus split engines.
 CPUS_PER_NODE = 10
-TIMEOUT_S = 60
+TIMEOUT_S = 60  # Ray's scheduling: seconds when quiet; scaled by the machine's speed at use
 RECIPES = shipped_recipes()
 
 
@@ -73,9 +74,10 @@ def cluster() -> Iterator[Cluster]:
     fake = Cluster(initialize_head=True, head_node_args={**node, "include_dashboard": False})
     try:
         for _ in range(NODES - 1):
-            fake.add_node(**node)
+            # Not Ray's own 30 s wait per node: a busy machine starts a raylet slower.
+            fake.add_node(wait=False, **node)
         ray.init(address=fake.address, log_to_driver=False)
-        fake.wait_for_nodes()
+        fake.wait_for_nodes(timeout=waits.scaled(60))
         yield fake
     finally:
         ray.shutdown()
@@ -132,14 +134,19 @@ def _plan(recipe: Path, split: bool) -> RunPlan:
 def _truth(places: list[ActorPlacement]) -> list[tuple[str, list[str]]]:
     """(node id, GPU ids) Ray gives a task started with each placement's options, one task
     at a time (they reuse one worker per node instead of starting one per placement)."""
-    return [ray.get(_where.options(**p.options).remote(), timeout=TIMEOUT_S) for p in places]
+    return [
+        ray.get(_where.options(**p.options).remote(), timeout=waits.scaled(TIMEOUT_S))
+        for p in places
+    ]
 
 
 def _reserve_policy(plan: RunPlan) -> tuple[Reservation, Any]:
     resources = rank_resources(
         plan.config.cluster, device=plan.device, device_share=plan.policy_device_share
     )
-    return reserve_ranks(plan.policy_world_size, resources, timeout_s=TIMEOUT_S), resources
+    return reserve_ranks(
+        plan.policy_world_size, resources, timeout_s=waits.scaled(TIMEOUT_S)
+    ), resources
 
 
 @pytest.mark.parametrize("split", [False, True], ids=["colocated", "split"])

@@ -17,7 +17,8 @@ import time
 
 import psutil
 import pytest
-from tiny_job import start_and_wait_for, train_command
+import waits
+from tiny_job import finish, start_and_wait_for, train_command, wait_line
 
 pytestmark = pytest.mark.functional
 
@@ -48,34 +49,26 @@ def test_survivor_error_before_the_death_report_restarts_and_names_the_dead_rank
     )
     # The first SFT lines: the ranks are in their warm-up steps.
     proc = start_and_wait_for(cmd, run_dir / "config.yaml", capture=True)
-    assert proc.stdout is not None
-    lines = []
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith("sft warm-up 10/"):
-            break
+    wait_line(proc, "sft warm-up 10/")
     # One of the two ranks (which one is not visible from outside; the line must name it).
     rank1 = _descendants(proc.pid, "ray::PolicyWorker")[-1]
     raylet = _descendants(proc.pid, "raylet")[0]
     rank1.send_signal(signal.SIGSTOP)
-    time.sleep(2)  # rank 0 now waits for rank 1 in the step's all-reduce
+    # Rank 0 now reaches the step's all-reduce and waits for rank 1 (later on a busy machine;
+    # rank 1 may stay stopped far longer than its collective needs).
+    time.sleep(min(waits.scaled(2), 20))
     raylet.send_signal(signal.SIGSTOP)
     try:
         rank1.send_signal(signal.SIGKILL)
-        time.sleep(4)  # rank 0's error reaches the controller; Ray cannot report yet
+        # Rank 0's error reaches the controller; Ray cannot report yet. Not scaled: a raylet
+        # stopped for ~15 s has its node declared dead by the GCS's health check (a clock).
+        time.sleep(4)
     finally:
         raylet.send_signal(signal.SIGCONT)
-    restart = None
-    deadline = time.monotonic() + 120
-    for line in proc.stdout:
-        lines.append(line)
-        if line.startswith(("[restart", "error:")) or time.monotonic() > deadline:
-            restart = line
-            break
+    restart = wait_line(proc, ("[restart", "error:"))
     os.killpg(proc.pid, signal.SIGINT)  # enough: Ctrl-C stops the restarted run
-    rest, _ = proc.communicate(timeout=120)
-    output = "".join(lines) + rest
-    assert restart is not None and restart.startswith("[restart 1/1] policy rank "), output[-3000:]
+    output = finish(proc, "the exit after Ctrl-C")
+    assert restart.startswith("[restart 1/1] policy rank "), output[-3000:]
     assert " died: " in restart and "raised" not in restart, restart
     assert proc.returncode == 130, output[-3000:]
     assert "Traceback" not in output, output[-3000:]

@@ -61,9 +61,11 @@ def _in_a_fresh_process(request: pytest.FixtureRequest) -> bool:
     process's own ray module and environment are not a clean start."""
     if os.environ.get(_CHILD) == "1":
         return True
-    import subprocess
+    import waits
 
-    out = subprocess.run(
+    # The child prints its result only at the end and runs a Ray cluster (whose daemons use
+    # CPU while idle, so CPU time is no sign of progress): a generous idle limit, scaled.
+    out = waits.run(
         [sys.executable, "-m", "pytest", f"{__file__}::{request.node.name}", "-q",
          "-p", "no:cacheprovider"],
         # The authentication mode is fixed before the child imports ray. Ray reads it once, at
@@ -73,7 +75,7 @@ def _in_a_fresh_process(request: pytest.FixtureRequest) -> bool:
         # its actor workers refused by the driver ("died at creation"): the failure seen
         # only in the full session.
         env={**os.environ, _CHILD: "1", "RAY_AUTH_MODE": "disabled"},
-        capture_output=True, text=True, timeout=300,
+        idle_s=300,
     )  # fmt: skip
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     return False

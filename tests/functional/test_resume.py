@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 
 import pytest
-from tiny_job import REPO, actor_pids, job_env, metrics_by_step, start_and_wait_for, train_command
+from tiny_job import actor_pids, metrics_by_step, run_job, start_and_wait_for, train_command
 
 pytestmark = pytest.mark.functional
 
@@ -68,14 +67,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, variant):
     extra, more_keys = VARIANTS[variant]
     keys = KEYS + more_keys
     straight = tmp_path / "straight"
-    out = subprocess.run(
-        _command(straight, *extra),
-        env=job_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = run_job(_command(straight, *extra))
     assert out.returncode == 0, out.stderr[-3000:]
 
     killed = tmp_path / "killed"
@@ -85,14 +77,7 @@ def test_sigkill_then_resume_matches_uninterrupted_run(tmp_path, variant):
     os.killpg(proc.pid, signal.SIGKILL)  # the driver and its Ray workers, mid-run
     proc.wait()
     assert not (killed / "checkpoints" / "step_000004").exists(), "killed too late"
-    out = subprocess.run(
-        _command(killed, *extra),
-        env=job_env(),
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    out = run_job(_command(killed, *extra))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "[resume]" in out.stdout
 

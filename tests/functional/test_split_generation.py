@@ -17,7 +17,7 @@ import signal
 from pathlib import Path
 
 import pytest
-from tiny_job import REPO, actor_pids, metrics_by_step, start_and_wait_for, train_command
+from tiny_job import REPO, actor_pids, finish, metrics_by_step, start_and_wait_for, train_command
 
 pytestmark = pytest.mark.functional
 
@@ -58,7 +58,7 @@ def test_split_engines_refit_and_survive_an_engine_death(tmp_path):
     # no name, so the SIGKILL below (or of any process) cannot leave it behind.
     assert _refit_files() - before == set()
     os.kill(pids[0], signal.SIGKILL)
-    output, _ = proc.communicate(timeout=600)
+    output = finish(proc)
     assert proc.returncode == 0, output[-3000:]
     assert "[restart 1/2] generation engine 0 (megatron) died" in output, output[-3000:]
     assert "[resume]" in output

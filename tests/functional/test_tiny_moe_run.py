@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_job import REPO, job_env, metrics_by_step
+from tiny_job import REPO, metrics_by_step, run_job
 
 pytestmark = pytest.mark.functional
 
@@ -55,7 +55,7 @@ def _train(run_dir: Path, model_dir: Path, steps: int) -> subprocess.CompletedPr
         f"dapo.max_num_steps={steps}",
         *COMMON,
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO, env=job_env())
+    out = run_job(cmd)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-3000:]
     return out
 

@@ -10,19 +10,19 @@ import sys
 from pathlib import Path
 
 import pytest
-from tiny_job import REPO, job_env, train_command
+from tiny_job import job_env, run_job, train_command
 
 pytestmark = pytest.mark.functional
 
 EXPORT_MAIN = "import sys; from dapo_megatron.cli import export_main; sys.exit(export_main())"
 
 
-def _run(tmp_path: Path, *overrides: str, timeout: float = 600) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess:
     cmd = train_command(tmp_path, tmp_path / "model", "logger.progress_bar=false", *overrides)
     # Ray's authentication default, as a user's launch has it (job_env opts out): the console
     # must stay ours either way.
     env = {k: v for k, v in job_env().items() if k != "RAY_AUTH_MODE"}
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
+    return run_job(cmd, env=env)
 
 
 def test_three_steps_of_the_tiny_recipe(tmp_path):
@@ -92,9 +92,7 @@ def _check_cli_export(checkpoint: Path, out: Path) -> None:
         "--out",
         str(out),
     ]
-    done = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, cwd=REPO, env=job_env()
-    )
+    done = run_job(command, progress_paths=(out,))
     assert done.returncode == 0, done.stderr[-3000:]
     lines = (done.stdout + done.stderr).splitlines()
     third_party = [

@@ -77,7 +77,7 @@ def finish(proc: subprocess.Popen, what: str = "the run's exit") -> str:
     return waits.communicate(proc, what=what, idle_s=IDLE_S, progress=progress_of(proc.args))
 
 
-def wait_line(proc: subprocess.Popen, prefix: str) -> str:
+def wait_line(proc: subprocess.Popen, prefix: str | tuple[str, ...]) -> str:
     """The first line of a started run's output that starts with prefix."""
     return waits.wait_line(
         proc, lambda x: x.startswith(prefix), what=f"a line {prefix!r}", idle_s=IDLE_S,
