@@ -9,7 +9,7 @@ implementations behind it compute the same numbers:
                    CUDA tensors (CPU tensors only under ``TRITON_INTERPRET=1``, for tests);
   ``"auto"``       ``"triton"`` for fp16/bf16 CUDA tensors when triton imports, and for fp32
                    CUDA tensors only on architectures in :data:`FP32_TRITON_ARCHS`; else
-                   ``"chunked"`` (CPU, fp64, fp32 elsewhere).
+                   ``"chunked"`` (CPU, fp64, fp32 elsewhere, or ``DAPO_NO_TRITON=1``).
 
 fp32 runs the kernels' IEEE fp32 dots on the CUDA cores. ``"auto"`` sends fp32 to them only
 where a compiled fp32 configuration does not spill registers (:data:`FP32_TRITON_ARCHS`;
@@ -50,6 +50,17 @@ from dapo_megatron.kernels.reference import linear_logprob_reference
 SYNC_CHECKS_ENV = "DAPO_SYNC_CHECKS"
 """Set to 1 to range-check target ids on accelerators with a host sync (module docstring)."""
 
+NO_TRITON_ENV = "DAPO_NO_TRITON"
+"""Set to 1 and ``"auto"`` never picks the Triton kernels (logprob and PG loss): the torch
+paths run instead. For a device where the compiled kernels fail (bench/gpu_run.py sets it
+for its runs when its check of the kernels failed); an explicit ``impl="triton"`` stays."""
+
+
+def triton_auto_allowed() -> bool:
+    """Whether ``"auto"`` may pick the Triton kernels (:data:`NO_TRITON_ENV` unset or 0)."""
+    return os.environ.get(NO_TRITON_ENV, "0") in ("", "0")
+
+
 LogprobImpl = Literal["auto", "chunked", "reference", "triton"]
 LOGPROB_IMPLS: tuple[str, ...] = ("auto", "chunked", "reference", "triton")
 _FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
@@ -85,7 +96,7 @@ def _resolve_impl(impl: str, hidden_NH: torch.Tensor) -> str:
     """The implementation ``impl="auto"`` stands for with these inputs."""
     if impl != "auto":
         return impl
-    if hidden_NH.is_cuda and triton_available():
+    if hidden_NH.is_cuda and triton_available() and triton_auto_allowed():
         major = torch.cuda.get_device_capability(hidden_NH.device)[0]
         if triton_takes_dtype(hidden_NH.dtype, major):
             return "triton"

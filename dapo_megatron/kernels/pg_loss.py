@@ -44,7 +44,11 @@ from dapo_megatron.algorithms.loss import (
 from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.algorithms.rollout_correction import level_log_weights
-from dapo_megatron.kernels.dispatch import _triton_interpreted, triton_available
+from dapo_megatron.kernels.dispatch import (
+    _triton_interpreted,
+    triton_auto_allowed,
+    triton_available,
+)
 
 PGLossImpl = Literal["auto", "torch", "triton"]
 PG_LOSS_IMPLS: tuple[str, ...] = ("auto", "torch", "triton")
@@ -57,7 +61,12 @@ def resolve_pg_loss_impl(impl: str, logprobs_BT: torch.Tensor) -> str:
         raise ValueError(f"impl must be one of {PG_LOSS_IMPLS}, got {impl!r}")
     if impl != "auto":
         return impl
-    if logprobs_BT.is_cuda and logprobs_BT.dtype in _TRITON_DTYPES and triton_available():
+    if (
+        logprobs_BT.is_cuda
+        and logprobs_BT.dtype in _TRITON_DTYPES
+        and triton_available()
+        and triton_auto_allowed()
+    ):
         return "triton"
     return "torch"
 
