@@ -4,7 +4,9 @@
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT (a free port) set, calls
 ``fn(*args)`` in each, and returns the per-rank return values. A failing rank makes the
 call raise with the child's traceback; the other ranks are terminated (they would
-otherwise hang in a collective). A run longer than ``timeout`` seconds is killed.
+otherwise hang in a collective). Ranks that use no CPU time for ``timeout`` seconds (scaled
+by the machine's speed, tests/waits.py) are killed: ranks that compute are never cut off
+by a busy machine, ranks blocked in a collective or asleep are.
 
 ``fn`` must be importable by the children (a module-level function of a test module).
 
@@ -21,13 +23,13 @@ from __future__ import annotations
 import os
 import socket
 import tempfile
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.multiprocessing as mp
+import waits
 
 # Only third-party modules: ours are imported by the ranks themselves (Triton decides
 # interpreted or compiled when a kernel module is imported, from TRITON_INTERPRET).
@@ -76,7 +78,7 @@ def run_distributed(
         torch.multiprocessing.ProcessRaisedException: a rank raised (message holds its
             traceback).
         torch.multiprocessing.ProcessExitedException: a rank died (signal, exit code).
-        TimeoutError: not all ranks finished within ``timeout`` seconds.
+        TimeoutError: the ranks used no CPU time for ``timeout`` seconds (scaled).
     """
     with tempfile.TemporaryDirectory() as out_dir:
         context = mp.start_processes(
@@ -86,14 +88,19 @@ def run_distributed(
             join=False,
             start_method="forkserver",
         )
-        deadline = time.monotonic() + timeout
-        while not context.join(timeout=1.0):
-            if time.monotonic() > deadline:
-                for process in context.processes:
-                    if process.is_alive():
-                        process.kill()
-                    process.join()
-                raise TimeoutError(f"{fn.__name__} on {world_size} ranks ran over {timeout} s")
+        pids = [p.pid for p in context.processes]
+        try:
+            # join() blocks up to 1 s per poll and raises as soon as a rank failed.
+            waits.wait_until(
+                lambda: context.join(timeout=1.0), what=f"{fn.__name__} on {world_size} ranks",
+                idle_s=timeout, progress=waits.cpu_progress(lambda: pids), poll_s=0,
+            )  # fmt: skip
+        except waits.WaitTimeout as idle:
+            for process in context.processes:
+                if process.is_alive():
+                    process.kill()
+                process.join()
+            raise TimeoutError(str(idle)) from None
         return [
             torch.load(Path(out_dir) / f"rank{r}.pt", weights_only=False) for r in range(world_size)
         ]
