@@ -95,8 +95,9 @@ def _rank(
 ) -> dict:
     import json
     import os
-    import subprocess
     import sys
+
+    import waits
 
     from dapo_megatron.planning.trace.shim import build_shim
 
@@ -116,7 +117,8 @@ def _rank(
     )
     env = dict(os.environ, LD_PRELOAD=str(build_shim()), PYTHONWARNINGS="ignore")
     cmd = [sys.executable, "-m", "dapo_megatron.megatron.fake_trace", str(spec), str(out)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    # A quiet child that computes: its CPU time is its progress.
+    done = waits.run(cmd, idle_s=120, cpu=True, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(out.read_text())
 
