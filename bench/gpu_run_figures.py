@@ -35,8 +35,15 @@ MODEL_KEYS: tuple[str, ...] = (
     "resume_bit_exact",
     "export_ok",
     "hf_generate_tokens_per_s",
+    "phases_done",
+    "partial",
 )
-"""Exactly the keys of each model's entry in the JSON (``models[<preset>]``)."""
+"""Exactly the keys of each model's entry in the JSON (``models[<preset>]``). An entry is
+written once its timed run is done; ``phases_done`` lists the phases done, in order
+(``checkpoint``, ``kernel_check`` on CUDA, ``timed``, ``resume``, ``export``,
+``hf_generate``; a figure of a phase not done is null) and ``partial`` is whether one of
+timed, resume, export and hf_generate is missing (stopped, failed or skipped: ``details``
+says why)."""
 
 PHASES: tuple[str, ...] = ("generation", "logprob", "train")
 """The phases measured by the policy worker (device/phase_memory.py) and planned."""

@@ -9,17 +9,25 @@
 #                           [--samples N] [--response-length N] [KEY=VALUE ...]
 #
 # The one-GPU test machine lacks Ray, megatron-core, math-verify and tensorboardX: where
-# `import ray, megatron.core` fails, the carry that scripts/build_gpu_carry.sh built here
+# `import ray, megatron.core, math_verify` fails, the carry that scripts/build_gpu_carry.sh
+# built here
 # (.gpu_carry/pack/site.tar.xz; name `.gpu_carry/pack` in the device call's carry) is
-# unpacked into a temporary directory put on PYTHONPATH, never into the system Python.
+# unpacked (by Python's tarfile: no xz binary needed) into a temporary directory put on
+# PYTHONPATH, never into the system Python.
 # Interpreter: $PYTHON, else .venv/bin/python when present, else python3.
 #
 # On the lent one-GPU machine (device tool), after `bash scripts/build_gpu_carry.sh` here:
 #   run(carry=[".gpu_carry/pack"], timeout_s=600, command="set -o pipefail; bash
-#       scripts/gpu_run.sh --out $OUT/gpu_run.json --deadline-s 360 2>&1 | tee $OUT/gpu_run.log")
-# The JSON is rewritten after each model, so a run stopped at its limit keeps the models
-# done; --deadline-s starts no further model past it. Copy it to bench/results/ after.
+#       scripts/gpu_run.sh --out $OUT/gpu_run.json 2>&1 | tee $OUT/gpu_run.log")
+# It ends by itself before the call's 600 s (--hard-stop-s, default 560 from this script's
+# start): the running phase is stopped and $OUT/gpu_run.json is written, as it is at the
+# start and after every phase (every model's timed run first, then resume, export and HF
+# per model; `phases_done`/`partial` per model), with $OUT/gpu_run_logs.txt (the tails of
+# every child's and worker's log, and each error's traceback). Exit 0 when a model has its
+# timed figures. Copy the JSON to bench/results/ after.
 set -euo pipefail
+# The hard stop counts from here (bench/gpu_run.py): the carry's unpacking is in the call.
+export GPU_RUN_STARTED=${GPU_RUN_STARTED:-$(date +%s.%N)}
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-}
 if [ -z "$PY" ]; then
@@ -37,7 +45,7 @@ if ! "$PY" -c "import ray, megatron.core, math_verify" 2>/dev/null; then
     fi
     site=$(mktemp -d /tmp/gpu-run-site.XXXXXX)
     echo "[gpu-run] unpacking $carry ($(du -h "$carry" | cut -f1)) into $site"
-    tar -xJf "$carry" -C "$site"
+    "$PY" bench/gpu_run_guard.py unpack "$carry" "$site"
     export PYTHONPATH="$site/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 # The checkout's package, also in the Ray workers (they inherit the environment).
