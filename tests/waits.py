@@ -271,7 +271,7 @@ def wait_line(
             found, what=what, idle_s=idle_s, progress=[_line_count(proc), *_as_list(progress)],
             cap_s=cap_s, details=_details(proc),
         )  # fmt: skip
-    except WaitTimeout:
+    except BaseException:  # idle, or the test interrupted: never leave the child running
         kill_group(proc)
         raise
     return found() or ""
@@ -299,7 +299,7 @@ def communicate(
             progress=[_line_count(proc), *_as_list(progress), *extra], cap_s=cap_s,
             details=_details(proc),
         )  # fmt: skip
-    except WaitTimeout:
+    except BaseException:  # idle, or the test interrupted: never leave the child running
         kill_group(proc)
         raise
     reader = output_of(proc)

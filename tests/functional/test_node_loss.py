@@ -62,8 +62,16 @@ def stop_bound_s() -> float:
 
 
 def _cluster(cpus_per_node: int, worker_nodes: int = 2) -> Cluster:
-    # Ray's default health check: no _system_config.
-    fake = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "include_dashboard": False})
+    # Ray's default health check. The workers get the driver's priority, as in dapo-train's
+    # own local cluster (controller/cluster.py): at Ray's default nice 15, any other work on
+    # the machine starves the ranks (4% of a core each beside two busy loops).
+    fake = Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": 0, "include_dashboard": False,
+            "_system_config": {"worker_niceness": 0},
+        },
+    )  # fmt: skip
     for _ in range(worker_nodes):
         # Not Ray's own 30 s wait per node: a busy machine starts a raylet slower.
         fake.add_node(wait=False, num_cpus=cpus_per_node, object_store_memory=80 * 1024 * 1024)

@@ -111,7 +111,7 @@ def start_and_wait_for(
             progress=[lambda: len(output.lines) if output else 0, *progress_of(cmd)],
             details=lambda: output.tail() if output else "(output not captured)",
         )  # fmt: skip
-    except waits.WaitTimeout:
+    except BaseException:  # idle, or the test interrupted: never leave the run behind
         waits.kill_group(proc)
         raise
     return proc
