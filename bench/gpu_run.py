@@ -405,7 +405,7 @@ class GpuRun:
         for preset, note in disk.notes.items():
             log(f"{preset}: disk: {note}")
             self.details(preset)["skipped"]["disk"] = note
-        self.save()  # the JSON exists from the start
+        self.save()
         for preset in disk.timed:
             self.state[preset] = {"arch": PRESETS[preset], "root": self.work / preset}
             if not self.phase(preset, "checkpoint", lambda p=preset: self.make_model(p)):
@@ -621,8 +621,9 @@ def main(argv: list[str] | None = None) -> int:
         f"device {ctx['device']}; models {args.models}; out {out}; hard stop "
         f"{run.stop.left():.0f} s from now"
     )
-    guard.stop_on_sigterm()
+    previous = guard.stop_on_sigterm()
     try:
+        run.save()  # the JSON exists from the first second
         run.run_all()
     except (guard.Stopped, KeyboardInterrupt) as e:
         run.stopped = run.stopped or str(e) or type(e).__name__
@@ -633,6 +634,7 @@ def main(argv: list[str] | None = None) -> int:
         run.save()
         if not args.work_dir:
             shutil.rmtree(run.work, ignore_errors=True)
+        signal.signal(signal.SIGTERM, previous)
     if run.result["models"]:
         print(summary_table(run.result["models"]), flush=True)
     log(f"wrote {out} and {run.logs_out.name} in {run.result['wall_s']} s: {run.result['status']}")

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 KILL_GRACE_S = 10.0
 """Between SIGTERM and SIGKILL of a child's process group."""
@@ -72,11 +73,12 @@ class HardStop:
 _children: set[subprocess.Popen[str]] = set()
 
 
-def stop_group(proc: subprocess.Popen[str], grace_s: float = KILL_GRACE_S) -> None:
+def stop_group(proc: subprocess.Popen[str], grace_s: float | None = None) -> None:
     """End a child started in its own session and everything in its process group:
-    SIGTERM, then SIGKILL after ``grace_s``. (Ray's node processes run in a session of their
-    own and die with the dapo-train driver, controller/cluster.py.)"""
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
+    SIGTERM, then SIGKILL after ``grace_s`` (default KILL_GRACE_S). (Ray's node processes
+    run in a session of their own and die with the dapo-train driver, controller/cluster.py.)"""
+    grace = KILL_GRACE_S if grace_s is None else grace_s
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
@@ -161,14 +163,15 @@ def alarm(seconds: float | None) -> Iterator[None]:
         signal.signal(signal.SIGALRM, previous)
 
 
-def stop_on_sigterm() -> None:
+def stop_on_sigterm() -> Any:
     """A SIGTERM to the run (the device call's own end, a test) raises Stopped in the main
-    thread: the run ends its child, writes its JSON and logs, and exits."""
+    thread: the run ends its child, writes its JSON and logs, and exits. Returns the
+    handler it replaced (restored once the run has wrapped up)."""
 
     def handler(signum: int, frame: FrameType | None) -> None:
         raise Stopped("SIGTERM")
 
-    signal.signal(signal.SIGTERM, handler)
+    return signal.signal(signal.SIGTERM, handler)
 
 
 @dataclass(frozen=True)

@@ -1,13 +1,12 @@
-"""A failed worker call's error carries the worker's traceback; a local cluster's GPUs."""
+"""controller/remote.py: a failed worker call's error carries the worker's traceback."""
 
 from __future__ import annotations
 
 import traceback
 
 import ray
-import torch
 
-from dapo_megatron.controller import cluster, remote
+from dapo_megatron.controller import remote
 
 
 def _task_error(trace: str | None = None) -> ray.exceptions.RayTaskError:
@@ -34,21 +33,3 @@ def test_raised_text_keeps_the_end_of_a_long_traceback():
     assert text.splitlines()[-1] == "  | ValueError: last"
     assert "frame0.py" not in text
     assert len(text) < remote.WORKER_TRACEBACK_CHARS + 2000  # the prefixes added per line
-
-
-def test_local_gpus(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert cluster.local_gpus("cuda") == 2
-    assert cluster.local_gpus("cpu") is None  # Ray's own count, as before
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 0)
-    assert cluster.local_gpus("cuda") is None
-
-
-def test_init_local_declares_gpus_only_on_cuda(monkeypatch):
-    seen: list[dict] = []
-    monkeypatch.setattr(cluster.ray, "init", lambda **kw: seen.append(kw))
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    cluster._init_local(num_cpus=2, device="cpu")
-    cluster._init_local(num_cpus=2, device="cuda")
-    assert [kw["num_gpus"] for kw in seen] == [None, 1]
-    assert seen[0]["object_store_memory"] == 256 * 1024 * 1024 and seen[0]["num_cpus"] == 2
