@@ -41,15 +41,14 @@ rank (device/phase_memory.py; null on a CPU) and planned by dapo-plan's model
 
 Within one device call (gpu_run_guard.py): ``--out`` (default
 bench/results/gpu_run_<gpu>.json) is written at the start and after every phase; a model's
-entry appears with its timed run, ``phases_done`` and ``partial`` saying what is behind
-it. ``--hard-stop-s`` (default 560, counted from the start of gpu_run.sh) ends the phase in
-progress (a child's whole process group; an in-process phase by SIGALRM), writes the JSON
-and exits; every child's timeout is the time left to it, and a phase is not started with
-less than 15 s left. A SIGTERM does the same. Up front, the free disk of the work directory
-is checked against each model's need (gpu_run_guard.plan_disk): models that do not fit are
-left out, or run their timed run only, with a note. The tails of every child's and Ray
-worker's log, and every error (a worker's traceback included), go to one text file beside
-the JSON (``<out stem>_logs.txt``). The exit status is 0 when at least one model has its
+entry appears with its timed run, ``phases_done`` and ``partial`` saying what is behind it.
+``--hard-stop-s`` (default 560, from the start of gpu_run.sh) ends the phase in progress (a
+child's process group; an in-process phase by SIGALRM), writes the JSON and exits; each
+child's timeout is the time left, and no phase starts with under 15 s left. A SIGTERM does
+the same. The work directory's free disk is checked first (gpu_run_guard.plan_disk): a
+model that does not fit is left out, or runs its timed run only, with a note. The tails of
+every child's and Ray worker's log and every error (a worker's traceback included) go to
+one file beside the JSON (``<out stem>_logs.txt``). Exit status 0 when a model has its
 timed figures, else 1. A summary table is printed at the end.
 """
 
@@ -358,6 +357,7 @@ class GpuRun:
             d["skipped"][name] = f"--deadline-s {self.args.deadline_s:g} passed ({elapsed:.0f} s)"
         elif left < guard.MIN_PHASE_S:
             d["skipped"][name] = f"hard stop: {left:.0f} s left"
+            self.stopped = self.stopped or f"hard stop: {left:.0f} s left, phases not started"
         if name in d["skipped"]:
             log(f"{preset} {name}: skipped ({d['skipped'][name]})")
             self.save()

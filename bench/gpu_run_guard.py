@@ -96,6 +96,17 @@ def stop_children() -> None:
         stop_group(proc, grace_s=3.0)
 
 
+def _die_with_parent() -> None:
+    """In a child before its exec: SIGKILL when the run's process dies, even by SIGKILL (a
+    device call's end), Linux's PR_SET_PDEATHSIG. Its own session keeps it out of signals
+    to the run's group, so without this an orphaned dapo-train would train on, holding the
+    GPU (its Ray processes die with it: controller/cluster.py)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def run_child(
     argv: Sequence[str],
     logfile: Path,
@@ -117,6 +128,7 @@ def run_child(
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # its own process group: one killpg ends it all
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
         _children.add(proc)
 
@@ -138,6 +150,9 @@ def run_child(
             stop_group(proc, grace_s=3.0)
             raise
         finally:
+            if proc.poll() is None:  # a stop interrupted by the alarm: no grace left
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
             _children.discard(proc)
         reader.join(timeout=5.0)
     return code, time.perf_counter() - started

@@ -125,3 +125,27 @@ def test_tail_and_write_text(tmp_path):
     out = tmp_path / "out" / "logs.txt"
     guard.write_text(out, "x" * 50, limit=10)
     assert out.read_text() == "...\n" + "x" * 10
+
+
+def test_a_child_dies_with_the_run(tmp_path):
+    """A run killed by SIGKILL (a device call's end) takes its child along: the child is in
+    a session of its own, so only PR_SET_PDEATHSIG reaches it."""
+    runner = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); import gpu_run_guard as g; "
+        "from pathlib import Path; "
+        "g.run_child([sys.executable, '-c', 'import os, time; print(os.getpid(), flush=True); "
+        "time.sleep(120)'], Path(sys.argv[2]), timeout_s=None, echo=print)"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", runner, str(REPO / "bench"), str(tmp_path / "child.log")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    child = int(proc.stdout.readline())
+    proc.kill()
+    proc.wait()
+    deadline = time.monotonic() + 5
+    while not _gone(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _gone(child)
