@@ -213,7 +213,9 @@ class EngineConfig:
     max_num_seqs: int
     """Maximum sequences decoded concurrently by one engine."""
     enforce_eager: bool
-    """Disable CUDA graphs in vLLM (slower, less memory, quicker start)."""
+    """Disable the engine's CUDA graphs (vLLM; Megatron decode step).
+
+    Slower, less memory, quicker start."""
 
 
 @dataclass

@@ -59,6 +59,7 @@ import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 from megatron.core import parallel_state
@@ -71,9 +72,11 @@ from dapo_megatron.device import collectives
 from dapo_megatron.megatron.decode_mode import (
     compact_cache,
     honours_padding_mask,
+    rng_forks_off,
     rotate_before_caching,
     sequence_parallel_off,
 )
+from dapo_megatron.megatron.decode_step import DecodeOptions, StaticDecodeStep
 from dapo_megatron.megatron.hf_weights import load_hf_checkpoint, load_hf_tensors
 from dapo_megatron.megatron.model import build_model, unwrap_model
 from dapo_megatron.megatron.routing_replay import RoutingLog, RoutingRecorder
@@ -108,6 +111,18 @@ class _Decoded:
     routing: RoutingLog | None = None
     """The experts of every fed token (routing replay only)."""
 
+    def on_host(self) -> _Decoded:
+        """The same outcome with its tensors on the CPU: one copy per field, instead of
+        a device read per row and field when the samples are built."""
+        return _Decoded(
+            self.tokens.cpu(),
+            self.logprobs.cpu(),
+            self.lengths.cpu(),
+            self.stopped.cpu(),
+            self.aborted.cpu(),
+            self.routing,
+        )
+
 
 class MegatronGenerationBackend:
     """``GenerationBackend`` on a Megatron-Core GPTModel (see the module docstring).
@@ -127,6 +142,7 @@ class MegatronGenerationBackend:
         max_batch_size: int | None = None,
         max_model_len: int | None = None,
         refit_device: str = "cpu",
+        decode: DecodeOptions | None = None,
     ) -> None:
         """Wrap this rank's model (requires ``initialize_parallel``).
 
@@ -142,6 +158,8 @@ class MegatronGenerationBackend:
                 ``max_position_embeddings``. A row that reaches it finishes with "length".
             refit_device: where a refit's received buckets land (the run plan's device);
                 an engine of its own only (``receive_weights``).
+            decode: how the decode loop runs (decode_step.DecodeOptions; default its
+                defaults: host checks every 16 tokens, static cache, CUDA graphs).
 
         Raises:
             NotImplementedError: pipeline or context parallelism.
@@ -170,6 +188,9 @@ class MegatronGenerationBackend:
         )
         # The engine's end of a collective refit: one weight-group member (TP1 engine).
         self._receiver = EngineReceiver(refit_device)
+        self._options = decode or DecodeOptions()
+        self._on_cuda = next(self._model.parameters()).is_cuda
+        self._graph_pool: Any = None
 
     @classmethod
     def from_hf_checkpoint(
@@ -230,6 +251,7 @@ class MegatronGenerationBackend:
                     generator,
                     tail.check(batch) if tail.target is not None else None,
                 )
+                decoded = decoded.on_host()
                 tail.finish(batch, decoded.lengths > 0)
                 for b, row in enumerate(batch):
                     sample = samples[row] = _to_sample(decoded, b, sampling.logprobs)
@@ -239,6 +261,7 @@ class MegatronGenerationBackend:
                         )
             while self._peers_busy(False):
                 self._idle_forward(model)
+        self._graph_pool = None  # the call's graphs are gone: their memory may go too
         n = sampling.n
         return [samples[i * n : (i + 1) * n] for i in range(len(prompts_token_ids))]
 
@@ -300,6 +323,34 @@ class MegatronGenerationBackend:
     # ----------------------------------------------------------------------------------
     # Internals
 
+    @property
+    def _static_cache(self) -> bool:
+        """Decode with the static step (decode_step.DecodeOptions.static_cache)."""
+        return self._options.static_cache and self._padding_mask_ok
+
+    @property
+    def _graphs(self) -> bool:
+        """Replay the static step from CUDA graphs: where the captured step is known to be
+        fixed: one rank (no collective in the forward), a dense model (MoE dispatch sizes
+        its buffers on the host), no routing recorder (Python-side records per forward),
+        no EP lockstep."""
+        return (
+            self._options.cuda_graphs
+            and self._static_cache
+            and self._on_cuda
+            and self._dims.tp == 1
+            and self._arch.moe is None
+            and self._recorder is None
+            and self._lockstep_group is None
+        )
+
+    @property
+    def _compact_fraction(self) -> float:
+        """A graphed batch is captured again after each compaction: compact less often."""
+        if self._options.compact_fraction is not None:
+            return self._options.compact_fraction
+        return 1 / 2 if self._graphs else _COMPACT_FRACTION
+
     def _check_open(self) -> torch.nn.Module:
         if self._model is None:
             raise RuntimeError("the generation backend was shut down")
@@ -340,7 +391,12 @@ class MegatronGenerationBackend:
         was_training = model.training
         model.eval()
         try:
-            with torch.no_grad(), sequence_parallel_off(model), rotate_before_caching(model):
+            with (
+                torch.no_grad(),
+                sequence_parallel_off(model),
+                rotate_before_caching(model),
+                rng_forks_off(),
+            ):
                 yield
         finally:
             model.train(was_training)
@@ -400,7 +456,11 @@ class MegatronGenerationBackend:
         """Prefill one batch of rows and decode it to completion, or until ``enough``
         (given the rows finished so far, [B] bool) says the call has what it needs: the
         rows still running are then aborted with the tokens they have. ``enough`` sees
-        only sampled tokens, which every TP rank shares, so the ranks stop together."""
+        only sampled tokens, which every TP rank shares, so the ranks stop together.
+
+        A token's step reads nothing back to the host: whether rows ended is kept on the
+        device, and the host looks (one sync) every ``check_every`` tokens; every TP rank
+        looks at the same steps, so they decide alike."""
         device = generator.device
         batch = len(prompts)
         lengths = torch.tensor([len(p) for p in prompts], device=device)
@@ -434,32 +494,72 @@ class MegatronGenerationBackend:
         stop_ids = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=device)
         rows = torch.arange(batch, device=device)  # cache row -> batch row
         alive = torch.ones(batch, dtype=torch.bool, device=device)
+        key_mask = None
+        if self._static_cache:
+            key_mask = torch.ones(batch, prompt_len + steps, dtype=torch.bool, device=device)
+            key_mask[:, :prompt_len] = False if pad_BK is None else pad_BK[:, :prompt_len]
+        step_fn = self._decode_step(model, context, prompt_len, key_mask, pad_BK)
+        # Short budgets look more often: the wasted tail stays under an eighth of one.
+        check_every = max(1, min(self._options.check_every, steps // 8))
         for step in range(steps):
             next_tok, next_lp = self._sample_on_tp_rank0(logits, sampling, generator)
             out.tokens[rows, step] = next_tok
             out.logprobs[rows, step] = next_lp
-            hit_stop = torch.isin(next_tok, stop_ids)
+            hit_stop = (next_tok[:, None] == stop_ids).any(dim=1)
             finished = alive & (hit_stop | (budget_B[rows] <= step + 1))
-            out.lengths[rows[finished]] = step + 1
-            out.stopped[rows[finished]] = hit_stop[finished]
+            out.lengths[rows] = torch.where(finished, step + 1, out.lengths[rows])
+            out.stopped[rows] = out.stopped[rows] | (finished & hit_stop)
             alive &= ~finished
-            num_alive = int(alive.sum())
-            if num_alive == 0:
-                break
-            if enough is not None and bool(finished.any()) and enough(out.lengths > 0):
-                cut = rows[alive]
-                out.lengths[cut] = step + 1
-                out.aborted[cut] = True
-                break
-            if len(rows) - num_alive >= max(1, int(len(rows) * _COMPACT_FRACTION)):
-                keep = alive.nonzero().squeeze(1)
-                compact_cache(context, keep)
-                rows, alive, next_tok = rows[keep], alive[keep], next_tok[keep]
-                pad_BK = None if pad_BK is None else pad_BK[keep]
-            logits = self._forward(model, next_tok[:, None], prompt_len + step, pad_BK, context)
+            if (step + 1) % check_every == 0 or step + 1 == steps:
+                num_alive = int(alive.sum())  # the host's look: one sync per check_every
+                if num_alive == 0:
+                    break
+                if enough is not None and num_alive < len(rows) and enough(out.lengths > 0):
+                    cut = rows[alive]
+                    out.lengths[cut] = step + 1
+                    out.aborted[cut] = True
+                    break
+                if len(rows) - num_alive >= max(1, int(len(rows) * self._compact_fraction)):
+                    keep = alive.nonzero().squeeze(1)
+                    compact_cache(context, keep)
+                    rows, alive, next_tok = rows[keep], alive[keep], next_tok[keep]
+                    pad_BK = None if pad_BK is None else pad_BK[keep]
+                    key_mask = None if key_mask is None else key_mask[keep]
+                    step_fn.close()
+                    # next_tok goes to column prompt_len + step, as without compaction.
+                    step_fn = self._decode_step(model, context, prompt_len + step, key_mask, pad_BK)
+            self._peers_busy(True)
+            logits = step_fn(next_tok)
             if routing is not None:
                 routing.step(rows, prompt_len + step)
+        step_fn.close()
         return out
+
+    def _decode_step(
+        self,
+        model: torch.nn.Module,
+        context: StaticInferenceContext,
+        column: int,
+        key_mask: torch.Tensor | None,
+        pad_BK: torch.Tensor | None,
+    ) -> _Step:
+        """The forward of one decode token for the batch of ``context``: the static step
+        (fixed buffers; a CUDA graph where eligible) or the growing one."""
+
+        def forward(tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+            logits = model(
+                tokens, positions, mask, inference_context=context, runtime_gather_output=True
+            )
+            return logits[:, -1, : self._arch.vocab_size].float()
+
+        if key_mask is not None:
+            pool = None
+            if self._graphs:
+                if self._graph_pool is None:
+                    self._graph_pool = torch.cuda.graph_pool_handle()
+                pool = self._graph_pool
+            return StaticDecodeStep(forward, context, column, key_mask, graph_pool=pool)
+        return _GrowingStep(self, model, context, pad_BK)
 
     def _sample_on_tp_rank0(
         self, logits_BV: torch.Tensor, sampling: SamplingParams, generator: torch.Generator
@@ -482,6 +582,38 @@ class MegatronGenerationBackend:
             group=parallel_state.get_tensor_model_parallel_group(),
         )
         return packed[:, 0].long(), packed[:, 1].float()
+
+
+class _Step(Protocol):
+    """One decode token's forward: the logits [B, V] after feeding tokens [B]."""
+
+    def __call__(self, tokens_B: torch.Tensor) -> torch.Tensor: ...
+
+    def close(self) -> None: ...
+
+
+class _GrowingStep:
+    """The decode step over the cache filled so far (its length grows by one per token):
+    for core attentions that ignore an explicit key mask (Transformer Engine, fused
+    softmax), where the static step's hidden columns would not stay hidden."""
+
+    def __init__(
+        self,
+        engine: MegatronGenerationBackend,
+        model: torch.nn.Module,
+        context: StaticInferenceContext,
+        pad_BK: torch.Tensor | None,
+    ) -> None:
+        self._engine, self._model, self._context, self._pad_BK = engine, model, context, pad_BK
+
+    def __call__(self, tokens_B: torch.Tensor) -> torch.Tensor:
+        start = self._context.sequence_len_offset
+        return self._engine._forward(
+            self._model, tokens_B[:, None], start, self._pad_BK, self._context
+        )
+
+    def close(self) -> None:
+        """Nothing to release."""
 
 
 def _to_sample(decoded: _Decoded, row: int, with_logprobs: bool) -> Sample:

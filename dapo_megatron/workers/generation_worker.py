@@ -140,6 +140,7 @@ class GenerationWorker:
 
     def _megatron_engine(self) -> GenerationBackend:
         from dapo_megatron.config.parallel import ParallelDims
+        from dapo_megatron.megatron.decode_step import DecodeOptions
         from dapo_megatron.megatron.distributed import initialize_parallel
         from dapo_megatron.megatron.hf_weights import load_hf_checkpoint
         from dapo_megatron.megatron.inference import MegatronGenerationBackend
@@ -169,6 +170,7 @@ class GenerationWorker:
             max_batch_size=self.config.generation.engine.max_num_seqs,
             max_model_len=policy.max_total_sequence_length,
             refit_device=self.plan.device,
+            decode=DecodeOptions(cuda_graphs=not self.config.generation.engine.enforce_eager),
         )
 
     def _require_backend(self) -> GenerationBackend:

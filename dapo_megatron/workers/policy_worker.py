@@ -89,6 +89,7 @@ class PolicyWorker:
 
     def _engine(self):
         if self.engine is None:
+            from dapo_megatron.megatron.decode_step import DecodeOptions
             from dapo_megatron.megatron.inference import MegatronGenerationBackend
 
             policy = self._require_policy()
@@ -99,6 +100,7 @@ class PolicyWorker:
                 shares_policy_model=True,
                 max_batch_size=self.config.generation.engine.max_num_seqs,
                 max_model_len=self.config.policy.max_total_sequence_length,
+                decode=DecodeOptions(cuda_graphs=not self.config.generation.engine.enforce_eager),
             )
         return self.engine
 
