@@ -16,10 +16,14 @@ One ``generate`` call, for R = prompts x n rows:
    ``0..L-1``. RoPE scores depend only on position DIFFERENCES, so this is exact in exact
    arithmetic and differs from HF at fp32 rounding level (measured in the tests).
 2. decode token by token: sample from the last logits (temperature, top-k, then top-p on
-   the renormalised top-k set; token_sampling.py), append, stop a row on a stop token or
-   its budget (``max_tokens``, or the context limit ``max_model_len``). Finished rows are
-   dropped from the batch and from the KV cache (compaction every time an eighth of the
-   rows is done), so long-running rows do not pay for finished ones.
+   the renormalised top-k set; token_sampling.py), feed the tokens back, and mark a row
+   ended on a stop token or its budget (``max_tokens``, or the context limit
+   ``max_model_len``). A token's step reads nothing back to the host: which rows ended is
+   kept on the device, and the host looks every ``DecodeOptions.check_every`` tokens (one
+   sync), ending the batch, cutting its tail or dropping finished rows from the batch and
+   the KV cache (compaction once an eighth of the rows is done), so long-running rows do
+   not pay for finished ones. The decode forward is decode_step.StaticDecodeStep: fixed
+   shapes over the whole cache with a key mask, replayed from a CUDA graph on one GPU.
 
 During a call each attention layer's ``_adjust_key_value_for_inference`` is replaced (an
 instance attribute, removed afterwards, like ``policy_step.hidden_state_head``) by one that
@@ -40,7 +44,8 @@ data-parallel replicas, with prompts and stopping times of their own. They decod
 lockstep: before each forward every rank says whether it has one to run (one all-reduce
 of a flag over the EP group), and a rank whose rows are done runs one-token idle forwards
 until no peer has work left, so all EP ranks run the same number of forwards per
-``generate`` call. Every EP rank must call ``generate`` together (with no prompts if its
+``generate`` call (that flag is read by the host: with EP > 1 a token's step keeps one
+sync, and no CUDA graph). Every EP rank must call ``generate`` together (with no prompts if its
 replica has none: the controller calls every replica).
 
 Routing replay (a model built with ``policy.moe.routing_replay``): the routers RECORD
