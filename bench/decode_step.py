@@ -18,14 +18,23 @@ token with the forward in a CUDA graph (everything outside the captured step).
 On a GPU the launch count and the syncs set the pace; this CPU's wall times are shown
 for the record and for the ratio only.
 
+On CUDA (``--device cuda``, bf16) a third variant, ``after_eager`` (the static step without
+its CUDA graph), and the graph check: greedy tokens of the graphed engine against the
+eager one (``graph_ok``: no error and every row equal); the counts are left to the CPU run
+(they do not depend on the device). ``--layers`` keeps the preset's first layers, for a
+quick check: scripts/gpu_run.sh runs one before its timed runs and decodes eagerly
+(generation.engine.enforce_eager) if the graph fails it.
+
 Usage: python bench/decode_step.py [--preset tiny-qwen2] [--rows 4x8] [--tokens 128]
-           [--repeats 3] [--out bench/results/decode_step_cpu.json]
+           [--repeats 3] [--device cpu|cuda] [--layers N]
+           [--out bench/results/decode_step_<device>.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import platform
@@ -76,41 +85,50 @@ def main() -> None:
     parser.add_argument("--rows", default="4x8", help="PROMPTSxN")
     parser.add_argument("--tokens", type=int, default=128, help="decoded tokens per row (T)")
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument(
-        "--out", type=Path, default=Path(__file__).parent / "results" / "decode_step_cpu.json"
-    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None)
+    parser.add_argument("--layers", type=int, default=None, help="keep the first N layers")
+    parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    out = args.out or Path(__file__).parent / "results" / f"decode_step_{device}.json"
     from dapo_megatron.megatron import decode_mode, inference
     from dapo_megatron.megatron.decode_step import DecodeOptions
     from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
 
     num_prompts, n = (int(x) for x in args.rows.split("x"))
-    config = hf_config(PRESETS[args.preset])
+    preset = PRESETS[args.preset]
+    if args.layers:
+        preset = dataclasses.replace(preset, num_layers=min(args.layers, preset.num_layers))
+    config = hf_config(preset)
     torch.manual_seed(0)
     hf_model = getattr(transformers, HF_ARCHITECTURES[config.model_type])(config)
     dims = ParallelDims(tp=1, pp=1, cp=1, dp=1, sequence_parallel=False)
     initialize_parallel(dims, seed=0)
+    precision = "bf16" if device == "cuda" else "fp32"
     with tempfile.TemporaryDirectory() as tmp:
         hf_model.save_pretrained(tmp)
+        del hf_model
         arch = arch_from_hf_config(config.to_dict(), "bench model")
         model = inference.MegatronGenerationBackend.from_hf_checkpoint(
-            tmp, arch, dims, "fp32"
+            tmp, arch, dims, precision
         )._model
     gen = torch.Generator().manual_seed(0)
     sizes = torch.randint(8, 33, (num_prompts,), generator=gen)
     prompts = [torch.randint(0, arch.vocab_size, (int(s),), generator=gen).tolist() for s in sizes]
+    options = {"before": DecodeOptions(check_every=1, static_cache=False), "after": None}
+    if device == "cuda":
+        options["after_eager"] = DecodeOptions(cuda_graphs=False)
     engines = {
-        "before": inference.MegatronGenerationBackend(
-            model, arch, dims, decode=DecodeOptions(check_every=1, static_cache=False)
-        ),
-        "after": inference.MegatronGenerationBackend(model, arch, dims),
+        name: inference.MegatronGenerationBackend(model, arch, dims, decode=opt)
+        for name, opt in options.items()
     }
+    graph = _graph_check(engines, prompts, args.tokens) if device == "cuda" else None
     real_forks_off = decode_mode.rng_forks_off
 
     @contextlib.contextmanager
     def variant(name: str):
         # "before" keeps Megatron's per-layer RNG fork, as the loop did.
-        inference.rng_forks_off = real_forks_off if name == "after" else contextlib.nullcontext
+        inference.rng_forks_off = contextlib.nullcontext if name == "before" else real_forks_off
         try:
             yield engines[name]
         finally:
@@ -120,69 +138,114 @@ def main() -> None:
         return SamplingParams(temperature=1.0, max_tokens=tokens, n=n, seed=0)
 
     load_before = os.getloadavg()
-    result: dict[str, dict] = {}
-    for name in engines:
+    result: dict[str, dict] = {name: {"ms_per_token_all": []} for name in engines}
+    timed = [k for k in engines if not (k == "after" and graph and not graph["graph_ok"])]
+    for name in timed:
         with variant(name) as engine:
-            engine.generate(prompts, sampling(args.tokens))  # warm-up
+            engine.generate(prompts, sampling(args.tokens))  # warm-up (and graph capture)
+            if device != "cpu":
+                continue  # the counts are the CPU run's: they do not depend on the device
             short = _count(engine, prompts, sampling(args.tokens))
             long = _count(engine, prompts, sampling(2 * args.tokens))
         per_token = {k: (long[k] - short[k]) / args.tokens for k in long}
-        result[name] = {
-            "ops_per_token": per_token["ops"],
-            "host_syncs_per_token": per_token["syncs"],
-            "host_launched_ops_per_token_graphed": (
+        result[name].update(
+            ops_per_token=per_token["ops"],
+            host_syncs_per_token=per_token["syncs"],
+            host_launched_ops_per_token_graphed=(
                 per_token["ops"] - per_token["graphed_ops"] if name == "after" else None
             ),
-            "ms_per_token_all": [],
-        }
+        )
     for _ in range(args.repeats):
-        for name in engines:
+        for name in timed:
             with variant(name) as engine:
                 start = time.perf_counter()
                 engine.generate(prompts, sampling(args.tokens))
+                if device == "cuda":
+                    torch.cuda.synchronize()
                 result[name]["ms_per_token_all"].append(
                     1e3 * (time.perf_counter() - start) / args.tokens
                 )
     load_after = os.getloadavg()
     destroy_parallel()
     for r in result.values():
-        r["ms_per_token"] = statistics.median(r["ms_per_token_all"])
+        times = r["ms_per_token_all"]
+        r["ms_per_token"] = statistics.median(times) if times else None
         # On a busy machine the fastest repeat is the one least disturbed by others.
-        r["ms_per_token_min"] = min(r["ms_per_token_all"])
-    before, after = result["before"], result["after"]
+        r["ms_per_token_min"] = min(times) if times else None
     ratios = {
-        "ms_per_token_after_over_before": after["ms_per_token"] / before["ms_per_token"],
-        "ops_per_token_after_over_before": after["ops_per_token"] / before["ops_per_token"],
+        f"{key}_after_over_before": _ratio(result["after"], result["before"], key)
+        for key in ("ms_per_token", "ms_per_token_min", "ops_per_token")
     }
-    print(f"\nDecode step, {args.preset} fp32, {num_prompts * n} rows x {args.tokens} tokens, CPU")
     print(
-        f"{'':>8} {'ms/token':>9} {'ops/token':>10} {'syncs/token':>12} {'host ops/token (graph)':>23}"
+        f"\nDecode step, {args.preset} ({arch.num_layers} layers) {precision}, "
+        f"{num_prompts * n} rows x {args.tokens} tokens, {device}"
+    )
+    print(
+        f"{'':>12} {'ms/token':>9} {'min':>7} {'ops/token':>10} {'syncs/token':>12} {'graph host ops':>15}"
     )
     for name, r in result.items():
-        graphed = r["host_launched_ops_per_token_graphed"]
         print(
-            f"{name:>8} {r['ms_per_token']:>9.2f} {r['ops_per_token']:>10.0f} "
-            f"{r['host_syncs_per_token']:>12.4f} {'-' if graphed is None else f'{graphed:.0f}':>23}"
+            f"{name:>12} {_fmt(r.get('ms_per_token'), '.2f'):>9} "
+            f"{_fmt(r.get('ms_per_token_min'), '.2f'):>7} "
+            f"{_fmt(r.get('ops_per_token'), '.0f'):>10} "
+            f"{_fmt(r.get('host_syncs_per_token'), '.4f'):>12} "
+            f"{_fmt(r.get('host_launched_ops_per_token_graphed'), '.0f'):>15}"
         )
-    print(", ".join(f"{k} {v:.3f}" for k, v in ratios.items()))
+    print(", ".join(f"{k} {_fmt(v, '.3f')}" for k, v in ratios.items()))
+    if graph is not None:
+        print(f"graph check: {graph}")
     record = {
         "benchmark": "decode_step",
-        "model": {"preset": args.preset, "parameters": arch.num_parameters(), "dtype": "fp32"},
+        "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
+        "model": {
+            "preset": args.preset,
+            "layers": arch.num_layers,
+            "parameters": arch.num_parameters(),
+            "dtype": precision,
+        },
         "config": {"rows": num_prompts * n, "tokens": args.tokens, "repeats": args.repeats},
-        "before": before,
-        "after": after,
+        **result,
+        "graph_check": graph,
         **ratios,
         "machine": platform.platform(),
         "torch_threads": torch.get_num_threads(),
         "loadavg_1min_before_after": [load_before[0], load_after[0]],
         "torch": torch.__version__,
-        "method": "same process, same model/prompts/sampling; counts from the difference of "
-        "a T and a 2T call; times: median of interleaved repeats after a warm-up "
-        "(see bench/decode_step.py)",
+        "method": "same process, same model/prompts/sampling; counts (CPU) from the "
+        "difference of a T and a 2T call; times: median of interleaved repeats after a "
+        "warm-up (see bench/decode_step.py)",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(record, indent=2) + "\n")
+    print(f"wrote {out}")
+
+
+def _ratio(a: dict, b: dict, key: str) -> float | None:
+    return a[key] / b[key] if a.get(key) and b.get(key) else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _graph_check(engines: dict, prompts: list[list[int]], tokens: int) -> dict:
+    """Greedy tokens of the graphed engine against the eager static one (CUDA)."""
+    greedy = SamplingParams(top_k=1, max_tokens=tokens)
+    started = time.perf_counter()
+    try:
+        eager = engines["after_eager"].generate(prompts, greedy)
+        graphed = engines["after"].generate(prompts, greedy)
+    except Exception as e:  # noqa: BLE001 - the failure is the figure
+        return {"graph_ok": False, "error": f"{type(e).__name__}: {e}"[:4000]}
+    same = sum(
+        a[0].response_token_ids == b[0].response_token_ids
+        for a, b in zip(eager, graphed, strict=True)
+    )
+    return {
+        "graph_ok": same == len(prompts),
+        "greedy_rows_equal": f"{same}/{len(prompts)}",
+        "seconds": round(time.perf_counter() - started, 1),
+    }
 
 
 if __name__ == "__main__":

@@ -12,7 +12,9 @@ short by its time limit still has every model's timed figures:
    Triton logprob and PG-loss kernels the policy runs (bf16 on CUDA: ``impl="auto"``
    picks them) at the preset's output layer against the torch paths; when it fails, the
    runs get ``DAPO_NO_TRITON=1`` (the torch paths) and the JSON says so. Skipped on a
-   CPU (the policy runs the chunked torch path there);
+   CPU (the policy runs the chunked torch path there). Before the first timed run, the
+   decode check (bench/decode_step.py, ~20 s): the engine's CUDA-graph decode step
+   against eager; when it fails, the runs decode eagerly (generation.engine.enforce_eager);
 3. ``dapo-train`` (the real CLI, a subprocess) on configs/dapo_base.yaml with overrides:
    one device, colocated, Megatron-Core generation (vLLM cannot travel to the test
    machine), the synthetic arithmetic task and verifier, bf16 on a GPU (fp32 on a CPU),
@@ -259,17 +261,6 @@ def run_cli(
     return wall
 
 
-def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
-    """The JSON rows of a run's metrics.jsonl."""
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line) for line in lines if line.strip()]
-
-
-def by_step(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
-    """The training-step rows by step number (a resumed run's last row wins)."""
-    return {int(r["step"]): r for r in rows if r.get("step", 0) > 0 and "loss" in r}
-
-
 class GpuRun:
     """One run: the JSON so far (written after every phase), the hard stop, the logs."""
 
@@ -412,6 +403,8 @@ class GpuRun:
                 continue
             if self.ctx["device_kind"] == "cuda":
                 self.phase(preset, "kernel_check", lambda p=preset: self.kernel_check(p))
+                if "decode_check" not in self.result:
+                    self.phase(preset, "decode_check", lambda p=preset: self.decode_check(p))
             self.phase(preset, "timed", lambda p=preset: self.timed(p))
         for preset in disk.timed:
             if preset in disk.full:
@@ -459,6 +452,26 @@ class GpuRun:
             raise
         log(f"{preset}: kernel check ok ({d['kernel_check']})")
 
+    def decode_check(self, preset: str) -> None:
+        """The engine's CUDA-graph decode against eager (bench/decode_step.py); on any
+        failure the runs decode eagerly (generation.engine.enforce_eager) and say so."""
+        out = self.work / "decode_step.json"
+        self.result["decode_check"] = {"graph_check": {"graph_ok": False, "error": "no result"}}
+        try:
+            label = f"{preset} decode check"
+            run_cli(
+                steps.DECODE_CHECK,
+                steps.decode_check_args(preset, out),
+                out.with_suffix(".log"),
+                label,
+                self.stop,
+            )
+            self.result["decode_check"] = steps.decode_check_result(out)
+        finally:
+            if not self.result["decode_check"]["graph_check"]["graph_ok"]:
+                self.args.train_overrides.append("generation.engine.enforce_eager=true")
+        log(f"{preset}: decode check {self.result['decode_check']}")
+
     def timed(self, preset: str) -> None:
         st, args = self.state[preset], self.args
         arch = st["arch"]
@@ -470,7 +483,7 @@ class GpuRun:
             f"{preset} timed",
             self.stop,
         )
-        st["rows"] = rows = metrics_rows(st["root"] / "timed")
+        st["rows"] = rows = figures.metrics_rows(st["root"] / "timed")
         shape = figures.Shape(
             matmul_params=figures.matmul_params(
                 arch.num_parameters(), arch.vocab_size, arch.hidden_size, arch.tie_word_embeddings
@@ -510,7 +523,7 @@ class GpuRun:
             }
         )
         self.result["models"][preset] = entry
-        log(f"{preset}: " + ", ".join(f"{k}={_fmt(v)}" for k, v in entry.items()))
+        log(f"{preset}: " + ", ".join(f"{k}={figures.fmt(v)}" for k, v in entry.items()))
 
     def resume(self, preset: str) -> None:
         """One step with its checkpoint, then steps 2..last from it (no second checkpoint).
@@ -530,7 +543,10 @@ class GpuRun:
                 self.stop,
             )
         resumed_text = (root / "resume2.log").read_text()
-        straight, resumed = by_step(st["rows"]), by_step(metrics_rows(root / "resumed"))
+        straight, resumed = (
+            figures.by_step(st["rows"]),
+            figures.by_step(figures.metrics_rows(root / "resumed")),
+        )
         if any(k not in resumed for k in range(2, last + 1)) or "[resume]" not in resumed_text:
             mismatches = ["the second part did not resume from the step-1 checkpoint"]
         else:
@@ -578,32 +594,6 @@ class GpuRun:
             self.result["models"][preset]["hf_generate_tokens_per_s"] = tps
 
 
-def _fmt(value: Any) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, float):
-        return f"{value:.3g}"
-    if isinstance(value, list):
-        return ",".join(map(str, value)) or "-"
-    if isinstance(value, dict):
-        return "/".join(
-            _fmt(v if not isinstance(v, dict) else v.get("allocated")) for v in value.values()
-        )
-    return str(value)
-
-
-def summary_table(models: dict[str, dict[str, Any]]) -> str:
-    """The per-model figures as a text table, one row per key."""
-    names = list(models)
-    rows = [["key", *names]] + [
-        [k, *(_fmt(models[m][k]) for m in names)] for k in figures.MODEL_KEYS[1:]
-    ]
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run every model, write the JSON, print the table; 0 when a model has timed figures."""
     import signal
@@ -636,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(run.work, ignore_errors=True)
         signal.signal(signal.SIGTERM, previous)
     if run.result["models"]:
-        print(summary_table(run.result["models"]), flush=True)
+        print(figures.summary_table(run.result["models"]), flush=True)
     log(f"wrote {out} and {run.logs_out.name} in {run.result['wall_s']} s: {run.result['status']}")
     timed = [p for p, e in run.result["models"].items() if "timed" in e["phases_done"]]
     return 0 if timed else 1

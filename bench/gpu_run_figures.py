@@ -13,10 +13,12 @@ Sequences are taken at the step's mean length, so the attention term is an estim
 
 from __future__ import annotations
 
+import json
 import re
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 MODEL_KEYS: tuple[str, ...] = (
@@ -222,3 +224,39 @@ def model_entry(values: Mapping[str, Any]) -> dict[str, Any]:
     if missing:
         raise KeyError(f"figures missing: {', '.join(missing)}")
     return {k: values[k] for k in MODEL_KEYS}
+
+
+def metrics_rows(run_dir: Path) -> list[dict[str, Any]]:
+    """The JSON rows of a run's metrics.jsonl."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def by_step(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The training-step rows by step number (a resumed run's last row wins)."""
+    return {int(r["step"]): r for r in rows if r.get("step", 0) > 0 and "loss" in r}
+
+
+def fmt(value: Any) -> str:
+    """One figure for the summary table (a dict: its values, or their allocated part)."""
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "-"
+    if isinstance(value, dict):
+        return "/".join(
+            fmt(v if not isinstance(v, dict) else v.get("allocated")) for v in value.values()
+        )
+    return str(value)
+
+
+def summary_table(models: dict[str, dict[str, Any]]) -> str:
+    """The per-model figures as a text table, one row per key."""
+    names = list(models)
+    rows = [["key", *names]] + [[k, *(fmt(models[m][k]) for m in names)] for k in MODEL_KEYS[1:]]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows)

@@ -1,5 +1,6 @@
 """The in-process measurements of bench/gpu_run.py: versions, the device, the prompt length,
-dapo-plan's peaks, the export check, transformers' generate and the kernel check.
+dapo-plan's peaks, the export check, transformers' generate and the kernel check; and the
+decode check's command and reading (bench/decode_step.py, a child process).
 
 They run in gpu_run.py's own process (torch imported lazily: the module imports without
 it), under its hard stop's SIGALRM (gpu_run_guard.alarm).
@@ -8,6 +9,7 @@ it), under its hard stop's SIGALRM (gpu_run_guard.alarm).
 from __future__ import annotations
 
 import argparse
+import json
 import platform
 import time
 from pathlib import Path
@@ -177,4 +179,33 @@ def kernel_check(arch: Any) -> dict[str, Any]:
         "seconds": round(time.perf_counter() - started, 1),
         "logprob": {k: logprob[k] for k in keep if k in logprob},
         "pg_loss": {k: pg[k] for k in ("abs_loss_err", "max_abs_grad_err") if k in pg},
+    }
+
+
+# bench/decode_step.py as a child of gpu_run.py (run_cli runs ``python -c CODE ARGS``).
+DECODE_CHECK = (
+    "import runpy, sys; sys.argv[0] = 'bench/decode_step.py'; "
+    "runpy.run_path('bench/decode_step.py', run_name='__main__')"
+)
+
+
+def decode_check_args(preset: str, out: Path) -> list[str]:
+    """The decode check: the preset's first 4 layers (the graph capture does not depend on
+    depth; a whole model's load would cost the timed runs' time), 32 rows x 64 tokens,
+    eager against graphed, on the card, in ~20 s."""
+    return [
+        *("--preset", preset, "--layers", "4", "--rows", "4x8", "--tokens", "64"),
+        *("--repeats", "2", "--device", "cuda", "--out", str(out)),
+    ]
+
+
+def decode_check_result(out: Path) -> dict[str, Any]:
+    """What gpu_run keeps of the decode check's JSON: the graph check and ms per token."""
+    record = json.loads(out.read_text())
+    return {
+        "graph_check": record["graph_check"],
+        "layers": record["model"]["layers"],
+        "ms_per_token": {
+            k: record[k]["ms_per_token"] for k in ("before", "after_eager", "after") if k in record
+        },
     }

@@ -72,3 +72,46 @@ def test_hard_stop_ends_the_child_and_writes_the_json_exit_0_with_a_timed_model(
     assert "resume" in result["details"]["m"]["errors"]
     logs = (tmp_path / "gpu_run_logs.txt").read_text()
     assert "===== error: m resume" in logs and "step 1/3" in logs
+
+
+def _run(tmp_path: Path, monkeypatch) -> gpu_run.GpuRun:
+    ctx = {"device": "cuda (test)", "device_kind": "cuda", "gpu_mem_gib": 80.0, "peak": None}
+    monkeypatch.delenv("GPU_RUN_STARTED", raising=False)
+    args = gpu_run.parse_args(["--work-dir", str(tmp_path / "work")], cuda=True)
+    return gpu_run.GpuRun(args, ctx, tmp_path / "gpu_run.json")
+
+
+def test_decode_check_falls_back_to_eager_decoding_when_the_graph_fails(tmp_path, monkeypatch):
+    """The decode check's child writes bench/decode_step.py's JSON; a failed graph check (or
+    a child that fails) makes every later run decode eagerly, and the JSON says why."""
+    outcomes = {"ok": True}
+
+    def fake_cli(code, cli_args, logfile, label, stop):
+        assert code == gpu_run.steps.DECODE_CHECK and "--device" in cli_args
+        out = Path(cli_args[cli_args.index("--out") + 1])
+        if outcomes.get("crash"):
+            raise RuntimeError("decode check exited 1")
+        graph = {
+            "graph_ok": outcomes["ok"],
+            "greedy_rows_equal": "4/4" if outcomes["ok"] else "3/4",
+        }
+        record = {"graph_check": graph, "model": {"layers": 4}}
+        record.update({k: {"ms_per_token": 1.0} for k in ("before", "after_eager", "after")})
+        out.write_text(json.dumps(record))
+        return 1.0
+
+    monkeypatch.setattr(gpu_run, "run_cli", fake_cli)
+    for case, expect_eager in (
+        ({"ok": True}, False),
+        ({"ok": False}, True),
+        ({"crash": True}, True),
+    ):
+        outcomes.clear()
+        outcomes.update(case)
+        run = _run(tmp_path, monkeypatch)
+        ok = run.phase("qwen3-0.6b", "decode_check", lambda r=run: r.decode_check("qwen3-0.6b"))
+        assert ok == (not case.get("crash"))
+        # The flag reaches every later dapo-train through overrides() (*args.train_overrides).
+        eager = "generation.engine.enforce_eager=true" in run.args.train_overrides
+        assert eager == expect_eager, case
+        assert run.result["decode_check"]["graph_check"]["graph_ok"] == (not expect_eager)
