@@ -23,7 +23,7 @@ from dapo_megatron.algorithms.loss_spec import (
     KLEstimator,
     LossSpec,
     validate_choice,
-    validate_coef,
+    validate_range,
 )
 
 # Log-ratios are clamped to [-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP] before exponentiation:
@@ -109,7 +109,7 @@ def entropy_bonus_per_token(entropy_BT: torch.Tensor, entropy_coef: float) -> to
     Returns:
         ``[B, T]`` tensor in ``compute_dtype(entropy_BT)``, unmasked.
     """
-    validate_coef("entropy_coef", entropy_coef)
+    validate_range("entropy_coef", entropy_coef)
     return _entropy_bonus(entropy_BT, entropy_coef)
 
 

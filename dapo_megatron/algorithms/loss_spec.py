@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin, get_type_hints
+
+from dapo_megatron.shared.float_range import NON_NEGATIVE, FloatRange, positive
 
 LossAggMode = Literal[
     "token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"
@@ -32,9 +34,35 @@ ROLLOUT_CORRECTION_LEVELS: tuple[str, ...] = get_args(RolloutCorrectionLevel)
 
 Problem = tuple[str, object, str]
 """A broken limit: (the argument's name, its value, the constraint it breaks). Each limit of
-the loss is written once, in a ``*_problems`` function below: the ``validate_*`` functions
-and ``LossSpec`` raise on the first problem, config validation (config/validate.py) reports
-every one under its ``dapo.loss`` key."""
+the loss is written once: a float's as its range in ``LOSS_FLOAT_RANGES``, a choice's as the
+Literal type of its ``LossParams`` field. The ``validate_*`` functions and ``LossSpec`` raise
+on the first problem, config validation (config/validate.py) reports every one under its
+``dapo.loss`` key."""
+
+LOSS_FLOAT_RANGES: dict[str, FloatRange] = {
+    # The ratio is clipped to [1 - low, 1 + high]: low >= 1 would let the lower clip reach 0.
+    "clip_ratio_low": FloatRange(0.0, 1.0, high_open=True),
+    "clip_ratio_high": NON_NEGATIVE,
+    # Dual clip caps the loss of a negative advantage at c * |A|: only c > 1 lies beyond the
+    # ordinary clip (c <= 1 would cut into the clipped region itself).
+    "clip_ratio_c": FloatRange(1.0, math.inf, low_open=True),
+    "kl_coef": NON_NEGATIVE,
+    "kl_clamp": positive(),
+    # The loss adds -entropy_coef * entropy only when entropy_coef > 0 (algorithms/kl.py
+    # kl_entropy_terms), and the policy step asks for the entropy's gradient only then
+    # (megatron/policy_step.py): a negative coefficient (an entropy penalty) would be
+    # silently dropped, so it is refused rather than accepted and ignored.
+    "entropy_coef": NON_NEGATIVE,
+    # The TIS weight is truncated at tis_cap: 0 would zero every token's gradient.
+    "tis_cap": positive(),
+    # MIS keeps weights in [mis_low, mis_high]; the interval must hold 1, the weight of a
+    # token on which rollout and training agree.
+    "mis_low": FloatRange(0.0, 1.0, high_open=True),
+    "mis_high": FloatRange(1.0, math.inf, low_open=True),
+}
+"""``LossParams`` float field -> the range of its value (None, where the field allows it, is
+not checked). The one declaration of the loss's float limits: ``spec_problems`` checks
+them and config/float_ranges.py ``FLOAT_RANGES`` takes them as its ``dapo.loss.*`` entries."""
 
 
 def raise_first(problems: list[Problem]) -> None:
@@ -49,51 +77,33 @@ def choice_problems(name: str, value: str, choices: tuple[str, ...]) -> list[Pro
     return [] if value in choices else [(name, value, f"is not one of {choices}")]
 
 
+def range_problems(name: str, value: object) -> list[Problem]:
+    """``value`` is a finite number in ``LOSS_FLOAT_RANGES[name]``."""
+    r = LOSS_FLOAT_RANGES[name]
+    return [] if r.admits(value) else [(name, value, f"must be a finite number in {r}")]
+
+
 def clip_ratio_problems(
     clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None
 ) -> list[Problem]:
-    """``0 <= low < 1``, ``high >= 0`` and (if set) ``c > 1``, all finite."""
-    problems: list[Problem] = []
-    # `not (constraint)` also rejects NaN, which fails every comparison.
-    if not (0 <= clip_ratio_low < 1):
-        problems.append(("clip_ratio_low", clip_ratio_low, "must satisfy 0 <= clip_ratio_low < 1"))
-    if not (clip_ratio_high >= 0 and math.isfinite(clip_ratio_high)):
-        problems.append(("clip_ratio_high", clip_ratio_high, "must be finite and >= 0"))
-    if clip_ratio_c is not None and not (clip_ratio_c > 1 and math.isfinite(clip_ratio_c)):
-        problems.append(("clip_ratio_c", clip_ratio_c, "must be finite and > 1 (or None)"))
-    return problems
+    """The clip ratios are in their ranges (``clip_ratio_c`` None: no dual clip)."""
+    return [
+        *range_problems("clip_ratio_low", clip_ratio_low),
+        *range_problems("clip_ratio_high", clip_ratio_high),
+        *([] if clip_ratio_c is None else range_problems("clip_ratio_c", clip_ratio_c)),
+    ]
 
 
 def correction_cap_problems(tis_cap: float, mis_low: float, mis_high: float) -> list[Problem]:
-    """The rollout-correction caps: ``tis_cap > 0``, ``0 <= mis_low < 1``, ``mis_high > 1``.
+    """The rollout-correction caps are in their ranges.
 
     Checked whatever the mode, so a misconfiguration surfaces at start-up and not only once
     someone switches the mode on."""
-    problems: list[Problem] = []
-    # Written as `not (constraint)` so that NaN, which fails every comparison, is rejected too.
-    if not (tis_cap > 0 and math.isfinite(tis_cap)):
-        problems.append(("tis_cap", tis_cap, "must be finite and > 0"))
-    if not (0 <= mis_low < 1):
-        problems.append(("mis_low", mis_low, "must satisfy 0 <= mis_low < 1"))
-    if not (mis_high > 1 and math.isfinite(mis_high)):
-        problems.append(("mis_high", mis_high, "must be finite and > 1"))
-    return problems
-
-
-def coef_problems(name: str, value: float) -> list[Problem]:
-    """``value`` is a finite, non-negative loss coefficient."""
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if is_number and math.isfinite(value) and value >= 0:
-        return []
-    return [(name, value, "must be a finite number >= 0")]
-
-
-def positive_problems(name: str, value: float) -> list[Problem]:
-    """``value`` is a finite number > 0."""
-    is_number = isinstance(value, (int, float)) and not isinstance(value, bool)
-    if is_number and math.isfinite(value) and value > 0:
-        return []
-    return [(name, value, "must be a finite number > 0, or null for none")]
+    return [
+        *range_problems("tis_cap", tis_cap),
+        *range_problems("mis_low", mis_low),
+        *range_problems("mis_high", mis_high),
+    ]
 
 
 def scale_length_problems(length: int) -> list[Problem]:
@@ -104,26 +114,28 @@ def scale_length_problems(length: int) -> list[Problem]:
     return [("loss_scale_length", length, "must be an int >= 1")]
 
 
+def field_problems(name: str, value: object) -> list[Problem]:
+    """The limits of the ``LossParams`` field ``name`` that ``value`` breaks: its range for a
+    float, its Literal's values for a choice; None passes where the field allows it."""
+    hint = _PARAM_HINTS[name]
+    if value is None and type(None) in get_args(hint):
+        return []
+    if get_origin(hint) is Literal:
+        return choice_problems(name, value, get_args(hint))  # type: ignore[arg-type]
+    return range_problems(name, value)
+
+
 def spec_problems(params: LossParams, loss_scale_length: int) -> list[Problem]:
     """Every limit that ``params`` and the resolved ``loss_scale_length`` break, in field
     order ([] = valid). The one validation entry point of the loss's hyper-parameters:
     ``LossSpec`` runs it on construction, config validation (config/validate.py) once per
-    configuration, reporting each problem under its ``dapo.loss`` key."""
-    p = params
-    return [
-        *clip_ratio_problems(p.clip_ratio_low, p.clip_ratio_high, p.clip_ratio_c),
-        *choice_problems("loss_agg_mode", p.loss_agg_mode, LOSS_AGG_MODES),
-        *scale_length_problems(loss_scale_length),
-        *choice_problems("rollout_correction", p.rollout_correction, ROLLOUT_CORRECTION_MODES),
-        *choice_problems(
-            "rollout_correction_level", p.rollout_correction_level, ROLLOUT_CORRECTION_LEVELS
-        ),
-        *correction_cap_problems(p.tis_cap, p.mis_low, p.mis_high),
-        *coef_problems("kl_coef", p.kl_coef),
-        *([] if p.kl_clamp is None else positive_problems("kl_clamp", p.kl_clamp)),
-        *coef_problems("entropy_coef", p.entropy_coef),
-        *choice_problems("kl_estimator", p.kl_estimator, KL_ESTIMATORS),
+    configuration, reporting each problem under its ``dapo.loss`` key. Walks the fields of
+    ``LossParams``, so a new field is checked by declaring its type (and, for a float, its
+    range in ``LOSS_FLOAT_RANGES``), with no edit here."""
+    problems = [
+        p for f in fields(LossParams) for p in field_problems(f.name, getattr(params, f.name))
     ]
+    return [*problems, *scale_length_problems(loss_scale_length)]
 
 
 def validate_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
@@ -139,7 +151,7 @@ def validate_agg_mode(loss_agg_mode: str) -> None:
 def validate_clip_ratios(
     clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None
 ) -> None:
-    """Raise ValueError unless ``0 <= low < 1``, ``high >= 0`` and (if set) ``c > 1``."""
+    """Raise ValueError unless the clip ratios are in their ``LOSS_FLOAT_RANGES``."""
     raise_first(clip_ratio_problems(clip_ratio_low, clip_ratio_high, clip_ratio_c))
 
 
@@ -152,9 +164,9 @@ def validate_rollout_correction_args(
     raise_first(correction_cap_problems(tis_cap, mis_low, mis_high))
 
 
-def validate_coef(name: str, value: float) -> None:
-    """Raise ValueError unless ``value`` is a finite, non-negative loss coefficient."""
-    raise_first(coef_problems(name, value))
+def validate_range(name: str, value: float) -> None:
+    """Raise ValueError unless ``value`` is a finite number in ``LOSS_FLOAT_RANGES[name]``."""
+    raise_first(range_problems(name, value))
 
 
 @dataclass(frozen=True)
@@ -201,6 +213,11 @@ class LossParams:
     """MIS: tokens (sequences) with a weight below this are masked out."""
     mis_high: float
     """MIS: tokens (sequences) with a weight above this are masked out."""
+
+
+_PARAM_HINTS: dict[str, Any] = get_type_hints(LossParams)
+"""``LossParams`` field -> its resolved type (``from __future__ import annotations`` leaves
+strings): what ``field_problems`` reads a field's kind of limit from."""
 
 
 def param_values(params: LossParams) -> dict[str, Any]:

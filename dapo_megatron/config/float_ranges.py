@@ -10,7 +10,8 @@ error of this table (tests/unit/config/test_float_ranges.py walks the schema), s
 skip the rule.
 
 The ranges are what a value can mean, not what is sensible: the per-key checks in
-validate.py add the cross-key constraints (min_lr <= lr, mis_low < mis_high, ...).
+validate.py add the cross-key constraints (min_lr <= lr, ...). The ``dapo.loss.*`` ranges
+are the loss's own (algorithms/loss_spec.py ``LOSS_FLOAT_RANGES``), declared there once.
 """
 
 from __future__ import annotations
@@ -18,45 +19,11 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
-from dataclasses import dataclass
 from typing import Any
 
+from dapo_megatron.algorithms.loss_spec import LOSS_FLOAT_RANGES
+from dapo_megatron.shared.float_range import ANY, FRACTION, NON_NEGATIVE, FloatRange, positive
 
-@dataclass(frozen=True)
-class FloatRange:
-    """An interval of the real line; open at an end whose ``*_open`` is true."""
-
-    low: float
-    """Lower bound (-inf: none)."""
-    high: float
-    """Upper bound (inf: none; the value itself must still be finite)."""
-    low_open: bool = False
-    """The lower bound itself is excluded."""
-    high_open: bool = False
-    """The upper bound itself is excluded."""
-
-    def contains(self, value: float) -> bool:
-        above = value > self.low if self.low_open else value >= self.low
-        below = value < self.high if self.high_open else value <= self.high
-        return above and below
-
-    def __str__(self) -> str:
-        left = "(" if self.low_open or self.low == -math.inf else "["
-        right = ")" if self.high_open or self.high == math.inf else "]"
-        return f"{left}{_bound(self.low)}, {_bound(self.high)}{right}"
-
-
-def _bound(x: float) -> str:
-    return {math.inf: "inf", -math.inf: "-inf"}.get(x, f"{x:g}")
-
-
-def _positive(high: float = math.inf) -> FloatRange:
-    return FloatRange(0.0, high, low_open=True)
-
-
-_NON_NEGATIVE = FloatRange(0.0, math.inf)
-_FRACTION = FloatRange(0.0, 1.0)
-_ANY = FloatRange(-math.inf, math.inf)
 _MIN_CALL_TIMEOUT_S = 60.0
 """A worker call shorter than this cannot even start a worker (actor start, imports, model
 build): a smaller run.call_timeout_s restarts the run at its first call, forever."""
@@ -65,47 +32,40 @@ FLOAT_RANGES: dict[str, FloatRange] = {
     "run.preemption_grace_s": FloatRange(1.0, math.inf),
     "run.collective_timeout_s": FloatRange(5.0, math.inf),
     "run.call_timeout_s": FloatRange(_MIN_CALL_TIMEOUT_S, math.inf),
-    "policy.moe.aux_loss_coef": _NON_NEGATIVE,
-    "policy.optimizer.lr": _positive(),
-    "policy.optimizer.min_lr": _NON_NEGATIVE,
-    "policy.optimizer.weight_decay": _NON_NEGATIVE,
+    "policy.moe.aux_loss_coef": NON_NEGATIVE,
+    "policy.optimizer.lr": positive(),
+    "policy.optimizer.min_lr": NON_NEGATIVE,
+    "policy.optimizer.weight_decay": NON_NEGATIVE,
     "policy.optimizer.adam_beta1": FloatRange(0.0, 1.0, high_open=True),
     "policy.optimizer.adam_beta2": FloatRange(0.0, 1.0, high_open=True),
-    "policy.optimizer.adam_eps": _positive(),
-    "policy.optimizer.clip_grad": _NON_NEGATIVE,
-    "policy.scheduler.lr_warmup_init": _NON_NEGATIVE,
-    "generation.temperature": _positive(),
-    "generation.top_p": _positive(1.0),
-    "generation.refit_bucket_mb": _positive(),
-    "generation.engine.gpu_memory_utilization": _positive(1.0),
-    "dapo.loss.clip_ratio_low": FloatRange(0.0, 1.0, high_open=True),
-    "dapo.loss.clip_ratio_high": _NON_NEGATIVE,
-    "dapo.loss.clip_ratio_c": FloatRange(1.0, math.inf, low_open=True),
-    "dapo.loss.kl_coef": _NON_NEGATIVE,
-    "dapo.loss.kl_clamp": _positive(),
-    "dapo.loss.entropy_coef": _ANY,
-    "dapo.loss.tis_cap": _positive(),
-    "dapo.loss.mis_low": FloatRange(0.0, 1.0, high_open=True),
-    "dapo.loss.mis_high": FloatRange(1.0, math.inf, low_open=True),
-    "dapo.advantage.eps": _NON_NEGATIVE,
+    "policy.optimizer.adam_eps": positive(),
+    "policy.optimizer.clip_grad": NON_NEGATIVE,
+    "policy.scheduler.lr_warmup_init": NON_NEGATIVE,
+    "generation.temperature": positive(),
+    "generation.top_p": positive(1.0),
+    "generation.refit_bucket_mb": positive(),
+    "generation.engine.gpu_memory_utilization": positive(1.0),
+    # The loss declares its own limits once (algorithms/loss_spec.py); taken as they are.
+    **{f"dapo.loss.{name}": r for name, r in LOSS_FLOAT_RANGES.items()},
+    "dapo.advantage.eps": NON_NEGATIVE,
     "dapo.dynamic_sampling.batch_multiplier": FloatRange(1.0, math.inf),
     "dapo.dynamic_sampling.max_batch_multiplier": FloatRange(1.0, math.inf),
-    "dapo.dynamic_sampling.skip_predicted.target_zero_var_share": _FRACTION,
-    "dapo.dynamic_sampling.skip_predicted.min_generate_prob": _FRACTION,
-    "dapo.dynamic_sampling.skip_predicted.audit_fraction": _FRACTION,
-    "dapo.dynamic_sampling.skip_predicted.initial_strength": _FRACTION,
-    "dapo.dynamic_sampling.skip_predicted.adapt_rate": _FRACTION,
-    "dapo.overlong_buffer.penalty_factor": _NON_NEGATIVE,
-    "dapo.reward_scaling.source_min": _ANY,
-    "dapo.reward_scaling.source_max": _ANY,
-    "dapo.reward_scaling.target_min": _ANY,
-    "dapo.reward_scaling.target_max": _ANY,
+    "dapo.dynamic_sampling.skip_predicted.target_zero_var_share": FRACTION,
+    "dapo.dynamic_sampling.skip_predicted.min_generate_prob": FRACTION,
+    "dapo.dynamic_sampling.skip_predicted.audit_fraction": FRACTION,
+    "dapo.dynamic_sampling.skip_predicted.initial_strength": FRACTION,
+    "dapo.dynamic_sampling.skip_predicted.adapt_rate": FRACTION,
+    "dapo.overlong_buffer.penalty_factor": NON_NEGATIVE,
+    "dapo.reward_scaling.source_min": ANY,
+    "dapo.reward_scaling.source_max": ANY,
+    "dapo.reward_scaling.target_min": ANY,
+    "dapo.reward_scaling.target_max": ANY,
     "rollout.abort_tail_oversample": FloatRange(1.0, math.inf),
-    "sft_warmup.lr": _NON_NEGATIVE,
+    "sft_warmup.lr": NON_NEGATIVE,
     "data.val_fraction": FloatRange(0.0, 1.0, low_open=True, high_open=True),
-    "validation.temperature": _positive(),
-    "validation.top_p": _positive(1.0),
-    "reward.timeout_s": _positive(),
+    "validation.temperature": positive(),
+    "validation.top_p": positive(1.0),
+    "reward.timeout_s": positive(),
 }
 """Dotted key -> the range of its value (None, where the schema allows it, is not checked)."""
 

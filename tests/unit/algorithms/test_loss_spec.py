@@ -25,12 +25,15 @@ from dapo_megatron.algorithms.loss_spec import (
     Problem,
     RolloutCorrectionLevel,
     RolloutCorrectionMode,
+    param_values,
     spec_problems,
 )
 from dapo_megatron.config import schema, validate
 from dapo_megatron.config.errors import ConfigError
+from dapo_megatron.config.float_ranges import FLOAT_RANGES, float_keys
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.run_plan import build_loss_spec
+from dapo_megatron.shared.float_range import FloatRange
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
@@ -65,13 +68,13 @@ def spec(**changes: Any) -> LossSpec:
 # --------------------------------------------------------------------------------------------
 
 BAD_VALUES = [
-    ("clip_ratio_low", 1.0, "must satisfy 0 <= clip_ratio_low < 1"),
-    ("clip_ratio_low", -0.1, "must satisfy 0 <= clip_ratio_low < 1"),
-    ("clip_ratio_low", math.nan, "must satisfy 0 <= clip_ratio_low < 1"),
-    ("clip_ratio_high", -0.1, "must be finite and >= 0"),
-    ("clip_ratio_high", math.inf, "must be finite and >= 0"),
-    ("clip_ratio_c", 1.0, "must be finite and > 1"),
-    ("clip_ratio_c", math.inf, "must be finite and > 1"),
+    ("clip_ratio_low", 1.0, "must be a finite number in [0, 1)"),
+    ("clip_ratio_low", -0.1, "must be a finite number in [0, 1)"),
+    ("clip_ratio_low", math.nan, "must be a finite number in [0, 1)"),
+    ("clip_ratio_high", -0.1, "must be a finite number in [0, inf)"),
+    ("clip_ratio_high", math.inf, "must be a finite number in [0, inf)"),
+    ("clip_ratio_c", 1.0, "must be a finite number in (1, inf)"),
+    ("clip_ratio_c", math.inf, "must be a finite number in (1, inf)"),
     ("loss_agg_mode", "mean", "is not one of"),
     ("loss_scale_length", 0, "must be an int >= 1"),
     ("loss_scale_length", None, "must be an int >= 1"),
@@ -79,18 +82,19 @@ BAD_VALUES = [
     ("loss_scale_length", True, "must be an int >= 1"),
     ("rollout_correction", "is", "is not one of"),
     ("rollout_correction_level", "batch", "is not one of"),
-    ("tis_cap", 0.0, "must be finite and > 0"),
-    ("tis_cap", math.inf, "must be finite and > 0"),
-    ("mis_low", 1.0, "must satisfy 0 <= mis_low < 1"),
-    ("mis_low", -0.5, "must satisfy 0 <= mis_low < 1"),
-    ("mis_high", 1.0, "must be finite and > 1"),
-    ("kl_coef", -0.1, "must be a finite number >= 0"),
-    ("kl_coef", math.nan, "must be a finite number >= 0"),
+    ("tis_cap", 0.0, "must be a finite number in (0, inf)"),
+    ("tis_cap", math.inf, "must be a finite number in (0, inf)"),
+    ("mis_low", 1.0, "must be a finite number in [0, 1)"),
+    ("mis_low", -0.5, "must be a finite number in [0, 1)"),
+    ("mis_high", 1.0, "must be a finite number in (1, inf)"),
+    ("kl_coef", -0.1, "must be a finite number in [0, inf)"),
+    ("kl_coef", math.nan, "must be a finite number in [0, inf)"),
     ("kl_estimator", "k4", "is not one of"),
-    ("kl_clamp", 0.0, "must be a finite number > 0"),
-    ("kl_clamp", math.inf, "must be a finite number > 0"),
-    ("entropy_coef", math.inf, "must be a finite number >= 0"),
-    ("entropy_coef", True, "must be a finite number >= 0"),
+    ("kl_clamp", 0.0, "must be a finite number in (0, inf)"),
+    ("kl_clamp", math.inf, "must be a finite number in (0, inf)"),
+    ("entropy_coef", math.inf, "must be a finite number in [0, inf)"),
+    ("entropy_coef", True, "must be a finite number in [0, inf)"),
+    ("entropy_coef", -0.01, "must be a finite number in [0, inf)"),
 ]
 
 
@@ -284,3 +288,27 @@ def test_a_bad_loss_value_is_refused_once_at_configuration_time(
     calls.clear()
     load_config(TINY)
     assert len(calls) == 1
+
+
+def _probes(r: FloatRange) -> list[float]:
+    """Values at, just inside and just outside each finite bound of ``r``, plus the
+    non-finite values and a spread of ordinary ones."""
+    values = [math.nan, math.inf, -math.inf, -1.0, 0.0, 0.5, 1.0, 2.0, 1e9, -1e9]
+    for bound in (r.low, r.high):
+        if math.isfinite(bound):
+            values += [bound, math.nextafter(bound, -math.inf), math.nextafter(bound, math.inf)]
+    return values
+
+
+@pytest.mark.parametrize("name", float_keys(schema.LossConfig))
+def test_loss_limits_and_the_float_ranges_accept_the_same_values(name: str) -> None:
+    # The generic float rule (config/float_ranges.py) and the loss's own limits
+    # (spec_problems) must agree on every float key of dapo.loss: a value one accepts and
+    # the other refuses is a limit declared twice that has drifted.
+    key = f"dapo.loss.{name}"
+    params = LossParams(**param_values(BASE))
+    for value in _probes(FLOAT_RANGES[key]):
+        in_range = math.isfinite(value) and FLOAT_RANGES[key].contains(value)
+        problems = spec_problems(dataclasses.replace(params, **{name: value}), 8)
+        accepted = not [p for p in problems if p[0] == name]
+        assert accepted == in_range, f"{key}={value!r}: float range {in_range}, loss {accepted}"

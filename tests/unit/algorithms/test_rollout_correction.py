@@ -136,11 +136,11 @@ def test_weights_are_detached() -> None:
     [
         ({"mode": "foo"}, r"mode='foo' is not one of"),
         ({"level": "batch"}, r"level='batch' is not one of"),
-        ({"tis_cap": 0.0}, r"tis_cap=0.0 must be finite and > 0"),
+        ({"tis_cap": 0.0}, r"tis_cap=0.0 must be a finite number in \(0, inf\)"),
         ({"tis_cap": math.nan}, r"tis_cap=nan"),
-        ({"mis_low": 1.0}, r"mis_low=1.0 must satisfy 0 <= mis_low < 1"),
+        ({"mis_low": 1.0}, r"mis_low=1.0 must be a finite number in \[0, 1\)"),
         ({"mis_low": -0.1}, r"mis_low=-0.1"),
-        ({"mis_high": 1.0}, r"mis_high=1.0 must be finite and > 1"),
+        ({"mis_high": 1.0}, r"mis_high=1.0 must be a finite number in \(1, inf\)"),
     ],
 )
 def test_rejects_bad_arguments(kwargs: dict, pattern: str) -> None:

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from dapo_megatron.config.errors import ConfigError
-from dapo_megatron.config.float_ranges import FLOAT_RANGES, FloatRange, float_keys
+from dapo_megatron.config.float_ranges import FLOAT_RANGES, float_keys
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.shared.float_range import FloatRange
 
 REPO = Path(__file__).resolve().parents[3]
 TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
