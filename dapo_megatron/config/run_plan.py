@@ -8,16 +8,19 @@ frozen and picklable: Ray workers receive it as an argument.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from dapo_megatron.algorithms.loss_spec import LossSpec
+import yaml
+
+from dapo_megatron.algorithms.loss_spec import LossParams, LossSpec
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size, resolve_arch
 from dapo_megatron.config.parallel import ParallelDims, generation_devices, policy_world_size
 from dapo_megatron.config.refit_transport import RefitTransport as RefitTransport
 from dapo_megatron.config.refit_transport import choose_refit_transport
 from dapo_megatron.config.schema import ClusterConfig, DapoMegatronConfig
+from dapo_megatron.config.yaml_comments import BASE_YAML
 
 Device = Literal["cpu", "cuda"]
 # RefitTransport is imported "as" itself: re-exported, the workers type the transport they
@@ -314,6 +317,19 @@ def build_loss_spec(config: DapoMegatronConfig) -> LossSpec:
     resolved). Raises ValueError on a bad value (a validated config has none:
     validate_config reports LossSpec's limits under their keys)."""
     return LossSpec.resolve(config.dapo.loss, loss_scale_length(config))
+
+
+def shipped_loss_spec(loss_scale_length: int, **changes: Any) -> LossSpec:
+    """The spec of configs/dapo_base.yaml's ``dapo.loss`` defaults with ``loss_scale_length``
+    and ``changes`` (field -> value) applied, validated like any spec.
+
+    For the code that needs a spec without a recipe (gpu_check's kernel comparison, tests):
+    it reads every field of ``LossParams`` from the shipped defaults, so a new
+    hyper-parameter reaches it with no edit here or at its callers."""
+    with BASE_YAML.open(encoding="utf-8") as file:
+        shipped = yaml.safe_load(file)["dapo"]["loss"]
+    values = {f.name: shipped[f.name] for f in fields(LossParams)}
+    return LossSpec(**{**values, "loss_scale_length": loss_scale_length, **changes})
 
 
 def max_group_age(config: DapoMegatronConfig) -> int:

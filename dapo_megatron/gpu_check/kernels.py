@@ -192,7 +192,7 @@ def pg_loss_section(b: int = 64, t: int = 8192) -> dict[str, Any] | str:
         return _NO_CUDA
     from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
     from dapo_megatron.algorithms.loss_inputs import LossInputs
-    from dapo_megatron.algorithms.loss_spec import LossSpec
+    from dapo_megatron.config.run_plan import shipped_loss_spec
     from dapo_megatron.kernels.pg_loss import pg_loss, resolve_pg_loss_impl
 
     gen = torch.Generator(device="cuda").manual_seed(1)
@@ -201,22 +201,8 @@ def pg_loss_section(b: int = 64, t: int = 8192) -> dict[str, Any] | str:
     rollout = old + 0.2 * torch.randn(b, t, device="cuda", generator=gen, dtype=torch.float64)
     adv = torch.randn(b, device="cuda", generator=gen, dtype=torch.float64)
     mask = (torch.rand(b, t, device="cuda", generator=gen) > 0.1).double()
-    spec = LossSpec(
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.28,
-        clip_ratio_c=3.0,
-        loss_agg_mode="token-mean",
-        loss_scale_length=t,
-        rollout_correction="tis",
-        rollout_correction_level="token",
-        tis_cap=2.0,
-        mis_low=0.5,
-        mis_high=2.0,
-        kl_coef=0.0,
-        kl_estimator="k3",
-        kl_clamp=None,
-        entropy_coef=0.0,
-    )
+    # The shipped defaults with the dual clip and TIS on, so both paths are compared.
+    spec = shipped_loss_spec(t, clip_ratio_c=3.0, rollout_correction="tis")
     norm = loss_denominator(mask, "token-mean")
     lp64 = lp.clone().requires_grad_()
     want = policy_loss(

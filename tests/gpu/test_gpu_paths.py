@@ -57,7 +57,7 @@ def test_triton_pg_loss_on_cuda_matches_torch(mode):
     pytest.importorskip("triton")
     from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
     from dapo_megatron.algorithms.loss_inputs import LossInputs
-    from dapo_megatron.algorithms.loss_spec import LossSpec
+    from dapo_megatron.config.run_plan import shipped_loss_spec
     from dapo_megatron.kernels.pg_loss import pg_loss
 
     gen = torch.Generator().manual_seed(0)
@@ -67,22 +67,7 @@ def test_triton_pg_loss_on_cuda_matches_torch(mode):
     rollout = old + 0.3 * torch.randn(b, t, generator=gen, dtype=torch.float64)
     adv = torch.randn(b, generator=gen, dtype=torch.float64)
     mask = (torch.rand(b, t, generator=gen) > 0.1).float()
-    spec = LossSpec(
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.28,
-        clip_ratio_c=3.0,
-        loss_agg_mode=mode,
-        loss_scale_length=t,
-        rollout_correction="tis",
-        rollout_correction_level="token",
-        tis_cap=2.0,
-        mis_low=0.5,
-        mis_high=2.0,
-        kl_coef=0.0,
-        kl_estimator="k3",
-        kl_clamp=None,
-        entropy_coef=0.0,
-    )
+    spec = shipped_loss_spec(t, clip_ratio_c=3.0, loss_agg_mode=mode, rollout_correction="tis")
     norm = loss_denominator(mask, mode)
     lp64 = lp.clone().requires_grad_()
     want = policy_loss(LossInputs(lp64, old, adv, mask, norm, rollout_logprobs_BT=rollout), spec)

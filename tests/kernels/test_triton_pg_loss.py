@@ -20,25 +20,13 @@ pytest.importorskip("triton")
 from dapo_megatron.algorithms.loss import loss_denominator, policy_loss  # noqa: E402
 from dapo_megatron.algorithms.loss_inputs import LossInputs  # noqa: E402
 from dapo_megatron.algorithms.loss_spec import LOSS_AGG_MODES, LossSpec  # noqa: E402
+from dapo_megatron.config.run_plan import shipped_loss_spec  # noqa: E402
 from dapo_megatron.kernels.pg_loss import pg_loss, resolve_pg_loss_impl  # noqa: E402
 
 B, T = 3, 67
 # The settings every case starts from; each test states what it changes.
-BASE_SPEC = LossSpec(
-    clip_ratio_low=0.2,
-    clip_ratio_high=0.28,
-    clip_ratio_c=None,
-    loss_agg_mode="token-mean",
-    loss_scale_length=T,
-    rollout_correction="none",
-    rollout_correction_level="token",
-    tis_cap=2.0,
-    mis_low=0.5,
-    mis_high=2.0,
-    kl_coef=0.0,
-    kl_estimator="k3",
-    kl_clamp=None,
-    entropy_coef=0.0,
+BASE_SPEC = shipped_loss_spec(
+    T, clip_ratio_c=None, loss_agg_mode="token-mean", rollout_correction="none", kl_coef=0.0
 )
 
 

@@ -175,14 +175,9 @@ def test_kl_clamp_bounds_each_token_and_stops_its_gradient() -> None:
     import dataclasses
 
     from dapo_megatron.algorithms.kl import kl_entropy_terms
-    from dapo_megatron.algorithms.loss_spec import LossSpec
+    from dapo_megatron.config.run_plan import shipped_loss_spec
 
-    spec = LossSpec(
-        clip_ratio_low=0.2, clip_ratio_high=0.28, clip_ratio_c=None,
-        loss_agg_mode="token-mean", loss_scale_length=3, rollout_correction="none",
-        rollout_correction_level="token", tis_cap=2.0, mis_low=0.5, mis_high=2.0,
-        kl_coef=0.1, kl_estimator="k3", kl_clamp=0.5, entropy_coef=0.0,
-    )  # fmt: skip
+    spec = shipped_loss_spec(3, kl_coef=0.1, kl_estimator="k3", kl_clamp=0.5, entropy_coef=0.0)
     lp, ref = _lp_ref()
     valid = torch.ones(1, 3, dtype=torch.bool)
     terms = kl_entropy_terms(None, lp, valid, spec, ref_logprobs_BT=ref, entropy_BT=None)

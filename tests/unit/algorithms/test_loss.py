@@ -27,24 +27,20 @@ from dapo_megatron.algorithms.loss import (
 from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.algorithms.rollout_correction import rollout_correction_weights
+from dapo_megatron.config.run_plan import shipped_loss_spec
 
 F64 = torch.float64
 OLD = -1.0  # old logprob used by the hand-derived cases; logprobs = OLD + log(ratio)
 CLIP = {"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}
 # The loss settings every policy_loss test starts from; each test states what it changes.
-BASE_SPEC = LossSpec(
+# The shipped defaults, with what the hand-derived cases rely on stated: plain DAPO.
+BASE_SPEC = shipped_loss_spec(
+    4,
     **CLIP,
     clip_ratio_c=None,
     loss_agg_mode="token-mean",
-    loss_scale_length=4,
     rollout_correction="none",
-    rollout_correction_level="token",
-    tis_cap=2.0,
-    mis_low=0.5,
-    mis_high=2.0,
     kl_coef=0.0,
-    kl_estimator="k3",
-    kl_clamp=None,
     entropy_coef=0.0,
 )
 

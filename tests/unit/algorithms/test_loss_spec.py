@@ -3,19 +3,21 @@ config/run_plan.py builds it from a recipe, and the value sets shared with the s
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import math
 import subprocess
 import sys
 import typing
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import pytest
 
 from dapo_megatron.algorithms.loss_spec import (
     KL_ESTIMATORS,
     LOSS_AGG_MODES,
+    LOSS_FLOAT_RANGES,
     ROLLOUT_CORRECTION_LEVELS,
     ROLLOUT_CORRECTION_MODES,
     KLEstimator,
@@ -25,6 +27,7 @@ from dapo_megatron.algorithms.loss_spec import (
     Problem,
     RolloutCorrectionLevel,
     RolloutCorrectionMode,
+    field_problems,
     param_values,
     spec_problems,
 )
@@ -32,7 +35,7 @@ from dapo_megatron.config import schema, validate
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.float_ranges import FLOAT_RANGES, float_keys
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.config.run_plan import build_loss_spec
+from dapo_megatron.config.run_plan import build_loss_spec, shipped_loss_spec
 from dapo_megatron.shared.float_range import FloatRange
 
 REPO = Path(__file__).resolve().parents[3]
@@ -40,12 +43,12 @@ TINY = REPO / "recipes" / "dapo-tiny-cpu.yaml"
 
 # Valid settings that differ from the shipped defaults where they can, so that a field read
 # from the wrong place shows up.
-BASE = LossSpec(
+BASE = shipped_loss_spec(
+    8,
     clip_ratio_low=0.1,
     clip_ratio_high=0.3,
     clip_ratio_c=3.0,
     loss_agg_mode="seq-mean-token-sum-norm",
-    loss_scale_length=8,
     rollout_correction="tis",
     rollout_correction_level="sequence",
     tis_cap=1.5,
@@ -53,7 +56,6 @@ BASE = LossSpec(
     mis_high=4.0,
     kl_coef=0.05,
     kl_estimator="k2",
-    kl_clamp=None,
     entropy_coef=0.01,
 )
 
@@ -150,23 +152,14 @@ def test_build_loss_spec_from_the_tiny_recipe() -> None:
     loaded = load_config(TINY)
     # configs/dapo_base.yaml's dapo.loss (the recipe changes none of it); loss_scale_length is
     # null there and resolves to the recipe's generation.max_response_length, 16.
-    expected = LossSpec(
-        clip_ratio_low=0.2,
-        clip_ratio_high=0.28,
-        clip_ratio_c=None,
-        loss_agg_mode="token-mean",
-        loss_scale_length=16,
-        rollout_correction="none",
-        rollout_correction_level="token",
-        tis_cap=2.0,
-        mis_low=0.5,
-        mis_high=2.0,
-        kl_coef=0.0,
-        kl_estimator="k3",
-        kl_clamp=None,
-        entropy_coef=0.0,
+    built = build_loss_spec(loaded.config)
+    assert built == shipped_loss_spec(16)
+    assert (built.clip_ratio_low, built.clip_ratio_high, built.clip_ratio_c) == (0.2, 0.28, None)
+    assert (built.loss_agg_mode, built.rollout_correction, built.kl_coef) == (
+        "token-mean",
+        "none",
+        0,
     )
-    assert build_loss_spec(loaded.config) == expected
 
 
 def test_loss_scale_length_null_resolves_to_max_response_length() -> None:
@@ -312,3 +305,51 @@ def test_loss_limits_and_the_float_ranges_accept_the_same_values(name: str) -> N
         problems = spec_problems(dataclasses.replace(params, **{name: value}), 8)
         accepted = not [p for p in problems if p[0] == name]
         assert accepted == in_range, f"{key}={value!r}: float range {in_range}, loss {accepted}"
+
+
+PARAM_NAMES = frozenset(f.name for f in dataclasses.fields(LossParams))
+
+
+def _full_lists(path: Path) -> list[int]:
+    """Lines of ``path`` where one call's keywords or one dict literal's keys name every
+    ``LossParams`` field: a hand-written list that a new field would have to join."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text("utf-8"))):
+        if isinstance(node, ast.Call):
+            names = {k.arg for k in node.keywords}
+        elif isinstance(node, ast.Dict):
+            names = {k.value for k in node.keys if isinstance(k, ast.Constant)}
+        else:
+            continue
+        if names >= PARAM_NAMES:
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_code_spells_out_every_loss_field() -> None:
+    # The fields are listed once, by LossParams; building a spec (LossSpec.resolve,
+    # shipped_loss_spec), validating it (spec_problems) and copying it (param_values) walk
+    # dataclasses.fields, so a new hyper-parameter is a field, its range (a float) and its
+    # default in configs/dapo_base.yaml, with no list elsewhere to extend.
+    roots = [REPO / "dapo_megatron", REPO / "bench", REPO / "tests"]
+    found = {
+        str(path.relative_to(REPO)): lines
+        for root in roots
+        for path in sorted(root.rglob("*.py"))
+        if (lines := _full_lists(path))
+    }
+    assert found == {}
+
+
+def test_every_field_is_checked_and_built_from_its_declaration() -> None:
+    hints = typing.get_type_hints(LossParams)
+    for name in PARAM_NAMES:
+        choices = typing.get_args(hints[name]) if typing.get_origin(hints[name]) is Literal else ()
+        # A field is a choice (its Literal's values) or a float with a declared range.
+        assert bool(choices) != (name in LOSS_FLOAT_RANGES), name
+        bad: object = "not-a-choice" if choices else math.nan
+        assert [p[0] for p in field_problems(name, bad)] == [name]
+    # Every field comes from the shipped defaults, and copies generically.
+    shipped = shipped_loss_spec(5)
+    assert set(param_values(shipped)) == PARAM_NAMES
+    assert LossSpec.resolve(shipped, 5) == shipped
