@@ -15,11 +15,10 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import torch
 
-from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
@@ -30,7 +29,7 @@ from dapo_megatron.controller.generation_group import Engines, build_engines
 from dapo_megatron.controller.policy_group import PolicyGroup
 from dapo_megatron.controller.preemption import Preempted
 from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied, set_call_timeout
-from dapo_megatron.controller.rollout_groups import RolloutGroup, rollout_metrics, staleness_metrics
+from dapo_megatron.controller.rollout_groups import rollout_metrics, staleness_metrics
 from dapo_megatron.controller.rollout_source import (
     Rollouts,
     SyncRollouts,
@@ -43,7 +42,6 @@ from dapo_megatron.data.fingerprint import DATA_STATE_KEY, data_fingerprint
 from dapo_megatron.data.sampler import epochs_exhausted
 from dapo_megatron.logging import MetricsLogger, StepProgress, keys, worker_log_dir
 from dapo_megatron.logging.progress import format_val
-from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.storage.checkpoint_dirs import (
     find_resumable,
     latest_checkpoint,
@@ -181,9 +179,9 @@ def _synchronous_steps(
         if _epochs_done(ctx):  # the last pass has no full step left: like drop_last
             break
         started = end.start()
-        taken = _prepare(ctx, rollouts, step)
+        taken = steps.prepare(ctx, rollouts, step)
         metrics = _batch_metrics(ctx, taken, step)
-        metrics.update(_passes_before_training(ctx, policy, taken.batch))
+        metrics.update(steps.passes_before_training(ctx, policy, taken.batch))
         metrics.update(steps.start_train(ctx, policy, taken.batch, step).result())
         done = step + 1
         metrics["timing/refit_s"] = engines.refit(policy)
@@ -197,45 +195,27 @@ def _overlapped_steps(
     ctx: RunContext, workers: Workers, stream: RolloutStream, start_step: int, end: _StepEnd
 ) -> None:
     """Rollouts overlapped with training (``rollout.max_staleness = K >= 1``): the engines
-    generate while the policy trains; while step s trains the loop takes the batch of
-    s + 1, the refit to s + 1 is queued behind the train step (``stream.refits`` decides
-    when) and the train step of s + 1 behind the refit, so the policy goes from one step
-    to the next without a controller round trip."""
-    policy, engines, refits = workers.policy, workers.engines, stream.refits
-    prepared: _Prepared | None = None  # the next batch, taken while training
-    queued: steps.PendingTrain | None = None  # its train step, queued behind the refit
+    generate while the policy trains. While step s trains, the loop takes the batch of
+    s + 1; the refit to s + 1 is queued behind the train step and the train step of s + 1
+    behind the refit, so the policy goes from one step to the next without a controller
+    round trip. ``stream.schedule`` holds that state (controller/overlap.py)."""
+    schedule = stream.schedule
     for step in range(start_step, ctx.config.dapo.max_num_steps):
         started = end.start()
-        taken = prepared or _prepare(ctx, stream, step)
+        taken = schedule.batch(step)  # taken while the step before trained, or now
         metrics = _batch_metrics(ctx, taken, step)
-        if queued is None:
-            metrics.update(_passes_before_training(ctx, policy, taken.batch))
-            queued = steps.start_train(ctx, policy, taken.batch, step)
-        else:
-            metrics["timing/logprob_s"] = 0.0  # queued only when no pass is needed
-        training, queued = queued, None
+        metrics.update(schedule.train(taken, step))
         done = step + 1
         # Validation runs on the refitted engines before they take the next request.
-        validate = _validation(ctx, engines, done)
-        hold = validate is not None
-        # The transfer of the new weights may be queued behind the train step as soon as
-        # the engines are done with their current ones.
-        refits.arm(done, hold=hold)
-        refit = None
-        prepared = None
+        validate = _validation(ctx, workers.engines, done)
+        # The transfer may be queued as soon as the engines are done with their weights.
+        schedule.arm(done, hold=validate is not None)
         if _prepares_next(ctx.plan, done):
-            prepared = _prepare(ctx, stream, done)
-            refit = refits.start_early(done, hold=hold)
-            if refit is not None:
-                queued = _queue_training(ctx, policy, prepared, done)
-        metrics.update(training.result())
-        if refit is None:
-            refit = refits.start(done, hold=hold)
-            if prepared is not None:
-                queued = _queue_training(ctx, policy, prepared, done)
-        metrics.update(refits.finish(refit, then=validate))
+            schedule.take_next(done)
+        metrics.update(schedule.train_result())
+        metrics.update(schedule.refit(done, then=validate))
         # A batch taken for the next step (or its queued training) is not in a checkpoint.
-        end.finish(done, started, metrics, taken, safe=prepared is None and queued is None)
+        end.finish(done, started, metrics, taken, safe=not schedule.holds_next)
 
 
 class _StepEnd:
@@ -268,7 +248,7 @@ class _StepEnd:
         done: int,
         started: float,
         metrics: dict[str, float],
-        taken: _Prepared,
+        taken: steps.Prepared,
         *,
         safe: bool = True,
     ) -> None:
@@ -301,16 +281,7 @@ class _StepEnd:
             raise Preempted(done, checkpoint)
 
 
-class _Prepared(NamedTuple):
-    """A step's rollouts and batch, with the generation metrics."""
-
-    groups: list[RolloutGroup]
-    stats: DynamicSamplingStats
-    metrics: dict[str, float]
-    batch: PolicyBatch
-
-
-def _batch_metrics(ctx: RunContext, taken: _Prepared, step: int) -> dict[str, float]:
+def _batch_metrics(ctx: RunContext, taken: steps.Prepared, step: int) -> dict[str, float]:
     """A step's metrics known once its batch is taken: generation, dynamic sampling, the
     rollouts' rewards and lengths, and how many versions old they are."""
     metrics = {**taken.metrics, **taken.stats.to_metrics()}
@@ -328,48 +299,6 @@ def _validation(
     if period and done % period == 0:
         return functools.partial(steps.validate, ctx, engines, done)
     return None
-
-
-def _passes_before_training(
-    ctx: RunContext, policy: PolicyGroup, batch: PolicyBatch
-) -> dict[str, float]:
-    """The forward passes a batch needs before its train step: old logprobs (only when
-    it is more than one optimizer step) and the KL reference's logprobs."""
-    config = ctx.config
-    metrics: dict[str, float] = {}
-    if _needs_old_logprobs(config, batch):
-        metrics.update(steps.old_logprobs(policy, batch))
-    else:
-        metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
-    if config.dapo.loss.kl_coef > 0:  # KL penalty vs the start-of-training policy
-        metrics.update(steps.reference_logprobs(policy, batch))
-    return metrics
-
-
-def _queue_training(
-    ctx: RunContext, policy: PolicyGroup, prepared: _Prepared, step: int
-) -> steps.PendingTrain | None:
-    """Submit the next step's training now (it runs after the refit just submitted) when
-    its batch needs no pass first; else None (the loop runs the passes, then trains)."""
-    if ctx.config.dapo.loss.kl_coef > 0 or _needs_old_logprobs(ctx.config, prepared.batch):
-        return None
-    return steps.start_train(ctx, policy, prepared.batch, step)
-
-
-def _needs_old_logprobs(config: DapoMegatronConfig, batch: PolicyBatch) -> bool:
-    return steps.needs_old_logprob_pass(
-        len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
-    )
-
-
-def _prepare(ctx: RunContext, rollouts: Rollouts, step: int) -> _Prepared:
-    """Take the step's rollouts (waiting for them: ``timing/rollout_wait_s``) and build its
-    batch."""
-    started = time.perf_counter()
-    groups, stats, metrics = rollouts.take(step)
-    metrics["timing/rollout_wait_s"] = time.perf_counter() - started
-    metrics["dynamic_sampling/batch_multiplier"] = ctx.dynamic.batch_multiplier
-    return _Prepared(groups, stats, metrics, steps.make_batch(ctx, groups))
 
 
 def _prepares_next(plan: RunPlan, done: int) -> bool:

@@ -4,8 +4,8 @@
 (dynamic sampling), the policy trains, then the engines are refitted: the loop of DAPO's
 paper. ``K >= 1`` (``RolloutStream``, split mode): the engines keep generating while the
 policy trains, and groups at most K policy versions old are trained
-(controller/rollout_stream.py); its ``refits`` scheduler decides when the new weights are
-transferred (controller/refit_scheduler.py). Both give the loop the same small interface.
+(controller/rollout_stream.py); its ``schedule`` (controller/overlap.py) holds the request
+budget, when the new weights are transferred and the next step taken early. Both give the loop the same small interface.
 """
 
 from __future__ import annotations

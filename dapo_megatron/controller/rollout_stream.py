@@ -20,10 +20,9 @@ requests shrink near the end of a step instead of overshooting it (a surplus mor
 versions old is lost). A step that waits with nothing coming always gets a request for
 what it lacks.
 
-Weight updates happen between requests, pipelined: when a transfer is queued is the
-``RefitScheduler``'s decision (controller/refit_scheduler.py), which asks the stream whether
-the budget at the engines' version is met and tells it when a transfer to a new version is
-queued. Requests are never aborted: in-flight work is finished, and aborting would waste
+The budget, the engines' version and when a transfer is queued (weight updates happen
+between requests, pipelined) are the ``OverlapSchedule``'s (controller/overlap.py), which
+the stream tells what it has drawn and asks how much to draw next. Requests are never aborted: in-flight work is finished, and aborting would waste
 the partial generation (the megatron backend cannot abort mid-request).
 
 Ordering: every submission (requests, the transfer) is made under the stream's lock, so
@@ -46,8 +45,8 @@ from typing import Any, Protocol
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
 from dapo_megatron.controller import steps
 from dapo_megatron.controller.context import RunContext
+from dapo_megatron.controller.overlap import OverlapSchedule, TransferEngines
 from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.refit_scheduler import RefitScheduler, TransferEngines
 from dapo_megatron.controller.response_cap import capped
 from dapo_megatron.controller.rollout_groups import RolloutGroup
 from dapo_megatron.controller.rollout_planner import RolloutPlanner
@@ -58,7 +57,7 @@ _POLL_S = 0.5
 
 
 class StreamEngines(TransferEngines, Protocol):
-    """What the stream and its refit scheduler need of split-mode engines
+    """What the stream and its overlap schedule need of split-mode engines
     (GenerationGroup)."""
 
     def submit(self, prompts: Sequence[Sequence[int]], sampling: SamplingParams) -> list[Any]: ...
@@ -95,92 +94,60 @@ class RolloutStream:
     ) -> None:
         """Start generating for the step trained at ``version`` (the engines hold that
         version's weights); ``pending_prompts`` (from a checkpoint) are generated first.
-        ``refits`` schedules the transfers of ``policy``'s new weights into the engines."""
+        ``schedule`` holds the budget and the transfers of ``policy``'s new weights into the
+        engines."""
         config = ctx.config
         self.ctx = ctx
         self.engines = engines
         self.planner = RolloutPlanner(ctx, pending_prompts=pending_prompts)
         self.max_staleness = config.rollout.max_staleness
         self.regenerate = config.rollout.stale_groups == "regenerate"
-        self._cond = threading.Condition()
+        self.schedule = OverlapSchedule(ctx, engines, policy, self, version=version)
+        self._cond = self.schedule.lock
         self._completed: deque[_Completed] = deque()
         self._in_flight: deque[_Request] = deque()  # in engine queue order
         self._scoring: _Request | None = None  # a finished request being scored
         self._in_hand: _Completed | None = None  # popped, not yet given to dynamic sampling
         self._paused = False
-        self.refits = RefitScheduler(engines, policy, self)
         self._stopping = False
         self._error: BaseException | None = None
-        self._engine_version = version
-        self._next_step = version
-        self._waiting = False
         self._busy_s = 0.0  # the engines' own generation seconds, cumulative
         self._thread = threading.Thread(target=self._run, name="rollout-stream", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------------ generation thread
 
-    def _expected_groups(self, keep: float) -> float:
-        """Groups the budget counts: groups kept for the next step, carried groups, and
-        those expected at keep rate ``keep`` from prompts drawn but not yet given to dynamic
-        sampling (in flight, being scored, queued, in the training thread's hand).
-
-        Data of version v trains steps up to v + K only, so each version counts up to the
-        slots left in the steps it can still fill: a surplus beyond the last of them (or
-        data already too old for the next step) will be dropped, and budgeting it as if
-        it could wait would leave a later step short. Carried groups age the same way: at
-        K = 1 the surplus of one step is too old for the step after the next, and counting
-        it there left that step to wait for a whole request with the next weights."""
-        dynamic = self.ctx.dynamic
+    def pending(self) -> list[tuple[int, int]]:
+        """(version, prompts) of the requests drawn and not yet given to dynamic sampling:
+        in flight, being scored, queued, in the training thread's hand (under the lock)."""
         pending: list[_Request | _Completed] = [*self._in_flight, *self._completed]
         pending += [r for r in (self._scoring, self._in_hand) if r is not None]
-        by_version: dict[int, float] = {}
-        for r in pending:
-            by_version[r.version] = by_version.get(r.version, 0.0) + len(r.prompt_indices) * keep
-        for version in dynamic.carried_versions:
-            by_version[version] = by_version.get(version, 0.0) + 1.0
-        # Kept groups are the next step's already (carried in, or new and fresh enough).
-        filled = float(dynamic.num_kept_groups)
-        for version in sorted(by_version):
-            slots = (
-                version + self.max_staleness + 1 - self._next_step
-            ) * dynamic.num_prompts_per_step
-            filled = max(filled, min(slots, filled + by_version[version]))
-        return filled
+        return [(r.version, len(r.prompt_indices)) for r in pending]
+
+    def idle(self) -> bool:
+        """Nothing in flight, being scored, queued or in hand (under the lock)."""
+        nothing_coming = not (self._in_flight or self._completed)
+        return nothing_coming and self._scoring is None and self._in_hand is None
 
     def _next_request_size(self) -> int:
-        """Prompts of the next request (0 = none now).
-
-        The budget is ``(w + K + 1 - next_step)`` steps' groups; when the groups expected
-        fall short of it, a request asks for the shortfall (with a little headroom:
-        ``RolloutPlanner.request_size``), up to ``prompts_per_request``. So requests shrink
-        near the end of a step instead of overshooting it. A step that waits with nothing
-        coming asks for the groups it still lacks, whatever the budget.
-        """
-        if self._stopping or self._paused or self.refits.holds_requests:
+        """Prompts of the next request (0 = none now): the schedule's budget shortfall at
+        the engines' version (``OverlapSchedule.request_size``), one request per version in
+        flight, none while paused or stopping."""
+        if self._stopping or self._paused:
             return 0
-        if any(r.version == self._engine_version for r in self._in_flight):
+        version = self.schedule.engine_version
+        if any(r.version == version for r in self._in_flight):
             return 0  # one request per version in flight: the next is sized on its results
-        keep = self.planner.keep_estimate()
-        return self.planner.request_size(self._deficit(keep), keep)
-
-    def _deficit(self, keep: float) -> float:
-        """Groups the budget still lacks at the engines' version (``_next_request_size``)."""
-        dynamic = self.ctx.dynamic
-        steps_ahead = self._engine_version + self.max_staleness + 1 - self._next_step
-        deficit = steps_ahead * dynamic.num_prompts_per_step - self._expected_groups(keep)
-        nothing_coming = not (self._in_flight or self._completed)
-        if self._waiting and nothing_coming and self._scoring is None and self._in_hand is None:
-            deficit = max(deficit, dynamic.num_prompts_per_step - dynamic.num_kept_groups, 1)
-        return deficit
+        return self.schedule.request_size()
 
     def _start_request(self, size: int) -> _Request:
         """Draw the next ``size`` prompts and submit them (under the lock)."""
-        draw = self.planner.next_request(size, self._engine_version)
+        version = self.schedule.engine_version
+        draw = self.planner.next_request(size, version)
         indices = draw.prompt_indices
         prompts = [self.ctx.train.input_ids[i] for i in indices]
         refs = self.engines.submit(prompts, capped(self.ctx.config, draw.sampling, prompts))
-        request = _Request(indices, self._engine_version, refs)
+        request = _Request(indices, version, refs)
         self._in_flight.append(request)
         return request
 
@@ -189,23 +156,9 @@ class RolloutStream:
         thread changes what the budget depends on, so a refit or a waiting step submits at
         once rather than when the generation thread next runs."""
         self._submit_next()
-        if self.refits.poll():  # the engines are done with their weights: transfer queued
+        if self.schedule.poll():  # the engines are done with their weights: transfer queued
             self._submit_next()  # queued behind the transfer: the new weights
         self._cond.notify_all()
-
-    @property
-    def lock(self) -> threading.Condition:
-        """Held for every submission (requests and transfers) and every budget decision."""
-        return self._cond
-
-    def budget_met(self) -> bool:
-        """Nothing is left to generate with the engines' current weights (under the lock)."""
-        return self._deficit(self.planner.keep_estimate()) <= 1e-6
-
-    def switch_version(self, version: int) -> None:
-        """A transfer to ``version`` is queued (under the lock): requests submitted from now
-        on are generated with its weights."""
-        self._engine_version = version
 
     def _submit_next(self) -> None:
         size = self._next_request_size()
@@ -291,7 +244,7 @@ class RolloutStream:
         stale = 0
         with self._cond:  # the generation thread sizes requests from the sampler's state
             dynamic.start_step(version=step)
-            self._next_step, self._waiting = step, True
+            self.schedule.filling(step)
             self.top_up()
         try:
             while not dynamic.is_complete():
@@ -311,12 +264,12 @@ class RolloutStream:
                     self._release()
         except BaseException:
             with self._cond:
-                self._next_step, self._waiting = step + 1, False
+                self.schedule.filled(step)
                 self._cond.notify_all()
             raise
         with self._cond:  # the batch leaves the budget as the next step enters it
             groups, stats = dynamic.finish_step()
-            self._next_step, self._waiting = step + 1, False
+            self.schedule.filled(step)
             self._cond.notify_all()
         totals["rollout/stale_groups_dropped"] = float(stale)
         with self._cond:  # the generation thread draws (decides) under the lock

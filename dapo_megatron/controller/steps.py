@@ -13,7 +13,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import torch
 
@@ -320,3 +320,52 @@ def _supervised_batch(rows: Sequence[tuple[list[int], list[int]]], pad_id: int) 
 
 def make_batch(ctx: RunContext, groups: Sequence[RolloutGroup]) -> PolicyBatch:
     return build_policy_batch(groups, ctx.config, ctx.pad_id)
+
+
+class Prepared(NamedTuple):
+    """A step's rollouts and batch, with the generation metrics."""
+
+    groups: list[RolloutGroup]
+    stats: DynamicSamplingStats
+    metrics: dict[str, float]
+    batch: PolicyBatch
+
+
+class RolloutTaker(Protocol):
+    """What ``prepare`` asks of a rollout source (rollout_source.Rollouts)."""
+
+    def take(self, step: int) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]:
+        ...
+
+
+def prepare(ctx: RunContext, rollouts: RolloutTaker, step: int) -> Prepared:
+    """Take the step's rollouts (waiting for them: ``timing/rollout_wait_s``) and build its
+    batch."""
+    started = time.perf_counter()
+    groups, stats, metrics = rollouts.take(step)
+    metrics["timing/rollout_wait_s"] = time.perf_counter() - started
+    metrics["dynamic_sampling/batch_multiplier"] = ctx.dynamic.batch_multiplier
+    return Prepared(groups, stats, metrics, make_batch(ctx, groups))
+
+
+def needs_old_logprobs(config: DapoMegatronConfig, batch: PolicyBatch) -> bool:
+    """``needs_old_logprob_pass`` for this batch under the run's policy settings."""
+    return needs_old_logprob_pass(
+        len(batch), config.policy.train_global_batch_size, config.policy.old_logprob_pass
+    )
+
+
+def passes_before_training(
+    ctx: RunContext, policy: PolicyGroup, batch: PolicyBatch
+) -> dict[str, float]:
+    """The forward passes a batch needs before its train step: old logprobs (only when
+    it is more than one optimizer step) and the KL reference's logprobs."""
+    config = ctx.config
+    metrics: dict[str, float] = {}
+    if needs_old_logprobs(config, batch):
+        metrics.update(old_logprobs(policy, batch))
+    else:
+        metrics["timing/logprob_s"] = 0.0  # the train step reports the mismatch metrics
+    if config.dapo.loss.kl_coef > 0:  # KL penalty vs the start-of-training policy
+        metrics.update(reference_logprobs(policy, batch))
+    return metrics

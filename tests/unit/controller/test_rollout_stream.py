@@ -1,5 +1,5 @@
-"""Overlapped rollouts (controller/rollout_stream.py) and their refit scheduler
-(controller/refit_scheduler.py) with scripted engines: no Ray, no Megatron. The fake
+"""Overlapped rollouts (controller/rollout_stream.py) and their overlap schedule
+(controller/overlap.py) with scripted engines: no Ray, no Megatron. The fake
 engine knows which weights it holds and stamps them into every sample, so a test can
 check the version the stream recorded against the one that generated."""
 
@@ -139,9 +139,9 @@ def _run(stream: RolloutStream, steps: range) -> list[dict]:
         generated_by = [g.samples[0].response_token_ids[0] - WEIGHTS_TOKEN for g in groups]
         out.append({"groups": groups, "generated_by": generated_by, "metrics": metrics})
         _settle(stream)
-        started = stream.refits.start(step + 1)  # as the loop does
+        started = stream.schedule.start(step + 1)  # as the loop does
         assert started is not None
-        stream.refits.finish(started)
+        stream.schedule.finish(started)
     _settle(stream)
     return out
 
@@ -187,16 +187,16 @@ def _run_pipelined(stream: RolloutStream, engines: ScriptedEngines, steps: range
         groups, _, metrics = taken
         generated_by = [g.samples[0].response_token_ids[0] - WEIGHTS_TOKEN for g in groups]
         trained.append({"groups": groups, "generated_by": generated_by, "metrics": metrics})
-        stream.refits.arm(step + 1)  # its train step was just submitted
+        stream.schedule.arm(step + 1)  # its train step was just submitted
         taken = stream.take(step + 1)
-        refit = stream.refits.start_early(step + 1)
+        refit = stream.schedule.start_early(step + 1)
         early.append(refit is not None)
         if refit is None:
-            refit = stream.refits.start(step + 1)
+            refit = stream.schedule.start(step + 1)
         # The next request is queued right behind the transfer, before it is finished.
         with engines.lock:
             behind.append(engines.versions[-1] == step + 1)
-        stream.refits.finish(refit)
+        stream.schedule.finish(refit)
     return {"steps": trained, "early": early, "queued_behind_refit": behind}
 
 
@@ -241,15 +241,15 @@ def test_budget_counts_each_version_only_for_the_steps_it_can_still_train():
         stream._in_flight.clear()  # whatever the thread generated before it stopped
         stream._completed.clear()
         stream._scoring = stream._in_hand = None
-        stream._next_step = 5
+        stream.schedule.next_step = 5
         for version, prompts in [(3, 2), (4, 10), (5, 3)]:
             stream._in_flight.append(_Request(list(range(prompts)), version, []))
-        assert stream._expected_groups(1.0) == 7
-        assert stream._deficit(1.0) == 1
+        assert stream.schedule._expected_groups(1.0) == 7
+        assert stream.schedule._deficit(1.0) == 1
         # Step 5 taken: version 4 is too old now; version 5 may fill steps 6 only.
-        stream._next_step = 6
-        assert stream._expected_groups(1.0) == 3
-        assert stream._deficit(1.0) == 1  # budget at version 5, K = 1: step 6 alone
+        stream.schedule.next_step = 6
+        assert stream.schedule._expected_groups(1.0) == 3
+        assert stream.schedule._deficit(1.0) == 1  # budget at version 5, K = 1: step 6 alone
 
 
 def test_budget_counts_carried_groups_only_for_the_steps_they_can_still_train():
@@ -273,13 +273,13 @@ def test_budget_counts_carried_groups_only_for_the_steps_they_can_still_train():
         stream._in_flight.clear()  # whatever the thread generated before it stopped
         stream._completed.clear()
         stream._scoring = stream._in_hand = None
-        stream._next_step = 5
+        stream.schedule.next_step = 5
         # Step 5 may still train them (one version behind): they fill it.
-        assert stream._expected_groups(1.0) == 4
-        stream._next_step = 6
+        assert stream.schedule._expected_groups(1.0) == 4
+        stream.schedule.next_step = 6
         stream._in_flight.append(_Request([0, 1], 5, []))
-        assert stream._expected_groups(1.0) == 2
-        assert stream._deficit(1.0) == 2
+        assert stream.schedule._expected_groups(1.0) == 2
+        assert stream.schedule._deficit(1.0) == 2
 
 
 @pytest.mark.parametrize("policy", ["drop", "regenerate"])
