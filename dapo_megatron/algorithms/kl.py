@@ -98,7 +98,7 @@ def entropy_bonus_per_token(entropy_BT: torch.Tensor, entropy_coef: float) -> to
     """Per-token term that the entropy bonus adds to the loss: ``-entropy_coef * entropy_BT``.
 
     The loss is minimised, so subtracting the entropy rewards a more exploratory policy. Because
-    aggregation is linear, adding this term per token before ``aggregate_loss`` equals subtracting
+    aggregation is linear, adding this term per token before ``aggregate_terms`` equals subtracting
     ``entropy_coef`` times the aggregated entropy.
 
     Args:
@@ -140,7 +140,7 @@ class KLEntropyTerms:
 
     def metric_sums(self, effective_BT: torch.Tensor) -> dict[str, torch.Tensor]:
         """``kl_sum`` / ``entropy_sum`` (for the terms present): detached float64 sums over
-        ``effective_BT`` (the loss mask AND the MIS acceptance), as ``policy_loss`` reports
+        ``effective_BT`` (the loss mask AND the MIS acceptance), as ``torch_policy_loss`` reports
         its other metrics."""
 
         def masked_sum(x_BT: torch.Tensor) -> torch.Tensor:

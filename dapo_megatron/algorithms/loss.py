@@ -1,14 +1,20 @@
-"""The DAPO policy loss: clipped policy gradient, aggregation, and the combined loss.
+"""The DAPO policy loss in torch: clipped policy gradient, aggregation, the combined loss.
 
-Pieces:
+The loss has one public entry point, ``kernels.pg_loss.pg_loss`` (what the policy step
+calls); ``torch_policy_loss`` here is its torch implementation (``impl="torch"``) and the
+reference the fused Triton kernel is tested against. Pieces:
 
-- ``clipped_pg_loss_per_token``: PPO clipped surrogate with DAPO's decoupled clip range
-  ("clip-higher": ``clip_ratio_high`` may exceed ``clip_ratio_low``) and optional dual clip.
-- ``loss_denominator`` / ``aggregate_loss``: reduction of per-token losses to a scalar with an
-  explicit GLOBAL normaliser, so the mini-batch loss does not depend on how the mini-batch is
-  split into micro-batches or data-parallel ranks.
-- ``policy_loss``: per-token ``weight * pg + kl_coef * kl - entropy_coef * entropy``, masked and
-  aggregated, plus detached metric sums; ``reduce_loss_metrics`` turns those into means.
+- ``_clipped_pg``: PPO clipped surrogate with DAPO's decoupled clip range ("clip-higher":
+  ``clip_ratio_high`` may exceed ``clip_ratio_low``) and optional dual clip.
+- ``loss_denominator`` / ``aggregate_terms``: reduction of per-token losses to a scalar with
+  an explicit GLOBAL normaliser, so the mini-batch loss does not depend on how the
+  mini-batch is split into micro-batches or data-parallel ranks.
+- ``torch_policy_loss``: per-token ``weight * pg + kl_coef * kl - entropy_coef * entropy``,
+  masked and aggregated, plus detached metric sums; ``reduce_loss_metrics`` turns those into
+  means.
+
+The hyper-parameters arrive as one ``LossSpec``, validated when it was built; nothing here
+validates them again.
 
 Shapes: ``B`` samples x ``T`` response tokens (padded). ``mask_BT`` is the loss mask, any dtype,
 non-zero on valid tokens. Per-token values at invalid positions never reach the loss or its
@@ -18,7 +24,7 @@ padding cannot turn into NaN).
 Micro-batch invariance, the contract between caller and this module::
 
     denom = sum(loss_denominator(mb.mask, mode) for mb in all micro-batches on all DP ranks)
-    loss_mb = policy_loss(LossInputs(..., normalizer=denom), loss).loss  # each micro-batch
+    loss_mb = pg_loss(LossInputs(..., normalizer=denom), loss).loss  # each micro-batch
     sum(loss_mb) == loss of the whole mini-batch       # whatever the split
 
 With data parallelism, the gradients of the per-rank sums are summed (not averaged) across
@@ -50,7 +56,6 @@ from dapo_megatron.algorithms.loss_spec import LossAggMode as LossAggMode
 from dapo_megatron.algorithms.loss_spec import (
     LossSpec,
     validate_agg_mode,
-    validate_clip_ratios,
 )
 from dapo_megatron.algorithms.rollout_correction import correction_weights
 
@@ -86,8 +91,8 @@ def loss_denominator(
     """This micro-batch's contribution to the global loss normaliser.
 
     Sum the returned values over every micro-batch of the mini-batch on every data-parallel
-    rank (e.g. with an all-reduce) and pass the total as ``normalizer`` to ``aggregate_loss`` /
-    ``policy_loss`` for each micro-batch.
+    rank (e.g. with an all-reduce) and pass the total as ``normalizer`` to ``aggregate_terms`` /
+    ``torch_policy_loss`` for each micro-batch.
 
     - ``"token-mean"``: number of valid tokens.
     - ``"seq-mean-token-sum"``, ``"seq-mean-token-mean"``: number of sequences with at least one
@@ -125,7 +130,18 @@ def loss_denominator(
     return num_seqs
 
 
-def aggregate_loss(
+def aggregate_terms(
+    values_BT: torch.Tensor,
+    mask_BT: torch.Tensor,
+    loss: LossSpec,
+    normalizer: torch.Tensor | float,
+) -> torch.Tensor:
+    """``_aggregate`` with ``loss.loss_agg_mode``, trusting ``loss`` (it validated itself
+    when it was built): the per-micro-batch path validates no hyper-parameter again."""
+    return _aggregate(values_BT, mask_BT, loss.loss_agg_mode, normalizer)
+
+
+def _aggregate(
     values_BT: torch.Tensor,
     mask_BT: torch.Tensor,
     loss_agg_mode: LossAggMode,
@@ -145,6 +161,8 @@ def aggregate_loss(
     ``0 * sum(masked values)``: zero, finite, and still attached to the graph so that
     ``backward()`` works. This branch is taken on device, without a host sync.
 
+    The loss mode is trusted (a ``LossSpec``'s: ``aggregate_terms``); the tensors are checked.
+
     Args:
         values_BT: ``[B, T]`` per-token values (with grad).
         mask_BT: ``[B, T]`` mask, non-zero = valid; invalid positions are ignored whatever
@@ -155,28 +173,6 @@ def aggregate_loss(
     Returns:
         0-dim tensor in ``compute_dtype(values_BT)`` (>= float32).
     """
-    validate_agg_mode(loss_agg_mode)
-    return _aggregate(values_BT, mask_BT, loss_agg_mode, normalizer)
-
-
-def aggregate_terms(
-    values_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    loss: LossSpec,
-    normalizer: torch.Tensor | float,
-) -> torch.Tensor:
-    """``aggregate_loss`` with ``loss.loss_agg_mode``, trusting ``loss`` (it validated itself
-    when it was built): the per-micro-batch path validates no hyper-parameter again."""
-    return _aggregate(values_BT, mask_BT, loss.loss_agg_mode, normalizer)
-
-
-def _aggregate(
-    values_BT: torch.Tensor,
-    mask_BT: torch.Tensor,
-    loss_agg_mode: LossAggMode,
-    normalizer: torch.Tensor | float,
-) -> torch.Tensor:
-    """``aggregate_loss`` without checking ``loss_agg_mode`` (the tensors are checked)."""
     _check_2d("values_BT", values_BT)
     check_same_shape("values_BT", values_BT, "mask_BT", mask_BT)
     if isinstance(normalizer, torch.Tensor):
@@ -210,7 +206,7 @@ def _aggregate(
 
 @dataclass(frozen=True)
 class ClippedPGOutput:
-    """Per-token results of ``clipped_pg_loss_per_token`` (all ``[B, T]``, unmasked)."""
+    """Per-token results of ``_clipped_pg`` (all ``[B, T]``, unmasked)."""
 
     loss_BT: torch.Tensor
     """Per-token clipped surrogate loss (with grad), dtype >= float32."""
@@ -226,11 +222,10 @@ class ClippedPGOutput:
     """bool: ``A < 0`` and ``ratio > clip_ratio_c`` (zero gradient); all False without dual clip."""
 
 
-def clipped_pg_loss_per_token(
+def _clipped_pg(
     logprobs_BT: torch.Tensor,
     old_logprobs_BT: torch.Tensor,
     advantages_BT: torch.Tensor,
-    *,
     clip_ratio_low: float,
     clip_ratio_high: float,
     clip_ratio_c: float | None = None,
@@ -249,30 +244,14 @@ def clipped_pg_loss_per_token(
         logprobs_BT: ``[B, T]`` current policy log-probabilities (with grad).
         old_logprobs_BT: ``[B, T]`` log-probabilities before the update (no grad needed).
         advantages_BT: ``[B, T]`` per-token or ``[B]`` per-sample advantages.
-        clip_ratio_low: ``0 <= eps_low < 1``.
-        clip_ratio_high: ``eps_high >= 0``.
-        clip_ratio_c: dual-clip constant ``> 1``, or None to disable.
+        clip_ratio_low, clip_ratio_high, clip_ratio_c: a ``LossSpec``'s (trusted: validated
+            when the spec was built); ``clip_ratio_c`` None disables the dual clip.
 
     Returns:
         ``ClippedPGOutput`` with the per-token loss, ratio, log-ratio and clip indicators, all
         unmasked and in ``compute_dtype`` (>= float32).
     """
-    validate_clip_ratios(clip_ratio_low, clip_ratio_high, clip_ratio_c)
-    return _clipped_pg(
-        logprobs_BT, old_logprobs_BT, advantages_BT, clip_ratio_low, clip_ratio_high, clip_ratio_c
-    )
-
-
-def _clipped_pg(
-    logprobs_BT: torch.Tensor,
-    old_logprobs_BT: torch.Tensor,
-    advantages_BT: torch.Tensor,
-    low: float,
-    high: float,
-    c: float | None,
-) -> ClippedPGOutput:
-    """``clipped_pg_loss_per_token`` with clip ratios ``low``, ``high`` and ``c`` trusted (a
-    ``LossSpec``'s, or checked by the public function)."""
+    low, high, c = clip_ratio_low, clip_ratio_high, clip_ratio_c
     _check_2d("logprobs_BT", logprobs_BT)
     check_same_shape("logprobs_BT", logprobs_BT, "old_logprobs_BT", old_logprobs_BT)
     advantages_BT = expand_advantages(advantages_BT, logprobs_BT.shape)
@@ -319,7 +298,7 @@ def _clipped_pg(
 
 @dataclass(frozen=True)
 class PolicyLossOutput:
-    """Result of ``policy_loss`` for one micro-batch."""
+    """Result of ``torch_policy_loss`` for one micro-batch."""
 
     loss: torch.Tensor
     """0-dim loss with grad: this micro-batch's share; shares sum to the mini-batch loss."""
@@ -400,15 +379,16 @@ def _loss_metrics(
     return metrics
 
 
-def policy_loss(inputs: LossInputs, loss: LossSpec) -> PolicyLossOutput:
-    """DAPO policy loss of one micro-batch.
+def torch_policy_loss(inputs: LossInputs, loss: LossSpec) -> PolicyLossOutput:
+    """DAPO policy loss of one micro-batch, in torch: what ``kernels.pg_loss.pg_loss`` (the
+    loss's one entry point) runs for ``impl="torch"``, and the Triton kernel's reference.
 
     Per token: ``w * pg + kl_coef * kl - entropy_coef * entropy`` where ``pg`` is
-    ``clipped_pg_loss_per_token``, ``w`` the rollout-correction weight (TIS; 1 otherwise), ``kl``
+    ``_clipped_pg``, ``w`` the rollout-correction weight (TIS; 1 otherwise), ``kl``
     the ``kl_estimator`` estimate against ``ref_logprobs_BT`` (added only if ``kl_coef > 0``) and
     the entropy term added only if ``entropy_coef > 0`` (all settings from ``loss``). Tokens
     outside ``mask_BT`` or rejected by MIS are dropped; the rest is reduced with
-    ``aggregate_loss(..., loss.loss_agg_mode, normalizer)``.
+    ``aggregate_terms(..., loss, normalizer)``.
 
     ``normalizer`` must be the global sum of ``loss_denominator`` over the mini-batch. With MIS,
     compute it from the mask returned by ``rollout_correction_weights`` (MIS depends only on
@@ -417,7 +397,7 @@ def policy_loss(inputs: LossInputs, loss: LossSpec) -> PolicyLossOutput:
 
     Args:
         inputs: the micro-batch's tensors and the global normaliser (see ``LossInputs``).
-        loss: the loss's hyper-parameters (clip ratios: see ``clipped_pg_loss_per_token``;
+        loss: the loss's hyper-parameters (clip ratios: see ``_clipped_pg``;
             rollout correction: see ``rollout_correction_weights``; KL and entropy: see
             ``kl.kl_entropy_terms``), trusted: ``LossSpec`` validated them when it was built,
             so no micro-batch validates them again.

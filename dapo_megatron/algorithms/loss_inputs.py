@@ -1,7 +1,7 @@
 """What the DAPO policy loss of one micro-batch reads: ``LossInputs``.
 
 Both implementations of the loss take it, the torch reference
-(``algorithms.loss.policy_loss``) and the dispatcher to the fused kernel
+(``algorithms.loss.torch_policy_loss``) and the dispatcher to the fused kernel
 (``kernels.pg_loss.pg_loss``), together with the loss's hyper-parameters (``LossSpec``), so a
 new input is added here once and both see it; ``LossInputs.check`` is the one set of tensor
 checks both run.

@@ -4,7 +4,7 @@
 (config/schema.py ``LossConfig``) and ``LossSpec`` extend it. ``LossSpec`` is built once per
 run from ``dapo.loss`` (config/run_plan.py) and travels unchanged, as ``loss``, from the
 policy step through the kernel dispatch (kernels/pg_loss.py) into
-``algorithms.loss.policy_loss``, which trust it. Its fields have no defaults: every default
+``algorithms.loss.torch_policy_loss``, which trust it. Its fields have no defaults: every default
 lives in configs/dapo_base.yaml. The value sets (Literal types) are defined here once; the config
 schema imports them, so a YAML value and a function argument can never disagree.
 
@@ -83,17 +83,6 @@ def range_problems(name: str, value: object) -> list[Problem]:
     return [] if r.admits(value) else [(name, value, f"must be a finite number in {r}")]
 
 
-def clip_ratio_problems(
-    clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None
-) -> list[Problem]:
-    """The clip ratios are in their ranges (``clip_ratio_c`` None: no dual clip)."""
-    return [
-        *range_problems("clip_ratio_low", clip_ratio_low),
-        *range_problems("clip_ratio_high", clip_ratio_high),
-        *([] if clip_ratio_c is None else range_problems("clip_ratio_c", clip_ratio_c)),
-    ]
-
-
 def correction_cap_problems(tis_cap: float, mis_low: float, mis_high: float) -> list[Problem]:
     """The rollout-correction caps are in their ranges.
 
@@ -146,13 +135,6 @@ def validate_choice(name: str, value: str, choices: tuple[str, ...]) -> None:
 def validate_agg_mode(loss_agg_mode: str) -> None:
     """Raise ValueError unless ``loss_agg_mode`` is one of ``LOSS_AGG_MODES``."""
     validate_choice("loss_agg_mode", loss_agg_mode, LOSS_AGG_MODES)
-
-
-def validate_clip_ratios(
-    clip_ratio_low: float, clip_ratio_high: float, clip_ratio_c: float | None = None
-) -> None:
-    """Raise ValueError unless the clip ratios are in their ``LOSS_FLOAT_RANGES``."""
-    raise_first(clip_ratio_problems(clip_ratio_low, clip_ratio_high, clip_ratio_c))
 
 
 def validate_rollout_correction_args(

@@ -14,8 +14,8 @@ GEMMs of the problem run by cuBLAS on the same shapes (``h W^T`` forward; ``G W`
 ``G^T h`` backward with a precomputed bf16 G). The fused backward recomputes the logits, so
 its GEMM work is four products against the bound's three.
 
-PG loss (``pg_loss``): the fused Triton loss against the float64 torch ``policy_loss`` (loss,
-gradient, metrics) at B = 64 rows of T = 8192 tokens, and its time against the torch path.
+PG loss (``pg_loss``): the fused Triton loss against the float64 torch path (loss, gradient,
+metrics) at B = 64 rows of T = 8192 tokens, and its time against the torch path.
 """
 
 from __future__ import annotations
@@ -190,7 +190,7 @@ def pg_loss_section(b: int = 64, t: int = 8192) -> dict[str, Any] | str:
     """The fused PG loss against the float64 torch loss, and its time (module docstring)."""
     if not torch.cuda.is_available():
         return _NO_CUDA
-    from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
+    from dapo_megatron.algorithms.loss import loss_denominator
     from dapo_megatron.algorithms.loss_inputs import LossInputs
     from dapo_megatron.config.run_plan import shipped_loss_spec
     from dapo_megatron.kernels.pg_loss import pg_loss, resolve_pg_loss_impl
@@ -205,8 +205,10 @@ def pg_loss_section(b: int = 64, t: int = 8192) -> dict[str, Any] | str:
     spec = shipped_loss_spec(t, clip_ratio_c=3.0, rollout_correction="tis")
     norm = loss_denominator(mask, "token-mean")
     lp64 = lp.clone().requires_grad_()
-    want = policy_loss(
-        LossInputs(lp64, old, adv, mask, rollout_logprobs_BT=rollout, normalizer=norm), spec
+    want = pg_loss(
+        LossInputs(lp64, old, adv, mask, rollout_logprobs_BT=rollout, normalizer=norm),
+        spec,
+        impl="torch",
     )
     want.loss.backward()
     assert resolve_pg_loss_impl("auto", lp.float()) == "triton", "auto must pick Triton on CUDA"

@@ -1,11 +1,11 @@
 """The DAPO policy loss with an implementation choice: torch (``algorithms.loss``) or fused Triton.
 
 :func:`pg_loss` takes exactly the arguments of
-:func:`dapo_megatron.algorithms.loss.policy_loss` (one ``LossInputs`` and one ``LossSpec``)
+:func:`dapo_megatron.algorithms.loss.torch_policy_loss` (one ``LossInputs`` and one ``LossSpec``)
 plus ``impl`` and ``block``, and returns the same ``PolicyLossOutput`` (loss and metric sums,
 same keys):
 
-  ``"torch"``   calls ``policy_loss`` itself (the reference semantics);
+  ``"torch"``   calls ``torch_policy_loss`` itself (the reference semantics);
   ``"triton"``  the clipped PG term, rollout correction and metrics in one fused kernel
                 (:mod:`.triton_pg_loss`); fp16/bf16/fp32 CUDA tensors (CPU tensors only under
                 ``TRITON_INTERPRET=1``, for tests);
@@ -21,7 +21,7 @@ What the Triton path does in torch, and why:
   a stride-0 view; token-level TIS/MIS run entirely in the kernel;
 - for ``seq-mean-token-mean`` with MIS, the per-sequence count of MIS-accepted tokens;
 - the optional KL and entropy terms (and their ``kl_sum``/``entropy_sum`` metrics): formed by
-  ``algorithms.kl.kl_entropy_terms``, the function ``policy_loss`` adds them with, and
+  ``algorithms.kl.kl_entropy_terms``, the function ``torch_policy_loss`` adds them with, and
   aggregated with ``aggregate_terms`` on the same effective mask, which is exact because the
   aggregation is linear in the per-token values. The kernel itself computes only the clipped
   policy-gradient term and the rollout correction.
@@ -39,7 +39,7 @@ from dapo_megatron.algorithms.loss import (
     PolicyLossOutput,
     aggregate_terms,
     expand_advantages,
-    policy_loss,
+    torch_policy_loss,
 )
 from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossSpec
@@ -72,7 +72,7 @@ def resolve_pg_loss_impl(impl: str, logprobs_BT: torch.Tensor) -> str:
 
 
 def _validate_triton_inputs(logprobs_BT: torch.Tensor, tensors: dict[str, torch.Tensor]) -> None:
-    """Checks ``policy_loss`` does not need (it accepts any dtype/device mix torch accepts)."""
+    """Checks ``torch_policy_loss`` does not need (it accepts any dtype/device mix torch accepts)."""
     if logprobs_BT.dtype not in _TRITON_DTYPES:
         raise ValueError(
             f"impl='triton' takes fp16/bf16/fp32 logprobs_BT, got {logprobs_BT.dtype} "
@@ -115,22 +115,22 @@ def pg_loss(
     impl: PGLossImpl = "auto",
     block: int | None = None,
 ) -> PolicyLossOutput:
-    """DAPO policy loss of one micro-batch; same arguments and result as ``policy_loss``.
+    """DAPO policy loss of one micro-batch; same arguments and result as ``torch_policy_loss``.
 
     Args:
-        inputs, loss: see :func:`dapo_megatron.algorithms.loss.policy_loss` (``loss`` is
+        inputs, loss: see :func:`dapo_megatron.algorithms.loss.torch_policy_loss` (``loss`` is
             trusted: it validated itself when it was built).
         impl: ``"auto"``, ``"torch"`` or ``"triton"`` (see the module docstring).
         block: tokens per Triton program (power of two; tests use small ones to cover
             several programs); None picks one per device. Ignored by the torch path.
 
     Returns:
-        ``PolicyLossOutput``: a 0-dim loss (fp32 on the Triton path, ``policy_loss``'s dtype
-        on the torch path) and detached float64 metric sums with ``policy_loss``'s keys.
+        ``PolicyLossOutput``: a 0-dim loss (fp32 on the Triton path, ``torch_policy_loss``'s dtype
+        on the torch path) and detached float64 metric sums with ``torch_policy_loss``'s keys.
     """
     logprobs_BT = inputs.logprobs_BT
     if resolve_pg_loss_impl(impl, logprobs_BT) == "torch":
-        return policy_loss(inputs, loss)
+        return torch_policy_loss(inputs, loss)
 
     inputs.check(loss)
     old_logprobs_BT, mask_BT = inputs.old_logprobs_BT, inputs.mask_BT

@@ -1,9 +1,9 @@
 """Fused Triton kernel for the DAPO clipped policy-gradient loss: loss, gradient, metrics.
 
 One elementwise pass over the ``[B, T]`` tokens replaces the ~40 small torch kernels of
-:func:`dapo_megatron.algorithms.loss.policy_loss` (each reading and writing ``[B, T]``
+:func:`dapo_megatron.algorithms.loss.torch_policy_loss` (each reading and writing ``[B, T]``
 tensors, plus the autograd graph that keeps them alive). Per token, with ``lp``, ``old``,
-``A`` zeroed outside the loss mask (as ``policy_loss`` does) and ``eff`` the effective mask
+``A`` zeroed outside the loss mask (as ``torch_policy_loss`` does) and ``eff`` the effective mask
 (loss mask AND the MIS acceptance test)::
 
     r      = exp(clamp(lp - old, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP))
@@ -21,7 +21,7 @@ the same pass and saved for backward (no recompute: it is O(N), not O(N x V)).
 
 The gradient follows torch autograd's conventions exactly (ties of ``maximum``/``minimum``
 split the gradient in half; clamps pass the gradient on their closed interval), so the
-fused path matches ``policy_loss`` in value AND gradient, not only almost everywhere.
+fused path matches ``torch_policy_loss`` in value AND gradient, not only almost everywhere.
 
 ``log_w`` (the log importance weight of the rollout correction) is computed in-kernel as
 ``old - rollout`` for token-level TIS/MIS. Sequence-level correction needs a row reduction
@@ -29,7 +29,7 @@ first; the caller computes the per-sequence log weight in torch
 (:func:`~dapo_megatron.algorithms.rollout_correction.rollout_log_weights`) and passes it
 as a stride-0 ``[B, T]`` view, so the kernel itself stays purely elementwise.
 
-Metrics (the ``PolicyLossOutput.metrics`` sums of ``policy_loss``) are reduced per program
+Metrics (the ``PolicyLossOutput.metrics`` sums of ``torch_policy_loss``) are reduced per program
 into a ``[programs, NUM_SUMS]`` buffer and summed in float64 by torch: deterministic (no
 atomics) and exact enough for counts.
 
@@ -146,7 +146,7 @@ def _pg_loss_kernel(
 
     mask = tl.load(mask_ptr + b * s_mask_b + t * s_mask_t, mask=in_bounds, other=0)
     valid = in_bounds & (mask != 0)
-    # Masked loads read 0 at invalid tokens: the same values policy_loss's torch.where(valid,
+    # Masked loads read 0 at invalid tokens: the same values torch_policy_loss's torch.where(valid,
     # x, 0) produces, so padding garbage (-inf, NaN) never enters any arithmetic.
     lp = tl.load(lp_ptr + b * s_lp_b + t * s_lp_t, mask=valid, other=0.0).to(tl.float32)
     old = tl.load(old_ptr + b * s_old_b + t * s_old_t, mask=valid, other=0.0).to(tl.float32)

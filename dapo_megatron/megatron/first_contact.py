@@ -92,10 +92,11 @@ def megatron_step_section() -> dict[str, Any]:
     """Run the checks of the module docstring; raises AssertionError on a mismatch."""
     import dataclasses
 
-    from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
+    from dapo_megatron.algorithms.loss import loss_denominator
     from dapo_megatron.algorithms.loss_inputs import LossInputs
     from dapo_megatron.config.parallel import ParallelDims
     from dapo_megatron.config.run_plan import build_loss_spec, policy_plan
+    from dapo_megatron.kernels.pg_loss import pg_loss
     from dapo_megatron.megatron.policy import MegatronPolicy
     from dapo_megatron.shared.batch import PolicyBatch
 
@@ -142,8 +143,10 @@ def megatron_step_section() -> dict[str, Any]:
         norm = loss_denominator(
             loss_mask, spec.loss_agg_mode, loss_scale_length=spec.loss_scale_length
         )
-        out = policy_loss(
-            LossInputs(lp64, old.double(), advantages.double(), loss_mask, normalizer=norm), spec
+        out = pg_loss(
+            LossInputs(lp64, old.double(), advantages.double(), loss_mask, normalizer=norm),
+            spec,
+            impl="torch",
         )
         out.loss.backward()
         grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}

@@ -551,7 +551,7 @@ def train_step(
         # current one, so old = lp.detached is exact (ratio 1, the same gradient).
         reuse = mb.old_logprobs_BT is None
         old = lp.detach() if mb.old_logprobs_BT is None else mb.old_logprobs_BT
-        # algorithms.loss.policy_loss semantics; the fused Triton kernel on CUDA, that very
+        # algorithms.loss.torch_policy_loss semantics; the fused Triton kernel on CUDA, that very
         # function on CPU (impl="auto").
         inputs = LossInputs(
             logprobs_BT=lp,

@@ -96,7 +96,7 @@ def _loss_reduction(value: Any, ctx: Mapping[str, Any]) -> Translation:
 def _kl_loss(value: Any, ctx: Mapping[str, Any]) -> Translation:
     """megatron_model_wrapper.py: the KL term is masked_mean over each sequence's tokens,
     then the mean over sequences (and micro-batches), whatever loss_reduction is; ours
-    aggregates it with the policy loss (algorithms/loss.py policy_loss)."""
+    aggregates it with the policy loss (algorithms/loss.py torch_policy_loss)."""
     if value is False:
         return Translation((("dapo.loss.kl_coef", 0.0),), "no KL loss: kl_coef 0")
     agg = skyrl_agg(ctx)

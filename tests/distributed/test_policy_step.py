@@ -17,7 +17,7 @@ import torch
 import transformers
 from launch import run_distributed
 
-from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
+from dapo_megatron.algorithms.loss import loss_denominator, torch_policy_loss
 from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.config.loader import load_config
@@ -99,7 +99,7 @@ def _reference(hf_dir: Path, batch: PolicyBatch, spec: LossSpec) -> dict:
     normalizer = loss_denominator(
         batch.loss_mask, spec.loss_agg_mode, loss_scale_length=spec.loss_scale_length
     )
-    out = policy_loss(
+    out = torch_policy_loss(
         LossInputs(
             lp,
             batch.old_logprobs.double(),

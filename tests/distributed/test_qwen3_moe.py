@@ -42,7 +42,7 @@ from safetensors.torch import load_file
 from test_megatron_model import _gather_vocab
 from test_policy_step import B, _batch, _config, _hf_logprobs
 
-from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
+from dapo_megatron.algorithms.loss import loss_denominator, torch_policy_loss
 from dapo_megatron.algorithms.loss_inputs import LossInputs
 from dapo_megatron.algorithms.loss_spec import LossSpec
 from dapo_megatron.config.model_arch import PRESETS, ModelArch, hf_config
@@ -93,7 +93,7 @@ def _reference(model: transformers.PreTrainedModel, batch: PolicyBatch, spec: Lo
     inputs = LossInputs(
         lp, batch.old_logprobs.double(), batch.advantages.double(), batch.loss_mask, normalizer
     )
-    out = policy_loss(inputs, spec)
+    out = torch_policy_loss(inputs, spec)
     out.loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()}
     return {"loss": out.loss.item(), "grads": grads, "lp": lp.detach(), "ent": ent.detach()}

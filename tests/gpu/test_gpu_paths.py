@@ -53,9 +53,9 @@ def test_triton_logprob_hidden_gradient_is_deterministic():
 
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
 def test_triton_pg_loss_on_cuda_matches_torch(mode):
-    """The compiled fused PG loss (not the interpreter) against policy_loss in float64."""
+    """The compiled fused PG loss (not the interpreter) against torch_policy_loss in float64."""
     pytest.importorskip("triton")
-    from dapo_megatron.algorithms.loss import loss_denominator, policy_loss
+    from dapo_megatron.algorithms.loss import loss_denominator, torch_policy_loss
     from dapo_megatron.algorithms.loss_inputs import LossInputs
     from dapo_megatron.config.run_plan import shipped_loss_spec
     from dapo_megatron.kernels.pg_loss import pg_loss
@@ -70,7 +70,9 @@ def test_triton_pg_loss_on_cuda_matches_torch(mode):
     spec = shipped_loss_spec(t, clip_ratio_c=3.0, loss_agg_mode=mode, rollout_correction="tis")
     norm = loss_denominator(mask, mode)
     lp64 = lp.clone().requires_grad_()
-    want = policy_loss(LossInputs(lp64, old, adv, mask, norm, rollout_logprobs_BT=rollout), spec)
+    want = torch_policy_loss(
+        LossInputs(lp64, old, adv, mask, norm, rollout_logprobs_BT=rollout), spec
+    )
     want.loss.backward()
     lp32 = lp.float().cuda().requires_grad_()
     got = pg_loss(

@@ -1,7 +1,7 @@
-"""The fused Triton PG loss (under the CPU interpreter) against ``policy_loss`` in float64.
+"""The fused Triton PG loss (under the CPU interpreter) against ``torch_policy_loss`` in float64.
 
 ``tests/kernels/conftest.py`` sets ``TRITON_INTERPRET=1``. Every case runs the kernel on
-fp32 inputs and ``algorithms.loss.policy_loss`` on the same values in float64, and compares
+fp32 inputs and ``algorithms.loss.torch_policy_loss`` on the same values in float64, and compares
 the loss, ``d loss / d logprobs`` and every metric sum. Shapes have ragged tails (3 x 67
 tokens against blocks of 64 and 4096 tokens), masks have holes and an all-padding row.
 """
@@ -17,7 +17,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from dapo_megatron.algorithms.loss import loss_denominator, policy_loss  # noqa: E402
+from dapo_megatron.algorithms.loss import loss_denominator, torch_policy_loss  # noqa: E402
 from dapo_megatron.algorithms.loss_inputs import LossInputs  # noqa: E402
 from dapo_megatron.algorithms.loss_spec import LOSS_AGG_MODES, LossSpec  # noqa: E402
 from dapo_megatron.config.run_plan import shipped_loss_spec  # noqa: E402
@@ -69,10 +69,10 @@ def _run(
 
 
 def _check(case: dict, *, block: int | None = 64, atol: float = 2e-6, **changes: Any) -> dict:
-    """Triton (fp32) vs policy_loss (float64) with ``spec(**changes)``; returns the Triton
+    """Triton (fp32) vs torch_policy_loss (float64) with ``spec(**changes)``; returns the Triton
     metrics."""
     loss_spec = spec(**changes)
-    want_loss, want_grad, want_m = _run(policy_loss, case, torch.float64, loss_spec)
+    want_loss, want_grad, want_m = _run(torch_policy_loss, case, torch.float64, loss_spec)
     got_loss, got_grad, got_m = _run(
         pg_loss, case, torch.float32, loss_spec, impl="triton", block=block
     )
@@ -144,7 +144,7 @@ def test_kl_and_entropy_terms_are_added() -> None:
     entropy = torch.rand(B, T, generator=gen, dtype=torch.float64) * 3
     for mode in ("token-mean", "seq-mean-token-mean"):
         loss_spec = spec(loss_agg_mode=mode, kl_coef=0.1, entropy_coef=0.01)
-        want = policy_loss(
+        want = torch_policy_loss(
             LossInputs(
                 case["lp"],
                 case["old"],
@@ -230,7 +230,9 @@ def test_bf16_logprobs_and_bool_mask() -> None:
     )
     got.loss.backward()
     lp64 = lp.detach().double().requires_grad_()
-    want = policy_loss(LossInputs(lp64, old.double(), case["adv"], mask, normalizer=norm), spec())
+    want = torch_policy_loss(
+        LossInputs(lp64, old.double(), case["adv"], mask, normalizer=norm), spec()
+    )
     want.loss.backward()
     assert lp.grad.dtype == torch.bfloat16
     torch.testing.assert_close(got.loss.double(), want.loss, rtol=1e-5, atol=1e-6)
@@ -264,7 +266,7 @@ def test_auto_is_torch_on_cpu_and_bad_impl_rejected() -> None:
             spec(),
             impl="triton",
         )
-    # Both implementations share the tensor checks of policy_loss.
+    # Both implementations share the tensor checks of torch_policy_loss.
     for impl in ("torch", "triton"):
         with pytest.raises(ValueError, match=r"rollout_correction='mis' requires rollout_logprobs"):
             pg_loss(
