@@ -1,15 +1,17 @@
 """The limits of the reward shaping's settings, written once (torch-free).
 
-``algorithms/reward_shaping.py`` raises on the first problem of its arguments at each call;
-config validation (config/validate.py) reports each one under its ``dapo.*`` key, before
-any worker starts. Torch-free like loss_spec.py: config validation imports it.
+``RewardShaping`` (below) raises on the first problem when the run plan builds it, once per
+run; config validation (config/validate.py) reports each one under its ``dapo.*`` key,
+before any worker starts; the loose-argument functions of algorithms/reward_shaping.py
+check their arguments at each call. Torch-free like loss_spec.py: config validation imports it.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
-from dapo_megatron.algorithms.loss_spec import Problem
+from dapo_megatron.algorithms.loss_spec import Problem, raise_first
 
 
 def _real_problems(name: str, value: float) -> list[Problem]:
@@ -65,3 +67,47 @@ def overlong_problems(
     if penalty_factor < 0:
         problems.append(("penalty_factor", penalty_factor, "must be >= 0"))
     return problems
+
+
+@dataclass(frozen=True)
+class ScoreScaling:
+    """The clamp-and-map of raw scores (``dapo.reward_scaling``), validated on construction."""
+
+    source_min: float
+    """Lower end of the raw score range; smaller scores are clamped up to it."""
+    source_max: float
+    """Upper end of the raw score range (> source_min)."""
+    target_min: float
+    """Value that source_min maps to."""
+    target_max: float
+    """Value that source_max maps to (below target_min flips the order)."""
+
+    def __post_init__(self) -> None:
+        raise_first(scaling_problems(**vars(self)))
+
+
+@dataclass(frozen=True)
+class OverlongPenalty:
+    """DAPO's soft overlong punishment (``dapo.overlong_buffer``), validated on construction."""
+
+    max_response_length: int
+    """The response-token cap given to the engine (generation.max_response_length)."""
+    buffer_length: int
+    """Width of the linear ramp before the cap (0 < buffer_length < max_response_length)."""
+    penalty_factor: float
+    """Magnitude of the penalty at and beyond the cap (>= 0)."""
+
+    def __post_init__(self) -> None:
+        raise_first(overlong_problems(**vars(self)))
+
+
+@dataclass(frozen=True)
+class RewardShaping:
+    """The run's reward shaping: built and validated once per run (config/run_plan.py
+    ``RunPlan.reward_shaping``), then trusted by the per-round shaping
+    (algorithms/reward_shaping.py ``shape_rewards``), which validates nothing again."""
+
+    scaling: ScoreScaling | None
+    """The score rescaling; None: scores are used as they are."""
+    overlong: OverlongPenalty | None
+    """The soft overlong penalty; None: no length penalty."""

@@ -15,6 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from dapo_megatron.algorithms.loss_spec import LossParams, LossSpec
+from dapo_megatron.algorithms.shaping_limits import OverlongPenalty, RewardShaping, ScoreScaling
 from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size, resolve_arch
 from dapo_megatron.config.parallel import ParallelDims, generation_devices, policy_world_size
 from dapo_megatron.config.refit_transport import RefitTransport as RefitTransport
@@ -131,6 +132,8 @@ class RunPlan:
     """Optimizer steps of the whole run (the lr schedule's horizon)."""
     loss: LossSpec
     """The policy loss's hyper-parameters, validated."""
+    reward_shaping: RewardShaping
+    """The reward shaping of every round, validated once here."""
     moe: MoeTraining
     """Mixture-of-experts training settings (a MoE architecture only)."""
     warnings: tuple[str, ...]
@@ -319,6 +322,26 @@ def build_loss_spec(config: DapoMegatronConfig) -> LossSpec:
     return LossSpec.resolve(config.dapo.loss, loss_scale_length(config))
 
 
+def build_reward_shaping(config: DapoMegatronConfig) -> RewardShaping:
+    """``dapo.reward_scaling`` and ``dapo.overlong_buffer`` (the switched-on ones) as the
+    run's validated ``RewardShaping``; raises ValueError on a bad value (a validated config
+    has none: validate_config reports the same limits under their keys)."""
+    d = config.dapo
+    rs, ob = d.reward_scaling, d.overlong_buffer
+    return RewardShaping(
+        scaling=(
+            ScoreScaling(rs.source_min, rs.source_max, rs.target_min, rs.target_max)
+            if rs.enabled
+            else None
+        ),
+        overlong=(
+            OverlongPenalty(config.generation.max_response_length, ob.length, ob.penalty_factor)
+            if ob.enabled
+            else None
+        ),
+    )
+
+
 def shipped_loss_spec(loss_scale_length: int, **changes: Any) -> LossSpec:
     """The spec of configs/dapo_base.yaml's ``dapo.loss`` defaults with ``loss_scale_length``
     and ``changes`` (field -> value) applied, validated like any spec.
@@ -397,6 +420,7 @@ def make_plan(
         padded_vocab_size=padded_vocab_size(arch.vocab_size, dims.tp) if arch else None,
         total_optimizer_steps=total_optimizer_steps(config),
         loss=build_loss_spec(config),
+        reward_shaping=build_reward_shaping(config),
         moe=moe_training(config),
         warnings=warnings,
     )
