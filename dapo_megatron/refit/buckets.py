@@ -112,7 +112,7 @@ class BucketLayout:
         return cls(tuple(buckets))
 
 
-# The former name, for callers outside this change (workers/policy_worker.py, bench/refit.py).
+# The former name, still read by bench/refit.py; BucketLayout is the one name elsewhere.
 RefitPlan = BucketLayout
 
 

@@ -22,7 +22,7 @@ from dapo_megatron.config.run_plan import RefitTransport, RunPlan
 from dapo_megatron.device.memory_release import release_cached_memory
 from dapo_megatron.device.phase_memory import PhasePeaks
 from dapo_megatron.logging.worker_logs import redirect_worker_output
-from dapo_megatron.refit.buckets import RefitPlan, plan_buckets
+from dapo_megatron.refit.buckets import BucketLayout, plan_buckets
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.refit.object_store import put_export
 from dapo_megatron.refit.sender import PolicySender
@@ -166,7 +166,7 @@ class PolicyWorker:
     # gathers need them all); this rank's sender half moves what it has to.
 
     def refit_plan(self, bucket_bytes: int, dtype: str) -> list[Any]:
-        """The bucket plan of this model's refit, as plain lists (RefitPlan.to_wire)."""
+        """The bucket layout of this model's refit, as plain lists (BucketLayout.to_wire)."""
         specs = self._require_policy().hf_weight_specs()
         return plan_buckets(specs, getattr(torch, dtype), bucket_bytes).to_wire()
 
@@ -179,21 +179,21 @@ class PolicyWorker:
         if sender is not None:
             sender.close()
 
-    def share_buffer(self, plan_wire: list[Any], exporters: int) -> bytes | None:
+    def share_buffer(self, layout_wire: list[Any], exporters: int) -> bytes | None:
         """ipc: ranks below ``exporters`` allocate a shareable bucket buffer (CUDA IPC on
         GPU, shared memory on CPU) and return its handle; others None."""
-        return self.refit_sender.share(RefitPlan.from_wire(plan_wire), exporters)
+        return self.refit_sender.share(BucketLayout.from_wire(layout_wire), exporters)
 
     def unlink_shared_buffer(self) -> None:
         """ipc: every paired engine worker has mapped this rank's buffer, so its shm file
         needs no name any more (nothing left behind if this process dies)."""
         self.refit_sender.unlink()
 
-    def send_weights(self, plan_wire: list[Any]) -> dict[str, float]:
+    def send_weights(self, layout_wire: list[Any]) -> dict[str, float]:
         """Export the weights into the transport; this rank's transfer stats (empty for a
         rank that only takes part in the export)."""
-        plan = RefitPlan.from_wire(plan_wire)
-        stats = self.refit_sender.send(self._require_policy().export_weights(), plan)
+        layout = BucketLayout.from_wire(layout_wire)
+        stats = self.refit_sender.send(self._require_policy().export_weights(), layout)
         return {} if stats is None else stats.as_report()
 
     def export_hf(self, out_dir: str) -> str:
