@@ -1,7 +1,7 @@
 """The figures of bench/gpu_run.py, from a run's metrics rows: pure arithmetic, no torch.
 
 Phase times are the loop's own (``timing/step_s``, ``timing/generate_s``,
-``timing/logprob_s``, ``timing/train_s``: controller/loop.py, controller/steps.py), as the
+``timing/logprob_s``, ``timing/train_s``: controller/loop.py, controller/rollouts/steps.py), as the
 median over the timed steps (the first step, with its warm-ups and compilation, dropped
 when there is more than one). Model FLOPs follow the usual dense-transformer count: per
 token 2 x N forward and 6 x N forward + backward, N the parameters of the matrix products

@@ -76,7 +76,7 @@ _children: set[subprocess.Popen[str]] = set()
 def stop_group(proc: subprocess.Popen[str], grace_s: float | None = None) -> None:
     """End a child started in its own session and everything in its process group:
     SIGTERM, then SIGKILL after ``grace_s`` (default KILL_GRACE_S). (Ray's node processes
-    run in a session of their own and die with the dapo-train driver, controller/cluster.py.)"""
+    run in a session of their own and die with the dapo-train driver, controller/actors/cluster.py.)"""
     grace = KILL_GRACE_S if grace_s is None else grace_s
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError):
@@ -100,7 +100,7 @@ def _die_with_parent() -> None:
     """In a child before its exec: SIGKILL when the run's process dies, even by SIGKILL (a
     device call's end), Linux's PR_SET_PDEATHSIG. Its own session keeps it out of signals
     to the run's group, so without this an orphaned dapo-train would train on, holding the
-    GPU (its Ray processes die with it: controller/cluster.py)."""
+    GPU (its Ray processes die with it: controller/actors/cluster.py)."""
     import ctypes
 
     with contextlib.suppress(OSError, AttributeError):

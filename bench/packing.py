@@ -27,7 +27,7 @@ the cap and a few run into it. Scaled down to this CPU benchmark's cap ``--cap``
 so the median is 0.2 x cap, the mean about 0.29 x cap, and P(length == cap) ~ 5.4% (the
 lognormal mass above the cap: overlong responses truncated at the cap, a point mass).
 Prompts are short and fixed-ish: uniform in [--prompt - 8, --prompt + 8] tokens. Seeded
-(--seed). The batch is right-padded to its longest row, as controller/rollout_groups.py builds it.
+(--seed). The batch is right-padded to its longest row, as controller/rollouts/rollout_groups.py builds it.
 
 Token counts (top-level JSON keys, with the step medians):
   useful_tokens  sum of the real lengths (prompt + response) of the rows;

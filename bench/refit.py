@@ -298,8 +298,8 @@ def _compare(a, b) -> dict[str, Any]:
 
 def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
     from dapo_megatron.config.model_arch import PRESETS
-    from dapo_megatron.controller import generation_group
-    from dapo_megatron.controller.generation_group import GenerationGroup
+    from dapo_megatron.controller.actors import generation_group
+    from dapo_megatron.controller.actors.generation_group import GenerationGroup
     from dapo_megatron.refit.buckets import RefitPlan
 
     plan = _config(args, tp)
@@ -466,7 +466,7 @@ def _ipc(tp: int, policy, args: argparse.Namespace, poll_s: float, reference) ->
     import ray
 
     from dapo_megatron.config.model_arch import PRESETS
-    from dapo_megatron.controller.generation_group import GenerationGroup
+    from dapo_megatron.controller.actors.generation_group import GenerationGroup
 
     engines = GenerationGroup(_config(args, tp, "ipc"), policy)
     pid = policy.worker_pids()[0]
@@ -665,9 +665,9 @@ def main() -> None:
     import ray
 
     from dapo_megatron.config.model_arch import PRESETS
-    from dapo_megatron.controller import policy_group
-    from dapo_megatron.controller.cluster import start_ray
-    from dapo_megatron.controller.policy_group import PolicyGroup
+    from dapo_megatron.controller.actors import policy_group
+    from dapo_megatron.controller.actors.cluster import start_ray
+    from dapo_megatron.controller.actors.policy_group import PolicyGroup
     from dapo_megatron.data.tiny_model import create_tiny_model
 
     create_tiny_model(args.model_dir, arch=PRESETS["qwen2.5-0.5b"], seed=0)

@@ -213,11 +213,11 @@ def _train(loaded: LoadedConfig, command: str) -> int:
 def _train_locked(plan: RunPlan, command: str) -> int:
     """Train; runtime failures are one-line errors with exit status 1, Ctrl-C exits 130."""
     from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
-    from dapo_megatron.controller import preemption
-    from dapo_megatron.controller.cluster import ClusterJoinError
+    from dapo_megatron.controller.actors import preemption
+    from dapo_megatron.controller.actors.cluster import ClusterJoinError
+    from dapo_megatron.controller.actors.node_loss import NodeLost
+    from dapo_megatron.controller.actors.remote import RestartsExhausted, WorkerFailure
     from dapo_megatron.controller.loop import train
-    from dapo_megatron.controller.node_loss import NodeLost
-    from dapo_megatron.controller.remote import RestartsExhausted, WorkerFailure
     from dapo_megatron.storage.checkpoint_dirs import CheckpointError
 
     # The final line of a preempted run (also printed by the hook's exit watchdog when

@@ -2,7 +2,7 @@
 
 The verifier produces one raw score per sample; these functions turn it into the scalar reward
 the advantage estimator sees (``scale_rewards``, then ``soft_overlong_penalty`` added by
-controller/rollout_groups.py's ``shape_rewards``), and build the loss mask that drops truncated
+controller/rollouts/rollout_groups.py's ``shape_rewards``), and build the loss mask that drops truncated
 samples (``overlong_filter_mask``), following DAPO (arXiv 2503.14476) sections 3.4 and Eq. 13.
 
 Shape suffixes: ``_B`` is one value per sample, ``_BT`` is B samples x T response tokens.

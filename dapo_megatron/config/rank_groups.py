@@ -96,7 +96,7 @@ def nodes_spanned(group: Sequence[int], nodes: Sequence[str]) -> int:
 
 def packed_nodes(world_size: int, gpus_per_node: int) -> list[str]:
     """Rank r's node when the ranks fill whole nodes in rank order (the slot order of
-    controller/cluster.py on whole nodes): what the layout itself implies."""
+    controller/actors/cluster.py on whole nodes): what the layout itself implies."""
     return [f"node{r // gpus_per_node}" for r in range(world_size)]
 
 

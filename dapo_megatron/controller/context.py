@@ -21,10 +21,10 @@ from dapo_megatron.algorithms.prompt_skipping import PromptSkipper, SkipRule
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.controller.generation_group import Engines
-from dapo_megatron.controller.partial_rollouts import PartialRollouts
-from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.rollout_groups import RolloutGroup
+from dapo_megatron.controller.actors.generation_group import Engines
+from dapo_megatron.controller.actors.policy_group import PolicyGroup
+from dapo_megatron.controller.rollouts.partial_rollouts import PartialRollouts
+from dapo_megatron.controller.rollouts.rollout_groups import RolloutGroup
 from dapo_megatron.data.datasets import EncodedPrompts, build_datasets, encode_prompts
 from dapo_megatron.data.records import PromptRecord
 from dapo_megatron.data.sampler import PromptSampler

@@ -22,22 +22,23 @@ import torch
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.run_plan import RunPlan
 from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.controller import node_loss, preemption, steps
-from dapo_megatron.controller.cluster import gcs_address, start_ray
+from dapo_megatron.controller.actors import node_loss, preemption
+from dapo_megatron.controller.actors.cluster import gcs_address, start_ray
+from dapo_megatron.controller.actors.generation_group import Engines, build_engines
+from dapo_megatron.controller.actors.policy_group import PolicyGroup
+from dapo_megatron.controller.actors.preemption import Preempted
+from dapo_megatron.controller.actors.remote import RestartsExhausted, WorkerDied, set_call_timeout
 from dapo_megatron.controller.context import RunContext, Workers, build_context
-from dapo_megatron.controller.generation_group import Engines, build_engines
-from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.preemption import Preempted
-from dapo_megatron.controller.remote import RestartsExhausted, WorkerDied, set_call_timeout
-from dapo_megatron.controller.rollout_groups import rollout_metrics, staleness_metrics
-from dapo_megatron.controller.rollout_source import (
+from dapo_megatron.controller.rollouts import steps
+from dapo_megatron.controller.rollouts.rollout_groups import rollout_metrics, staleness_metrics
+from dapo_megatron.controller.rollouts.rollout_source import (
     Rollouts,
     SyncRollouts,
     overlapped_rollouts,
     synchronous_rollouts,
 )
-from dapo_megatron.controller.rollout_stream import RolloutStream
-from dapo_megatron.controller.startup_check import check_engine_logprobs
+from dapo_megatron.controller.rollouts.rollout_stream import RolloutStream
+from dapo_megatron.controller.rollouts.startup_check import check_engine_logprobs
 from dapo_megatron.data.fingerprint import DATA_STATE_KEY, data_fingerprint
 from dapo_megatron.data.sampler import epochs_exhausted
 from dapo_megatron.logging import MetricsLogger, StepProgress, keys, worker_log_dir
@@ -198,7 +199,7 @@ def _overlapped_steps(
     generate while the policy trains. While step s trains, the loop takes the batch of
     s + 1; the refit to s + 1 is queued behind the train step and the train step of s + 1
     behind the refit, so the policy goes from one step to the next without a controller
-    round trip. ``stream.schedule`` holds that state (controller/overlap.py)."""
+    round trip. ``stream.schedule`` holds that state (controller/rollouts/overlap.py)."""
     schedule = stream.schedule
     for step in range(start_step, ctx.config.dapo.max_num_steps):
         started = end.start()

@@ -547,7 +547,7 @@ def train_step(
         # Packed: the loss sees per-row tensors, as unpacked.
         lp, ent = mb.loss_rows(lp), mb.loss_rows(ent_or_none)
         # Without old logprobs this is the only update on the batch (the controller skips
-        # the separate pass, controller/steps.py): the policy before the update IS the
+        # the separate pass, controller/rollouts/steps.py): the policy before the update IS the
         # current one, so old = lp.detached is exact (ratio 1, the same gradient).
         reuse = mb.old_logprobs_BT is None
         old = lp.detach() if mb.old_logprobs_BT is None else mb.old_logprobs_BT

@@ -30,7 +30,7 @@ the KV cache it sized at start, when Adam's states did not exist yet: the genera
 counts them. It needs resident policy + both processes + utilisation x GPU memory <=
 capacity - margin. That holds only because the policy ranks return their cached CUDA
 blocks before an engine maps its weights or KV cache back (memory_release.py, called by
-controller/generation_group.py): PyTorch's caching allocator would otherwise keep the
+controller/actors/generation_group.py): PyTorch's caching allocator would otherwise keep the
 training peak (activations, logits, workspaces) reserved in the policy process.
 ``unreleased_generation`` is the generation peak without that release, which dapo-plan
 prints next to the modelled one.

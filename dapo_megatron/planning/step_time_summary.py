@@ -34,7 +34,7 @@ def mean_sequence_length(run: RunPlan, assumptions: Assumptions) -> float:
 
 def logprob_passes(run: RunPlan) -> int:
     """Forward-only passes over a step's samples: the old logprobs' when a batch is several
-    optimizer steps or policy.old_logprob_pass is always (controller/steps.py
+    optimizer steps or policy.old_logprob_pass is always (controller/rollouts/steps.py
     needs_old_logprob_pass), the KL reference's when dapo.loss.kl_coef > 0."""
     cfg = run.config
     plan = step_plan(run)

@@ -5,7 +5,7 @@ The transport is chosen once, outside this package: ``config/refit_transport.py`
 
 Where each piece lives:
 
-* ``controller/refitter.py``: ``Refitter``, the one object the controller holds (it forms
+* ``controller/actors/refitter.py``: ``Refitter``, the one object the controller holds (it forms
   the weight group, submits a transfer to the policy ranks and the engines through their
   typed methods, and waits for it: ``PendingRefit``);
 * ``transport.py``: the transport interface, a sender half (policy ranks) and a receiver

@@ -4,7 +4,7 @@ Sender half (every policy rank): the export runs on every rank (its gathers are
 collective); rank 0 keeps CPU copies and stores them once in Ray's object store. Receiver
 half (each engine): fetches that one stored copy and hands it to the engine's
 ``update_weights``. No weight group, no bucket layout: the controller passes the reference
-(``controller/refitter.py``).
+(``controller/actors/refitter.py``).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``PolicyWorker`` holds one ``PolicySender``; the controller forms the weight group
 (``join``), has the exporting ranks share their buffers (``share``, ipc only) and starts each
-transfer (``send``) through the worker's typed methods (``controller/refitter.py``).
+transfer (``send``) through the worker's typed methods (``controller/actors/refitter.py``).
 """
 
 from __future__ import annotations

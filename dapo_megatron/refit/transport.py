@@ -14,7 +14,7 @@ halves):
 The collective halves are built (``halves.py``) by the process's end of the refit
 (``sender.PolicySender`` on a policy rank, ``receiver.EngineReceiver`` in an engine worker)
 once the weight group has formed for the run's transport; the controller drives both ends
-(``controller/refitter.py``).
+(``controller/actors/refitter.py``).
 """
 
 from __future__ import annotations

@@ -193,7 +193,7 @@ class Sample:
     (int16 beyond 256 experts), on the host. None otherwise."""
     token_versions: list[int] | None = None
     """Partial rollouts only: the policy version that generated each response token, for a
-    sample continued across a refit (controller/partial_rollouts.py). None otherwise (the
+    sample continued across a refit (controller/rollouts/partial_rollouts.py). None otherwise (the
     group's version generated every token)."""
 
     @property

@@ -51,7 +51,7 @@ def apply_visible_devices(visible_devices: str | None) -> None:
     """Show this process (and the engine processes it starts) exactly these devices.
 
     Must run before CUDA is initialised in the process; vLLM's multiprocessing workers are
-    started later, as children, and inherit the variable (controller/placement.py)."""
+    started later, as children, and inherit the variable (controller/actors/placement.py)."""
     if visible_devices is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = visible_devices
 

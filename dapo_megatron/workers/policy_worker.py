@@ -147,7 +147,7 @@ class PolicyWorker:
     def release_memory(self) -> dict[str, int]:
         """Return this rank's cached CUDA blocks (the training peak) to the driver before a
         colocated engine maps its weights or KV cache back on this GPU; the controller
-        calls it before every wake (controller/generation_group.py, device/memory_release.py)."""
+        calls it before every wake (controller/actors/generation_group.py, device/memory_release.py)."""
         return release_cached_memory("policy: before the colocated engines wake")
 
     def refit(self) -> None:

@@ -2,7 +2,7 @@
 
 A tiny random Qwen2 (the tiny recipe's preset, context 512 positions, so the engine's own
 limit never applies) generates with the caps the controller computes from the run config
-(``controller.response_cap.capped``): a short prompt's responses reach
+(``controller.rollouts.response_cap.capped``): a short prompt's responses reach
 generation.max_response_length, a long prompt's stop at max_total_sequence_length - its
 length, both with finish reason "length", as NeMo RL's vLLM engine with max_model_len =
 policy.max_total_sequence_length does.
@@ -26,7 +26,7 @@ def _generate() -> list[list[tuple[int, str]]]:
     from dapo_megatron.config.loader import load_config
     from dapo_megatron.config.model_arch import PRESETS
     from dapo_megatron.config.parallel import ParallelDims
-    from dapo_megatron.controller.response_cap import capped
+    from dapo_megatron.controller.rollouts.response_cap import capped
     from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
     from dapo_megatron.megatron.inference import MegatronGenerationBackend
     from dapo_megatron.megatron.model import build_model

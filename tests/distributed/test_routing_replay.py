@@ -67,7 +67,7 @@ def _passes(hf_dir: Path, dims: ParallelDims, precision: str) -> dict:
     from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
     from dapo_megatron.config.run_plan import policy_plan
-    from dapo_megatron.controller.rollout_groups import build_policy_batch, make_groups
+    from dapo_megatron.controller.rollouts.rollout_groups import build_policy_batch, make_groups
     from dapo_megatron.megatron.inference import MegatronGenerationBackend
     from dapo_megatron.megatron.policy import MegatronPolicy
     from dapo_megatron.shared.sampling import SamplingParams

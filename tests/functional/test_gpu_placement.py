@@ -2,7 +2,7 @@
 
 Ray is started with 8 declared GPUs (``ray.init(num_gpus=8)`` works without any) and the
 actors are started with exactly the options the worker groups compute
-(controller/placement.py). Probe actors report the devices Ray assigned them and what they
+(controller/actors/placement.py). Probe actors report the devices Ray assigned them and what they
 see after the engine's own device set-up (workers/generation_worker.py
 ``apply_visible_devices``), plus the vLLM executor the engine would be built with. Only the
 actor body differs from a real run; the bookkeeping is the production code.
@@ -19,8 +19,8 @@ from tiny_job import REPO
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller.cluster import Reservation, rank_resources, reserve_ranks
-from dapo_megatron.controller.placement import (
+from dapo_megatron.controller.actors.cluster import Reservation, rank_resources, reserve_ranks
+from dapo_megatron.controller.actors.placement import (
     colocated_engine_placements,
     policy_placements,
     split_engine_placements,

@@ -15,7 +15,7 @@ import ray
 import waits
 from tiny_job import finish, start_and_wait_for, train_command, wait_line
 
-from dapo_megatron.controller.remote import WorkerHung, gather
+from dapo_megatron.controller.actors.remote import WorkerHung, gather
 
 pytestmark = pytest.mark.functional
 

@@ -36,8 +36,8 @@ from tiny_job import REPO
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller.cluster import Reservation, rank_resources, reserve_ranks
-from dapo_megatron.controller.placement import (
+from dapo_megatron.controller.actors.cluster import Reservation, rank_resources, reserve_ranks
+from dapo_megatron.controller.actors.placement import (
     ActorPlacement,
     PlacementError,
     check_policy_nodes,

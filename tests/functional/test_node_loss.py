@@ -63,7 +63,7 @@ def stop_bound_s() -> float:
 
 def _cluster(cpus_per_node: int, worker_nodes: int = 2) -> Cluster:
     # Ray's default health check. The workers get the driver's priority, as in dapo-train's
-    # own local cluster (controller/cluster.py): at Ray's default nice 15, any other work on
+    # own local cluster (controller/actors/cluster.py): at Ray's default nice 15, any other work on
     # the machine starves the ranks (4% of a core each beside two busy loops).
     fake = Cluster(
         initialize_head=True,

@@ -122,7 +122,7 @@ def _ray_processes(proc) -> list[psutil.Process]:
 def test_sigterm_to_the_whole_process_group_still_saves_and_exits_143(tmp_path):
     """A terminal's, `timeout`'s or `kill -TERM -PGID`'s signal reaches every process of
     the driver's group: the local cluster's node processes live in their own session
-    (controller/cluster.py), so the step's checkpoint completes and the driver exits 143
+    (controller/actors/cluster.py), so the step's checkpoint completes and the driver exits 143
     with the resume line, without waiting on a dead GCS."""
     run_dir = tmp_path / "run"
     proc = _start(run_dir, "run.preemption_grace_s=60")
@@ -152,7 +152,7 @@ def test_sigterm_to_every_process_of_the_job_exits_143_without_waiting_for_ray(t
     """Slurm at a preemption or the time limit signals every process of the job: the GCS,
     raylet and workers stop at once (Ray's own SIGTERM handlers), so the step cannot end;
     the driver still exits 143 with the resume line, and never waits out Ray's 60 s GCS
-    reconnect (controller/preemption.py's exit watchdog)."""
+    reconnect (controller/actors/preemption.py's exit watchdog)."""
     run_dir = tmp_path / "run"
     proc = _start(run_dir, "run.preemption_grace_s=60")
     everyone = [psutil.Process(proc.pid), *_ray_processes(proc)]

@@ -1,5 +1,5 @@
 """A restart places its workers on free resources: the attempt before it leaves no
-placement group behind (controller/policy_group.py, cluster.release_groups).
+placement group behind (controller/actors/policy_group.py, cluster.release_groups).
 
 Policy groups on a local 2-CPU Ray whose 2 ranks take every CPU, with a stand-in for the
 policy worker (no model): a group stopped, or one whose start failed (a rank died in
@@ -21,9 +21,9 @@ from ray import cloudpickle
 
 from dapo_megatron.config import load_config
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller import policy_group
-from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.remote import WorkerDied
+from dapo_megatron.controller.actors import policy_group
+from dapo_megatron.controller.actors.policy_group import PolicyGroup
+from dapo_megatron.controller.actors.remote import WorkerDied
 
 _CHILD_ENV = "DAPO_TEST_IN_FRESH_PROCESS"
 pytestmark = pytest.mark.functional

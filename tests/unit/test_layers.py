@@ -149,3 +149,102 @@ def test_a_violation_is_caught(tmp_path: Path) -> None:
         "dapo_megatron/config/bad.py:4 imports ray: only workers/, controller/, "
         "refit/object_store.py, logging/worker_logs.py may",
     ]
+
+
+# Inside controller/: the actors apart from rollout production, the run context and the loop
+# above both (docs/ARCHITECTURE.md, "Layers"). A part is a subpackage or a top module.
+CONTROLLER_ALLOWED: dict[str, set[str]] = {
+    # the Ray actors and their groups know nothing of rollouts, the context or the loop
+    "actors": set(),
+    # rollout production drives the actors and reads the run's context
+    "rollouts": {"actors", "context"},
+    # the run's state: the actors' handles, and CONTEXT_HOLDS below
+    "context": {"actors"},
+    "loop": {"actors", "context", "rollouts"},
+    "__init__": set(),
+}
+CONTEXT_HOLDS = {"rollouts.partial_rollouts", "rollouts.rollout_groups"}
+"""Rollout production's state the run context holds; these import nothing of controller/,
+so context -> rollouts -> context never closes a circle (checked below)."""
+
+
+def controller_violations(package: Path = PACKAGE) -> list[str]:
+    """One line per import inside controller/ that breaks ``CONTROLLER_ALLOWED``."""
+    controller = package / "controller"
+    problems = []
+    for path in sorted(controller.rglob("*.py")):
+        rel = path.relative_to(controller)
+        part = rel.parts[0] if len(rel.parts) > 1 else rel.stem
+        name = ".".join((*rel.parts[:-1], rel.stem))
+        for line, module in _imports(path, package):
+            prefix = "dapo_megatron.controller."
+            if not module.startswith(prefix):
+                continue
+            target_module = module.removeprefix(prefix)
+            target = target_module.split(".")[0]
+            where = f"dapo_megatron/controller/{rel}:{line} imports {module}"
+            if target == part:
+                continue
+            if part not in CONTROLLER_ALLOWED:
+                problems.append(f"{where}: controller part {part!r} has no rule")
+            elif name in CONTEXT_HOLDS:
+                problems.append(f"{where}: {name} is held by the context: no controller import")
+            elif part == "context" and target_module in CONTEXT_HOLDS:
+                continue
+            elif target not in CONTROLLER_ALLOWED[part]:
+                problems.append(f"{where}: controller/{part} may not import controller/{target}")
+    return problems
+
+
+def test_controller_parts_keep_to_their_rules() -> None:
+    assert controller_violations() == []
+
+
+def test_controller_rules_have_no_circle_and_every_part_has_one() -> None:
+    controller = PACKAGE / "controller"
+    parts = {p.stem if p.is_file() else p.name for p in controller.iterdir()}
+    parts -= {"__pycache__"}
+    assert sorted(parts - set(CONTROLLER_ALLOWED)) == []
+    done: set[str] = set()
+
+    def visit(part: str, path: tuple[str, ...]) -> None:
+        if part in path:
+            pytest.fail(f"circle in the controller rules: {' -> '.join((*path, part))}")
+        if part not in done:
+            for lower in CONTROLLER_ALLOWED[part]:
+                visit(lower, (*path, part))
+            done.add(part)
+
+    for part in CONTROLLER_ALLOWED:
+        visit(part, ())
+
+
+def test_controller_is_shallow() -> None:
+    # One level of subpackages: no module deeper than controller/<part>/<module>.py.
+    root = PACKAGE / "controller"
+    assert [str(p) for p in root.rglob("*.py") if len(p.relative_to(root).parts) > 2] == []
+
+
+def test_a_controller_violation_is_caught(tmp_path: Path) -> None:
+    # actors/ importing rollout production, and a module the context holds importing back.
+    pkg = tmp_path / "dapo_megatron"
+    for sub in ("controller/actors", "controller/rollouts"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "controller" / "__init__.py").write_text("")
+    (pkg / "controller" / "actors" / "bad.py").write_text(
+        "from dapo_megatron.controller.rollouts import steps\n"
+    )
+    (pkg / "controller" / "rollouts" / "rollout_groups.py").write_text(
+        "from ..context import RunContext\n"
+    )
+    (pkg / "controller" / "context.py").write_text(
+        "from dapo_megatron.controller.rollouts.rollout_groups import RolloutGroup\n"
+    )
+    assert controller_violations(pkg) == [
+        "dapo_megatron/controller/actors/bad.py:1 imports dapo_megatron.controller.rollouts: "
+        "controller/actors may not import controller/rollouts",
+        "dapo_megatron/controller/rollouts/rollout_groups.py:1 imports "
+        "dapo_megatron.controller.context: rollouts.rollout_groups is held by the context: "
+        "no controller import",
+    ]

@@ -5,7 +5,7 @@ A TP2 engine (vLLM's multiprocessing executor: an engine-core process and two wo
 names ~8 files in /dev/shm: the shm-broadcast queues (``psm_*``, multiprocessing
 shared_memory), the CPU all-reduce buffers of its TP group (``vllm_dist_*``) and
 multiprocessing semaphores (``sem.mp-*``). The engines run as the controller runs them
-(controller/generation_group.py, split placement, Ray actors); the killed engine gets a
+(controller/actors/generation_group.py, split placement, Ray actors); the killed engine gets a
 real SIGKILL, so nothing in its processes can clean up: the controller must.
 """
 
@@ -25,7 +25,7 @@ import shm_hygiene
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.model_arch import PRESETS
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller.generation_group import GenerationGroup
+from dapo_megatron.controller.actors.generation_group import GenerationGroup
 from dapo_megatron.data.tiny_model import create_tiny_model
 
 REPO = Path(__file__).resolve().parents[2]

@@ -297,12 +297,12 @@ def test_std_over_is_checked() -> None:
 
 
 def test_the_trainer_batch_uses_the_configured_std_over() -> None:
-    """controller/rollout_groups.py build_policy_batch passes dapo.advantage.std_over: the
+    """controller/rollouts/rollout_groups.py build_policy_batch passes dapo.advantage.std_over: the
     advantages a policy step trains on are NeMo RL's for an imported NeMo RL recipe."""
     from pathlib import Path
 
     from dapo_megatron.config.loader import load_config
-    from dapo_megatron.controller.rollout_groups import RolloutGroup, build_policy_batch
+    from dapo_megatron.controller.rollouts.rollout_groups import RolloutGroup, build_policy_batch
     from dapo_megatron.shared.sampling import Sample
 
     tiny = Path(__file__).resolve().parents[3] / "recipes" / "dapo-tiny-cpu.yaml"

@@ -18,8 +18,8 @@ from dapo_megatron.algorithms.prompt_skipping import (
 )
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.controller import steps
-from dapo_megatron.controller.rollout_planner import RolloutPlanner, tail_cut
+from dapo_megatron.controller.rollouts import steps
+from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner, tail_cut
 from dapo_megatron.shared.sampling import Sample
 from unit.controller.test_steps import FakeVerifier
 from unit.fake_context import fake_context
@@ -321,7 +321,7 @@ def test_overlapped_stream_skips_and_records_outcomes_with_their_versions():
     # 16 prompts: even ones vary, odd ones are all wrong. At K = 1 the stream draws
     # through the skip rule; after the first visits the odd ones are mostly skipped, and
     # the history of each prompt carries the versions that generated its groups.
-    from dapo_megatron.controller.rollout_stream import RolloutStream
+    from dapo_megatron.controller.rollouts.rollout_stream import RolloutStream
     from unit.controller.test_rollout_stream import HalfVerifier, ScriptedEngines
     from unit.controller.test_rollout_stream import _run as run_stream
 

@@ -1,5 +1,5 @@
 """Reward shaping: dapo_megatron.algorithms.reward_shaping (scaling, soft overlong penalty, overlong
-filter) and controller/rollout_groups.py's shape_rewards, which applies them to rollouts."""
+filter) and controller/rollouts/rollout_groups.py's shape_rewards, which applies them to rollouts."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from dapo_megatron.algorithms.reward_shaping import (
 )
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.controller.rollout_groups import shape_rewards
+from dapo_megatron.controller.rollouts.rollout_groups import shape_rewards
 
 # ------------------------------------------------------------------------------ scale_rewards
 

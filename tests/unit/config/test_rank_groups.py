@@ -29,7 +29,7 @@ from dapo_megatron.config.rank_groups import (
     packed_nodes,
     rank_groups,
 )
-from dapo_megatron.controller.placement import PlacementError, check_policy_nodes, cp_groups
+from dapo_megatron.controller.actors.placement import PlacementError, check_policy_nodes, cp_groups
 
 REPO = Path(__file__).resolve().parents[3]
 MOE_RECIPE = REPO / "recipes" / "dapo-qwen3-30b-a3b-4n8g-tp2pp1cp1ep4.yaml"

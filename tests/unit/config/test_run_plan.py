@@ -118,7 +118,7 @@ def test_no_derivation_outside_the_plan() -> None:
     # The parallel layout, architecture and engine count are derived in config/ only:
     # workers and the controller read them from the plan.
     for rel in ("megatron/policy.py", "workers/generation_worker.py", "workers/policy_worker.py",
-                "controller/generation_group.py", "controller/policy_group.py", "cli.py"):  # fmt: skip
+                "controller/actors/generation_group.py", "controller/actors/policy_group.py", "cli.py"):  # fmt: skip
         text = (REPO / "dapo_megatron" / rel).read_text()
         for call in (
             "parallel_dims(",

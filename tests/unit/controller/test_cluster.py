@@ -1,10 +1,10 @@
-"""controller/cluster.py: a local cluster declares its GPUs on CUDA (CPU as before)."""
+"""controller/actors/cluster.py: a local cluster declares its GPUs on CUDA (CPU as before)."""
 
 from __future__ import annotations
 
 import torch
 
-from dapo_megatron.controller import cluster
+from dapo_megatron.controller.actors import cluster
 
 
 def test_local_gpus(monkeypatch):

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.controller import generation_group, policy_group, refitter
-from dapo_megatron.controller.generation_group import GenerationGroup
-from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.rollout_source import SyncRollouts
+from dapo_megatron.controller.actors import generation_group, policy_group, refitter
+from dapo_megatron.controller.actors.generation_group import GenerationGroup
+from dapo_megatron.controller.actors.policy_group import PolicyGroup
+from dapo_megatron.controller.rollouts.rollout_source import SyncRollouts
 from dapo_megatron.device import memory_release
 from dapo_megatron.refit.buckets import plan_buckets
 from dapo_megatron.shared.sampling import Sample

@@ -1,4 +1,4 @@
-"""Node loss: the restart decides from the node's state (controller/node_loss.py).
+"""Node loss: the restart decides from the node's state (controller/actors/node_loss.py).
 
 The controller sees a lost node's workers die before the GCS marks the node dead (Ray's
 health check: 5 failed checks 3 s apart by default), so ``settle_nodes`` waits until every
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from dapo_megatron.controller import node_loss
+from dapo_megatron.controller.actors import node_loss
 
 
 def _node(node_id: str, port: int = 1) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""Partial rollouts (controller/partial_rollouts.py): the samples a cut round aborted are
+"""Partial rollouts (controller/rollouts/partial_rollouts.py): the samples a cut round aborted are
 continued by the next round, after a refit too, with each token's logprob from the
 weights that generated it; fake engines that know their weights' version."""
 
@@ -10,10 +10,10 @@ import pytest
 
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.controller import steps
-from dapo_megatron.controller.partial_rollouts import PartialRollouts
-from dapo_megatron.controller.rollout_groups import build_policy_batch
-from dapo_megatron.controller.rollout_planner import RolloutPlanner
+from dapo_megatron.controller.rollouts import steps
+from dapo_megatron.controller.rollouts.partial_rollouts import PartialRollouts
+from dapo_megatron.controller.rollouts.rollout_groups import build_policy_batch
+from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample
 from unit.controller.test_steps import FakeVerifier
 from unit.fake_context import fake_context

@@ -1,6 +1,6 @@
 """Slot order of placement-group bundles and the node checks, on hand-made bundle tables.
 
-Ray ties neither node nor GPU id to a bundle's index (controller/cluster.py), so these
+Ray ties neither node nor GPU id to a bundle's index (controller/actors/cluster.py), so these
 tables are shuffled the way Ray shuffles them (and at random): the slot order must put
 every TP group, CP group and colocated engine on one node whatever the table, and the old
 mapping (rank r on bundle r) must fail on the same tables.
@@ -17,8 +17,13 @@ from ray.util.placement_group import PlacementGroup
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller.cluster import BundleSite, RankResources, Reservation, order_bundles
-from dapo_megatron.controller.placement import (
+from dapo_megatron.controller.actors.cluster import (
+    BundleSite,
+    RankResources,
+    Reservation,
+    order_bundles,
+)
+from dapo_megatron.controller.actors.placement import (
     PlacementError,
     check_policy_nodes,
     colocated_engine_placements,

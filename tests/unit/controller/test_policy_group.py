@@ -16,9 +16,9 @@ import pytest
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller import policy_group
-from dapo_megatron.controller.placement import ActorPlacement
-from dapo_megatron.controller.policy_group import (
+from dapo_megatron.controller.actors import policy_group
+from dapo_megatron.controller.actors.placement import ActorPlacement
+from dapo_megatron.controller.actors.policy_group import (
     MAX_CONNECTIONS_VAR,
     PolicyGroup,
     policy_env_vars,

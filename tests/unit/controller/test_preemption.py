@@ -1,4 +1,4 @@
-"""controller/preemption.py's exit path after SIGTERM: the GCS probe and the final line
+"""controller/actors/preemption.py's exit path after SIGTERM: the GCS probe and the final line
 printed once (by the CLI or the exit watchdog, whichever comes first)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
-from dapo_megatron.controller.preemption import Preemption, gcs_reachable, saved_words
+from dapo_megatron.controller.actors.preemption import Preemption, gcs_reachable, saved_words
 
 
 def test_gcs_probe_sees_a_listening_port_and_a_closed_one():

@@ -1,4 +1,4 @@
-"""controller/remote.py: a failed worker call's error carries the worker's traceback."""
+"""controller/actors/remote.py: a failed worker call's error carries the worker's traceback."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import traceback
 
 import ray
 
-from dapo_megatron.controller import remote
+from dapo_megatron.controller.actors import remote
 
 
 def _task_error(trace: str | None = None) -> ray.exceptions.RayTaskError:

@@ -1,4 +1,4 @@
-"""``generation.response_cap`` (controller/response_cap.py): each prompt's responses capped
+"""``generation.response_cap`` (controller/rollouts/response_cap.py): each prompt's responses capped
 at min(max_response_length, max_total_sequence_length - prompt length), as NeMo RL's vLLM
 engine does (max_model_len = policy.max_total_sequence_length), on every call the
 controller makes: training rounds, validation, overlapped requests, continuations of
@@ -13,11 +13,11 @@ import pytest
 from dapo_megatron.config.errors import ConfigError
 from dapo_megatron.config.length_checks import length_problems, longest_sequence
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.controller import steps
-from dapo_megatron.controller.partial_rollouts import PartialRollouts
-from dapo_megatron.controller.response_cap import capped, context_length
-from dapo_megatron.controller.rollout_groups import build_policy_batch
-from dapo_megatron.controller.rollout_planner import RolloutPlanner
+from dapo_megatron.controller.rollouts import steps
+from dapo_megatron.controller.rollouts.partial_rollouts import PartialRollouts
+from dapo_megatron.controller.rollouts.response_cap import capped, context_length
+from dapo_megatron.controller.rollouts.rollout_groups import build_policy_batch
+from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 from unit.controller.test_steps import FakeVerifier
 from unit.fake_context import fake_context
@@ -160,7 +160,7 @@ def test_a_continuation_gets_what_its_prompts_own_cap_has_left():
 
 
 def test_overlapped_requests_send_each_prompt_its_cap():
-    from dapo_megatron.controller.rollout_stream import RolloutStream
+    from dapo_megatron.controller.rollouts.rollout_stream import RolloutStream
     from unit.controller.test_rollout_stream import ScriptedEngines, _run
     from unit.controller.test_rollout_stream import _ctx as stream_ctx
 

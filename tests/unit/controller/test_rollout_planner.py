@@ -11,9 +11,9 @@ import pytest
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.controller import steps
 from dapo_megatron.controller.context import round_seed
-from dapo_megatron.controller.rollout_planner import (
+from dapo_megatron.controller.rollouts import steps
+from dapo_megatron.controller.rollouts.rollout_planner import (
     REQUEST_SEED_OFFSET,
     RolloutPlanner,
     prompts_for,

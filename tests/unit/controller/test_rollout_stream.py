@@ -1,5 +1,5 @@
-"""Overlapped rollouts (controller/rollout_stream.py) and their overlap schedule
-(controller/overlap.py) with scripted engines: no Ray, no Megatron. The fake
+"""Overlapped rollouts (controller/rollouts/rollout_stream.py) and their overlap schedule
+(controller/rollouts/overlap.py) with scripted engines: no Ray, no Megatron. The fake
 engine knows which weights it holds and stamps them into every sample, so a test can
 check the version the stream recorded against the one that generated."""
 
@@ -17,8 +17,8 @@ import torch
 
 from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller.context import RunContext
-from dapo_megatron.controller.rollout_planner import prompts_for
-from dapo_megatron.controller.rollout_stream import RolloutStream, _Request
+from dapo_megatron.controller.rollouts.rollout_planner import prompts_for
+from dapo_megatron.controller.rollouts.rollout_stream import RolloutStream, _Request
 from dapo_megatron.shared.sampling import Sample
 from unit.fake_context import fake_context
 

@@ -1,4 +1,4 @@
-"""controller/startup_check: the engines-vs-policy logprob probe run after the first refit."""
+"""controller/rollouts/startup_check: the engines-vs-policy logprob probe run after the first refit."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.controller.startup_check import (
+from dapo_megatron.controller.rollouts.startup_check import (
     TOLERANCES,
     EngineLogprobMismatch,
     check_engine_logprobs,

@@ -10,10 +10,10 @@ import torch
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingExhausted
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.controller import steps
 from dapo_megatron.controller.context import RunContext
-from dapo_megatron.controller.rollout_groups import build_policy_batch, make_groups
-from dapo_megatron.controller.rollout_planner import RolloutPlanner
+from dapo_megatron.controller.rollouts import steps
+from dapo_megatron.controller.rollouts.rollout_groups import build_policy_batch, make_groups
+from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample
 from unit.fake_context import fake_context
 
@@ -173,7 +173,7 @@ def test_policy_batch_refuses_samples_without_logprobs():
 
 
 def test_old_logprob_pass_runs_only_when_the_batch_needs_several_updates():
-    from dapo_megatron.controller.steps import needs_old_logprob_pass
+    from dapo_megatron.controller.rollouts.steps import needs_old_logprob_pass
 
     assert not needs_old_logprob_pass(256, 256, "auto")  # one update: training forward has them
     assert not needs_old_logprob_pass(200, 256, "auto")
@@ -227,7 +227,7 @@ def test_validation_sampling_takes_validation_top_k():
     greedy validation stays top_k 1 whatever it says, and the config refuses 0."""
     from dapo_megatron.config.errors import ConfigError
     from dapo_megatron.config.loader import load_config
-    from dapo_megatron.controller.steps import validation_sampling
+    from dapo_megatron.controller.rollouts.steps import validation_sampling
 
     recipe = Path(__file__).resolve().parents[3] / "recipes" / "dapo-tiny-cpu.yaml"
     sampled = load_config(recipe, ["validation.top_k=50", "validation.greedy=false"]).config

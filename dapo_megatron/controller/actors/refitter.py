@@ -26,8 +26,8 @@ from typing import Any
 import ray
 
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, first_line, gather
+from dapo_megatron.controller.actors.policy_group import PolicyGroup
+from dapo_megatron.controller.actors.remote import WorkerDied, WorkerFailure, first_line, gather
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.workers.generation_worker import VLLM_DTYPES
 

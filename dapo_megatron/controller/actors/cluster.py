@@ -12,7 +12,7 @@ identical bundles the order is scrambled (on Ray 2.60, 4 nodes x 8 GPUs: bundle 
 with bundles 9-15, bundles 1-8 on another node). ``reserve_ranks`` therefore returns a
 ``Reservation``: the group plus where each bundle landed (node, and the GPU ids Ray gave
 it, read by one short probe task per bundle) and the bundles ordered by (node, GPU id);
-slot r of that order is what rank r (or engine r) runs on (controller/placement.py).
+slot r of that order is what rank r (or engine r) runs on (controller/actors/placement.py).
 """
 
 from __future__ import annotations

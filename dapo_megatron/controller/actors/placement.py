@@ -53,7 +53,7 @@ from dapo_megatron.config.rank_groups import (
 )
 from dapo_megatron.config.run_plan import COLOCATED_SHARE, Device, RunPlan
 from dapo_megatron.config.schema import ClusterConfig
-from dapo_megatron.controller.cluster import (
+from dapo_megatron.controller.actors.cluster import (
     RankResources,
     Reservation,
     cluster_cpus,

@@ -21,7 +21,7 @@ versions old is lost). A step that waits with nothing coming always gets a reque
 what it lacks.
 
 The budget, the engines' version and when a transfer is queued (weight updates happen
-between requests, pipelined) are the ``OverlapSchedule``'s (controller/overlap.py), which
+between requests, pipelined) are the ``OverlapSchedule``'s (controller/rollouts/overlap.py), which
 the stream tells what it has drawn and asks how much to draw next. Requests are never aborted: in-flight work is finished, and aborting would waste
 the partial generation (the megatron backend cannot abort mid-request).
 
@@ -43,13 +43,13 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
-from dapo_megatron.controller import steps
+from dapo_megatron.controller.actors.policy_group import PolicyGroup
 from dapo_megatron.controller.context import RunContext
-from dapo_megatron.controller.overlap import OverlapSchedule, TransferEngines
-from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.response_cap import capped
-from dapo_megatron.controller.rollout_groups import RolloutGroup
-from dapo_megatron.controller.rollout_planner import RolloutPlanner
+from dapo_megatron.controller.rollouts import steps
+from dapo_megatron.controller.rollouts.overlap import OverlapSchedule, TransferEngines
+from dapo_megatron.controller.rollouts.response_cap import capped
+from dapo_megatron.controller.rollouts.rollout_groups import RolloutGroup
+from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 # How often a waiting call wakes to look for an error of the generation thread.

@@ -11,7 +11,7 @@ Three placements, chosen from the run plan by ``build_engines``:
 * split mode (``GenerationGroup`` with a placement group of its own): engines on
   ``cluster.generation_num_devices`` devices, refitted after every step.
 
-Refit of separate engines: the group's ``Refitter`` (controller/refitter.py; transports in
+Refit of separate engines: the group's ``Refitter`` (controller/actors/refitter.py; transports in
 dapo_megatron/refit/). This module keeps the memory ordering around it: colocated, the
 policy returns its cached CUDA blocks before the engines map their weights back, and engines
 are never woken with their stale weights before a refit: only their weight memory is mapped
@@ -35,14 +35,14 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller.cluster import release_groups
-from dapo_megatron.controller.placement import (
+from dapo_megatron.controller.actors.cluster import release_groups
+from dapo_megatron.controller.actors.placement import (
     colocated_engine_placements,
     split_engine_placements,
 )
-from dapo_megatron.controller.policy_group import PolicyGroup, shard_bounds
-from dapo_megatron.controller.refitter import PendingRefit, Refitter
-from dapo_megatron.controller.remote import abandon, gather, settle_abandoned
+from dapo_megatron.controller.actors.policy_group import PolicyGroup, shard_bounds
+from dapo_megatron.controller.actors.refitter import PendingRefit, Refitter
+from dapo_megatron.controller.actors.remote import abandon, gather, settle_abandoned
 from dapo_megatron.device.shm_files import remove_unused
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers.generation_worker import GenerationWorker
@@ -150,7 +150,7 @@ class GenerationGroup:
         # Colocated: the policy whose GPUs the engines share; it returns its cached CUDA
         # blocks before any engine maps memory back (``_release_policy``).
         self._colocated_policy = policy if config.cluster.colocated else None
-        # The refit of these engines (controller/refitter.py, dapo_megatron/refit/).
+        # The refit of these engines (controller/actors/refitter.py, dapo_megatron/refit/).
         self.refitter = Refitter(plan, self.workers, self._describe)
 
     def _describe(self, index: int) -> str:

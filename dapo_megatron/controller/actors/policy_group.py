@@ -22,9 +22,14 @@ import ray
 import torch
 
 from dapo_megatron.config.run_plan import RefitTransport, RunPlan
-from dapo_megatron.controller.cluster import RankResources, rank_resources, reserve_ranks
-from dapo_megatron.controller.placement import policy_placements
-from dapo_megatron.controller.remote import WorkerDied, WorkerFailure, gather, settle_abandoned
+from dapo_megatron.controller.actors.cluster import RankResources, rank_resources, reserve_ranks
+from dapo_megatron.controller.actors.placement import policy_placements
+from dapo_megatron.controller.actors.remote import (
+    WorkerDied,
+    WorkerFailure,
+    gather,
+    settle_abandoned,
+)
 from dapo_megatron.data.pack_plan import balance_by_tokens
 from dapo_megatron.refit.group import GroupAddress
 from dapo_megatron.shared.batch import PolicyBatch
@@ -254,7 +259,7 @@ class PolicyGroup:
         Every rank takes part in the export (TP gathers, PP broadcasts); rank 0 keeps the
         CPU copies and puts them in the object store, so each engine fetches them from
         there. The ``object_store`` refit fallback only: the default transports stream
-        buckets instead (``submit_send_weights``, controller/refitter.py).
+        buckets instead (``submit_send_weights``, controller/actors/refitter.py).
         """
         # Rank 0 returns ``[ref]`` (wrapped so Ray does not resolve it), the others None.
         exported: list[list[ray.ObjectRef[Any]] | None] = self._gather(
@@ -267,7 +272,7 @@ class PolicyGroup:
 
     # The policy's half of the refit and of the colocated memory release: each starts the
     # call on every rank and returns the pending refs in rank order, for the caller to
-    # gather together with the engines' calls (controller/refitter.py).
+    # gather together with the engines' calls (controller/actors/refitter.py).
 
     def submit_join_weight_group(
         self, address: GroupAddress, transport: RefitTransport

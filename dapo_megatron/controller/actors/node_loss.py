@@ -36,9 +36,9 @@ from typing import Any
 import ray
 
 from dapo_megatron.config.run_plan import RunPlan
-from dapo_megatron.controller import preemption
-from dapo_megatron.controller.cluster import _ray_nodes
-from dapo_megatron.controller.remote import WorkerFailure
+from dapo_megatron.controller.actors import preemption
+from dapo_megatron.controller.actors.cluster import _ray_nodes
+from dapo_megatron.controller.actors.remote import WorkerFailure
 
 
 class NodeLost(WorkerFailure):

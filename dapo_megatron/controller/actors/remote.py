@@ -25,7 +25,7 @@ from typing import Any
 
 import ray
 
-from dapo_megatron.controller import preemption
+from dapo_megatron.controller.actors import preemption
 
 # How long a survivor's collective error waits for Ray to report the death behind it
 # (usually well under a second; seconds on a loaded node).
@@ -166,7 +166,7 @@ def _wait_one(
 ) -> tuple[list[ray.ObjectRef[Any]], list[ray.ObjectRef[Any]]]:
     """``ray.wait`` for one of ``refs`` until ``deadline`` (monotonic; None: none), in
     slices of at most POLL_S, between which the preemption deadline is checked
-    (controller/preemption.py: a SIGTERM's grace period ends even a wait for a hung
+    (controller/actors/preemption.py: a SIGTERM's grace period ends even a wait for a hung
     worker)."""
     while True:
         preemption.check_deadline()

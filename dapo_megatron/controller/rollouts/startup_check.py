@@ -28,9 +28,9 @@ from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 if TYPE_CHECKING:
+    from dapo_megatron.controller.actors.generation_group import Engines
+    from dapo_megatron.controller.actors.policy_group import PolicyGroup
     from dapo_megatron.controller.context import RunContext
-    from dapo_megatron.controller.generation_group import Engines
-    from dapo_megatron.controller.policy_group import PolicyGroup
 
 PROBE_TOKENS = 16
 """Most tokens sampled per probe row (fewer when generation.max_response_length is)."""
@@ -158,7 +158,7 @@ def check_engine_logprobs(
         EngineLogprobMismatch: see ``compare_logprobs``.
     """
     from dapo_megatron.config.run_plan import num_engines
-    from dapo_megatron.controller.response_cap import capped
+    from dapo_megatron.controller.rollouts.response_cap import capped
 
     config = ctx.config
     sampling = dataclasses.replace(

@@ -5,7 +5,7 @@ The signal only records the request; the loop checks it where a checkpoint is co
 cannot be cut short without losing it, so the request also starts a deadline of
 ``run.preemption_grace_s``: if no safe point comes in time, ``PreemptionDeadline`` is raised
 from the controller's wait for its workers (``check_deadline``, polled by
-controller/remote.py; never from the handler itself: an exception raised in a signal
+controller/actors/remote.py; never from the handler itself: an exception raised in a signal
 handler while Ray's Cython wait runs it comes out as a SystemError) and the run stops
 without saving, before the SIGKILL that follows the signal. Further SIGTERMs change
 nothing (srun and Slurm may each send one).
@@ -13,7 +13,7 @@ nothing (srun and Slurm may each send one).
 The signal may reach every process of the job, not only this one: a terminal's or
 ``timeout``'s process-group signal, and Slurm, which at a preemption or the time limit sends
 SIGTERM to every process of every job step (then SIGKILL after KillWait, 30 s by default).
-A local cluster survives a process-group signal (controller/cluster.py starts its node
+A local cluster survives a process-group signal (controller/actors/cluster.py starts its node
 processes in a session of their own). A Ray daemon that receives it shuts down (the raylet
 and the GCS stop on SIGTERM; a Ray worker's ``Worker.main_loop`` in ray/_private/worker.py
 installs a SIGTERM handler that exits the process with status 1), so the safe point may be

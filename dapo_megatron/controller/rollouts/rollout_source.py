@@ -4,7 +4,7 @@
 (dynamic sampling), the policy trains, then the engines are refitted: the loop of DAPO's
 paper. ``K >= 1`` (``RolloutStream``, split mode): the engines keep generating while the
 policy trains, and groups at most K policy versions old are trained
-(controller/rollout_stream.py); its ``schedule`` (controller/overlap.py) holds the request
+(controller/rollouts/rollout_stream.py); its ``schedule`` (controller/rollouts/overlap.py) holds the request
 budget, when the new weights are transferred and the next step taken early. Both give the loop the same small interface.
 """
 
@@ -15,13 +15,13 @@ from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
-from dapo_megatron.controller import steps
+from dapo_megatron.controller.actors.generation_group import Engines, GenerationGroup
+from dapo_megatron.controller.actors.policy_group import PolicyGroup
 from dapo_megatron.controller.context import RunContext
-from dapo_megatron.controller.generation_group import Engines, GenerationGroup
-from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.rollout_groups import RolloutGroup
-from dapo_megatron.controller.rollout_planner import RolloutPlanner
-from dapo_megatron.controller.rollout_stream import RolloutStream
+from dapo_megatron.controller.rollouts import steps
+from dapo_megatron.controller.rollouts.rollout_groups import RolloutGroup
+from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner
+from dapo_megatron.controller.rollouts.rollout_stream import RolloutStream
 
 
 class Rollouts(Protocol):

@@ -6,7 +6,7 @@ sampler's round, less the tail cut; an overlapped request: the budget's shortfal
 running keep rate), with which sampling parameters and seed, what to do with a cut round's
 aborted groups (continue them, or forget them), and how a scored batch of groups reaches
 dynamic sampling. The ``RolloutPlanner`` answers them once; the synchronous round
-(``steps.collect_rollouts``) and the overlapped stream (controller/rollout_stream.py) only
+(``steps.collect_rollouts``) and the overlapped stream (controller/rollouts/rollout_stream.py) only
 generate, score and wait.
 
 The stream calls the planner under its lock (its generation thread draws while the
@@ -25,7 +25,7 @@ import torch
 
 from dapo_megatron.algorithms.group_filter import prompts_for_kept
 from dapo_megatron.controller.context import RunContext, round_seed
-from dapo_megatron.controller.rollout_groups import RolloutGroup
+from dapo_megatron.controller.rollouts.rollout_groups import RolloutGroup
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 
 # Seeds of overlapped requests live apart from the synchronous rounds' (round_seed).

@@ -20,12 +20,16 @@ import torch
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
 from dapo_megatron.algorithms.rollout_correction import mismatch_metrics
 from dapo_megatron.config.schema import DapoMegatronConfig
+from dapo_megatron.controller.actors.generation_group import Engines
+from dapo_megatron.controller.actors.policy_group import PolicyGroup
 from dapo_megatron.controller.context import RunContext, decode_text, round_seed
-from dapo_megatron.controller.generation_group import Engines
-from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.response_cap import capped, context_length
-from dapo_megatron.controller.rollout_groups import RolloutGroup, build_policy_batch, make_groups
-from dapo_megatron.controller.rollout_planner import RolloutPlanner
+from dapo_megatron.controller.rollouts.response_cap import capped, context_length
+from dapo_megatron.controller.rollouts.rollout_groups import (
+    RolloutGroup,
+    build_policy_batch,
+    make_groups,
+)
+from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner
 from dapo_megatron.data.datasets import EncodedPrompts
 from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.shared.sampling import Sample, SamplingParams
@@ -334,8 +338,9 @@ class Prepared(NamedTuple):
 class RolloutTaker(Protocol):
     """What ``prepare`` asks of a rollout source (rollout_source.Rollouts)."""
 
-    def take(self, step: int) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]:
-        ...
+    def take(
+        self, step: int
+    ) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]: ...
 
 
 def prepare(ctx: RunContext, rollouts: RolloutTaker, step: int) -> Prepared:

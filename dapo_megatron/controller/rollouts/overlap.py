@@ -6,7 +6,7 @@ other, and ``OverlapSchedule`` holds all of them under one lock (the rollout str
 - the request budget: the engines' version w (the weights a request submitted now is
   generated with) and the step the stream fills next. Data generated at version w can
   train steps w .. w + K, so the stream keeps ``(w + K + 1 - next_step)`` steps' groups
-  coming (controller/rollout_stream.py has the sizing);
+  coming (controller/rollouts/rollout_stream.py has the sizing);
 - the refit: armed once the train step that makes the next weights is submitted, started
   (the transfer queued on every engine) once the engines have nothing left to generate
   with their current weights, finished by the loop;
@@ -39,11 +39,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from dapo_megatron.algorithms.dynamic_sampling import DynamicSamplingStats
-from dapo_megatron.controller import steps
+from dapo_megatron.controller.actors.policy_group import PolicyGroup
 from dapo_megatron.controller.context import RunContext
-from dapo_megatron.controller.policy_group import PolicyGroup
-from dapo_megatron.controller.rollout_groups import RolloutGroup
-from dapo_megatron.controller.rollout_planner import RolloutPlanner
+from dapo_megatron.controller.rollouts import steps
+from dapo_megatron.controller.rollouts.rollout_groups import RolloutGroup
+from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner
 
 
 class PendingTransfer(Protocol):
