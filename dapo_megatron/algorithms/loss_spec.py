@@ -166,10 +166,11 @@ class LossParams:
     clip_ratio_c: float | None
     """Dual-clip bound c > 1 for negative advantages; null: no dual clip."""
     loss_agg_mode: LossAggMode
-    """Loss aggregation; token-mean is DAPO's token-level loss.
+    """Loss aggregation: token-mean (DAPO) or seq-mean-token-{sum,mean,sum-norm}.
 
-    The sequence-mean variants are ``algorithms.loss.aggregate_loss``'s; the normaliser is
-    global over the mini-batch, so micro-batching never changes the loss."""
+    token-mean is DAPO's token-level loss; the sequence-mean variants are
+    ``algorithms.loss.aggregate_terms``'s. The normaliser is global over the mini-batch, so
+    micro-batching never changes the loss."""
     kl_coef: float
     """KL penalty coefficient against the reference policy (DAPO: 0, none).
 

@@ -8,7 +8,8 @@ line, its first sentence; this module computes them and rewrites the file, and
 tests/unit/config/test_yaml_comments.py fails whenever the file and the docstrings disagree.
 
     python -m dapo_megatron.config.yaml_comments          # rewrite configs/dapo_base.yaml
-    python -m dapo_megatron.config.yaml_comments --check  # exit 1 if it would change
+    python -m dapo_megatron.config.yaml_comments --check  # exit 1 if it would change or
+                                                          # a docstring gives no usable comment
 
 Only the comment text of leaf key lines changes: values, order, blank lines, section lines
 and comment-only lines are kept byte for byte.
@@ -45,6 +46,9 @@ _COMMENT = re.compile(r"(?P<pad>\s+)#(?P<text>.*)$")
 # A sentence ends at a period followed by whitespace and a capital (or the end): "Eq. 13",
 # "0.2" and "e.g. x" stay inside their sentence.
 _SENTENCE_END = re.compile(r"\.(?=\s+[A-Z(<>]|\s*$)")
+_BRACES = re.compile(
+    r"(?P<stem>[A-Za-z0-9_.\-]*)\{(?P<alts>[A-Za-z0-9_.\-]+(?:,[A-Za-z0-9_.\-]+)+)\}"
+)
 
 
 def _class_field_docs(cls: type) -> dict[str, str]:
@@ -116,10 +120,16 @@ def key_comment(doc: str, choices: tuple[str, ...] = ()) -> str:
     ``Literal`` key unless the summary already names each of them (a reader of the YAML sees
     what else the key takes without opening the schema)."""
     text = summary(doc)
-    named = set(re.findall(r"[A-Za-z0-9_.\-]+", text))
+    named = set(re.findall(r"[A-Za-z0-9_.\-]+", _expand_braces(text)))
     if choices and not set(choices) <= named:
         text += f" ({' | '.join(choices)})"
     return text
+
+
+def _expand_braces(text: str) -> str:
+    """``text`` with each ``stem{a,b}`` written out as ``stema stemb``: a summary may name
+    long values that share a stem this way (``seq-mean-token-{sum,mean}``) to fit one line."""
+    return _BRACES.sub(lambda m: " ".join(m["stem"] + alt for alt in m["alts"].split(",")), text)
 
 
 def summary(doc: str) -> str:
@@ -210,14 +220,16 @@ def main(argv: list[str] | None = None) -> int:
     """Rewrite the base YAML's comments (``--check``: only report whether it would change)."""
     args = sys.argv[1:] if argv is None else argv
     text = BASE_YAML.read_text()
-    for problem in problems(text):
+    found = problems(text)
+    for problem in found:
         print(problem, file=sys.stderr)
     new = render(text)
     changed = [i for i in key_lines(text) if i.current != i.wanted]
     if "--check" in args:
         for item in changed:
             print(f"{item.key}: {item.current!r} -> {item.wanted!r}")
-        return 1 if changed else 0
+        # A comment too long or missing fails the check as a stale one does.
+        return 1 if changed or found else 0
     if new != text:
         BASE_YAML.write_text(new)
     print(f"{BASE_YAML.name}: {len(changed)} of {len(key_lines(text))} comments rewritten")
