@@ -3,7 +3,7 @@
 Every leaf value remembers the file (or "command line") that set it, so an error can name
 the key, the file and the fix. Unknown keys are errors with the closest valid key; a key of
 NeMo RL, SkyRL, RLinf or verl is named as theirs with our key and its converted value
-(config/dialects.py).
+(migrate/dialects.py).
 """
 
 from __future__ import annotations
@@ -301,7 +301,7 @@ def closest_key(key: str) -> str | None:
 
 
 def _raise_unknown(key: str, source: str, foreign: dict[str, Any] | None = None) -> typing.NoReturn:
-    """An unknown key: another system's name (config/dialects.py) is translated, with its
+    """An unknown key: another system's name (migrate/dialects.py) is translated, with its
     value, from `foreign` (the dotted keys and values under the unknown one); anything else
     gets the closest valid key."""
     translated = explain_foreign(foreign or {}, source)

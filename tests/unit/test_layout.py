@@ -86,3 +86,57 @@ def test_every_test_file_the_code_and_docs_name_exists() -> None:
         if not (REPO / ref).is_file()
     )
     assert missing == []
+
+
+# Paths the code and docs name that are other projects' files, in directories named like our
+# packages (verl's workers/, NeMo RL's algorithms/ and data/, RLinf's rewards/), or files
+# tests/unit/test_layers.py writes into a scratch copy of the package.
+NOT_OURS = {
+    "algorithms/grpo.py",  # NeMo RL
+    "algorithms/utils.py",  # NeMo RL
+    "data/datasets/processed_dataset.py",  # NeMo RL
+    "data/processors.py",  # NeMo RL
+    "data/utils.py",  # NeMo RL
+    "rewards/math/__init__.py",  # RLinf
+    "workers/actor/megatron_actor.py",  # verl
+    "workers/actor/megatron_actor_worker.py",  # RLinf
+    "workers/config/engine.py",  # verl
+    "workers/megatron/megatron_model_wrapper.py",  # SkyRL
+    "workers/reward_manager/dapo.py",  # verl
+    "dapo_megatron/config/bad.py",  # test_layers.py's scratch module
+    "dapo_megatron/controller/actors/bad.py",  # test_layers.py's scratch module
+}
+
+
+def test_every_module_the_code_and_docs_name_exists() -> None:
+    # Docstrings point at modules by path, from the repository (dapo_megatron/config/loader.py)
+    # or from the package (config/loader.py); a module moved without them leaves the reader
+    # looking for a file that is gone (the importer once moved from config/ to migrate/).
+    import re
+
+    packages = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    # Not after a `/`, `.` or word character: nemo_rl/algorithms/utils.py is NeMo RL's; not
+    # megatron/core/..., Megatron-Core's own files.
+    pattern = re.compile(
+        r"(?<![\w/.-])(?:dapo_megatron/)?(?!megatron/core/)(?:"
+        + "|".join(packages)
+        + r")/(?:\w+/)*\w+\.py\b"
+    )
+    texts = [REPO / "README.md", REPO / "slurm" / "README.md", *PACKAGE.rglob("*.py")]
+    texts += [*(REPO / "docs").rglob("*.md"), *(REPO / "tests").rglob("*.py")]
+    texts += [*(REPO / "bench").rglob("*.py"), *(REPO / "scripts").glob("*")]
+    texts += [*(REPO / "configs").glob("*.yaml"), *(REPO / "recipes").rglob("*.yaml")]
+
+    def exists(ref: str) -> bool:
+        rel = ref.removeprefix("dapo_megatron/")
+        # A test file named from tests/unit (planning/test_memory.py) is a test's neighbour.
+        return (PACKAGE / rel).is_file() or (UNIT / rel).is_file() or ref in NOT_OURS
+
+    missing = sorted(
+        f"{path.relative_to(REPO)}: {ref}"
+        for path in texts
+        if path.is_file()
+        for ref in pattern.findall(path.read_text(encoding="utf-8", errors="replace"))
+        if not exists(ref)
+    )
+    assert missing == []
