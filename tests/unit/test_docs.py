@@ -1,10 +1,13 @@
 """README.md and docs/: every recipe they name, and every layout code they quote, is a shipped
-recipe's; every dapo-<tool> command they show runs as shown after the README's two commands
+recipe's; every tool they name (console script, `python -m` module, scripts/ or bench/ file)
+exists; every dapo-<tool> command they show runs as shown after the README's two commands
 (which install into a .venv they do not activate: `.venv/bin/dapo-plan`, never `dapo-plan`)."""
 
 from __future__ import annotations
 
+import importlib.util
 import re
+import tomllib
 from pathlib import Path
 
 from shipped_recipes import RECIPES_DIR, SHIPPED_RECIPES
@@ -114,3 +117,19 @@ def test_docs_show_every_command_as_it_runs_after_the_two_commands() -> None:
         )
         found += bare_commands(f"recipes/{name}", header)
     assert found == [], "spell them .venv/bin/dapo-...:\n" + "\n".join(found)
+
+
+def test_every_tool_the_docs_name_exists() -> None:
+    # The tools a reader is told to run: the console scripts (TOOLS above is their list),
+    # `python -m` modules of the package, and the scripts/ and bench/ files.
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert {f"dapo-{t}" for t in re.findall(r"[a-z-]+", TOOLS.split("(?:")[1])} == set(scripts)
+    missing = []
+    for path, text in doc_texts().items():
+        for module in re.findall(r"python -m (dapo_megatron[\w.]*)", text):
+            if importlib.util.find_spec(module) is None:
+                missing.append(f"{path}: python -m {module}")
+        for ref in re.findall(r"(?<![\w/.-])((?:scripts|bench)/[\w/-]+\.(?:sh|py))\b", text):
+            if not (REPO / ref).exists():
+                missing.append(f"{path}: {ref}")
+    assert missing == []

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path
@@ -120,9 +121,10 @@ def test_setup_gpu_installs_torch_then_vllm_then_te_without_build_isolation() ->
     assert torch_at < vllm_at < te_at
     assert "TORCH_VERSION=2.13.0" in script and "VLLM_VERSION=0.32.0" in script
     assert f"TE_VERSION={run_plan.TE_VERSION}" in script
-    setup = (REPO / "setup.py").read_text()
-    assert f'"transformer-engine[pytorch]=={run_plan.TE_VERSION}"' in setup
-    assert "scripts/setup_gpu.sh" in setup
+    packaging = (REPO / "pyproject.toml").read_text()
+    gpu = tomllib.loads(packaging)["project"]["optional-dependencies"]["gpu"]
+    assert f"transformer-engine[pytorch]=={run_plan.TE_VERSION}" in gpu
+    assert "scripts/setup_gpu.sh" in packaging  # the extra's comment names the script
 
 
 # --- setup_gpu.sh into the CPU .venv of scripts/setup.sh ---------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -732,7 +733,7 @@ def test_import_refuses_to_overwrite_and_names_the_fix(tmp_path, capsys):
 
 
 def test_console_script_is_declared():
-    setup = (REPO / "setup.py").read_text()
-    assert '"dapo-import-config=dapo_megatron.migrate.import_config:main"' in setup
-    # Installed with the package (scripts/setup.sh reinstalls when setup.py changes).
+    scripts = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["scripts"]
+    assert scripts["dapo-import-config"] == "dapo_megatron.migrate.import_config:main"
+    # Installed with the package (scripts/setup.sh reinstalls when pyproject.toml changes).
     assert (Path(sys.executable).parent / "dapo-import-config").is_file()
