@@ -6,7 +6,14 @@ import os
 import signal
 
 import pytest
-from tiny_job import actor_pids, metrics_by_step, run_job, start_and_wait_for, train_command
+from tiny_job import (
+    actor_pids,
+    finish,
+    metrics_by_step,
+    run_job,
+    start_and_wait_for,
+    train_command,
+)
 
 pytestmark = pytest.mark.functional
 
@@ -101,7 +108,7 @@ def test_worker_death_restarts_from_the_last_checkpoint(tmp_path):
     pids = actor_pids("PolicyWorker", proc.pid)
     assert marker.exists() and pids, "no checkpoint or no worker to kill"
     os.kill(pids[-1], signal.SIGKILL)
-    output, _ = proc.communicate(timeout=600)
+    output = finish(proc)
     assert proc.returncode == 0, output[-3000:]
     assert "[restart 1/2] policy rank" in output and "died" in output
     assert "[resume]" in output and "step_000002" in output
