@@ -1,7 +1,8 @@
 """The overlapped loop's schedule (``rollout.max_staleness = K >= 1``), in one object.
 
 The engines keep generating while the policy trains. Three things then depend on each
-other, and ``OverlapSchedule`` holds all of them under one lock (the rollout stream's):
+other, and ``OverlapSchedule`` holds all of them; the first two under one lock, ``lock``,
+which the rollout stream's generation thread takes too:
 
 - the request budget: the engines' version w (the weights a request submitted now is
   generated with) and the step the stream fills next. Data generated at version w can
@@ -12,7 +13,8 @@ other, and ``OverlapSchedule`` holds all of them under one lock (the rollout str
   with their current weights, finished by the loop;
 - the next step, taken early: its batch, taken while this step trains, and its train step,
   queued behind the refit so the policy goes from one step to the next without a
-  controller round trip. These two are the training thread's alone.
+  controller round trip. Only the training thread touches these two (no lock: it must not
+  block the generation thread while it submits to the policy).
 
 Ray runs one submitter's calls to an actor in order (docs.ray.io, "Actor Task Execution
 Order"), so the policy ranks send as soon as their queued train step is done, each engine
