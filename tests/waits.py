@@ -152,7 +152,7 @@ def wait_until(
         limit = scaled(idle_s)
         if now - last_change > limit or now - started > cap_s:
             why = (
-                f"no progress for {now - last_change:.0f} s (idle limit {idle_s:.0f} s x "
+                f"no progress for {now - last_change:.0f} s (idle limit {idle_s:g} s x "
                 f"{limit / idle_s:.1f} for this machine's speed)"
                 if now - last_change > limit
                 else f"still progressing at the {cap_s:.0f} s safety cap"
