@@ -109,7 +109,8 @@ def resolved_config_yaml(loaded: LoadedConfig) -> str:
     tree = dataclasses.asdict(loaded.config)
     if loaded.plan is not None:
         tree["policy"]["megatron"]["data_parallel_size"] = loaded.plan.dims.dp
-    return yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
+    text: str = yaml.safe_dump(tree, sort_keys=False, default_flow_style=False)
+    return text
 
 
 def check_runnable(plan: RunPlan, prepare_args: str | None = None) -> None:
@@ -118,7 +119,8 @@ def check_runnable(plan: RunPlan, prepare_args: str | None = None) -> None:
     (data files, model weights, tokenizer; dapo_megatron/planning/preflight.py). Raises ConfigError
     listing every problem. ``prepare_args``: the run's ``--config`` and overrides, which a
     missing model's message repeats in the dapo-prepare command that fetches it."""
-    from dapo_megatron.planning.preflight import PREPARE_ARGS, preflight
+    from dapo_megatron.data.hub import PREPARE_ARGS
+    from dapo_megatron.planning.preflight import preflight
 
     problems = runtime_problems(plan) + preflight(
         plan.config,

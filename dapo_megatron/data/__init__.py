@@ -10,11 +10,11 @@ from dapo_megatron.data.datasets import (
     DatasetSplits,
     EncodedPrompts,
     PromptDataset,
-    PromptRecord,
     build_datasets,
     encode_prompts,
     load_prompt_file,
 )
+from dapo_megatron.data.records import PromptRecord
 from dapo_megatron.data.sampler import PromptSampler
 from dapo_megatron.data.tokenizer import build_char_tokenizer
 

@@ -55,4 +55,4 @@ def data_fingerprint(data: DataConfig) -> dict[str, Any] | None:
 def same_data(recorded: dict[str, Any], now: dict[str, Any]) -> bool:
     """Whether two fingerprints describe the same content (the path may differ: a copy of
     the file elsewhere is the same data)."""
-    return recorded.get("sha256") == now["sha256"] and recorded.get("bytes") == now["bytes"]
+    return bool(recorded.get("sha256") == now["sha256"] and recorded.get("bytes") == now["bytes"])

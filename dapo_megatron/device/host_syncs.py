@@ -40,7 +40,7 @@ _CUDA_WAITS: tuple[tuple[Any, str], ...] = (
 )
 
 
-def _bool_indexed(args: tuple) -> bool:
+def _bool_indexed(args: tuple[Any, ...]) -> bool:
     indices = args[1] if len(args) > 1 else ()
     return any(
         isinstance(i, torch.Tensor) and i.dtype == torch.bool
@@ -56,8 +56,9 @@ class HostSyncCounter(TorchDispatchMode):
     an aten op that a CPU tensor would show). ``ops`` counts every aten op run: what a host
     launches, one kernel or more each on a GPU."""
 
+    # TorchDispatchMode's __init__, __enter__ and __exit__ are unannotated in torch.
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.by_kind: collections.Counter[str] = collections.Counter()
         self.ops = 0
         self._saved: list[tuple[Any, str, Any]] = []
@@ -96,11 +97,11 @@ class HostSyncCounter(TorchDispatchMode):
             original = getattr(owner, name)
             self._saved.append((owner, name, original))
             setattr(owner, name, counting(f"{getattr(owner, '__name__', owner)}.{name}", original))
-        super().__enter__()
+        super().__enter__()  # type: ignore[no-untyped-call]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        super().__exit__(*exc)
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]
         for owner, name, original in reversed(self._saved):
             setattr(owner, name, original)
         self._saved.clear()

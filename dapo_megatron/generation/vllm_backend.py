@@ -305,7 +305,8 @@ def import_vllm() -> ModuleType:
         # empty namespace package, e.g. tests/vllm_backend under pytest, which puts tests/ on it.
         where = list(getattr(vllm, "__path__", []))
         raise ImportError(_MISSING_VLLM.format(error=f"only a namespace directory {where}"))
-    return vllm
+    module: ModuleType = vllm  # Any where vllm is not installed
+    return module
 
 
 def _request_seed(seed: int | None, prompt_index: int) -> int | None:
@@ -539,7 +540,7 @@ class VllmGenerationBackend:
         Blocks until the whole group has formed (all members join concurrently).
         """
         llm = self._llm_for_refit()
-        return llm.collective_rpc(
+        ranks: list[int] = llm.collective_rpc(
             self._worker.JOIN_WEIGHT_GROUP,
             args=(
                 address.host,
@@ -551,6 +552,7 @@ class VllmGenerationBackend:
                 str(transport),
             ),
         )
+        return ranks
 
     def attach_shared(self, handles: list[bytes]) -> None:
         """Handle transport: worker i maps ``handles[i]`` (its exporter's bucket buffer)."""
@@ -559,7 +561,9 @@ class VllmGenerationBackend:
     def receive_weights(self, layout: BucketLayout) -> list[dict[str, float]]:
         """Receive one refit's buckets (module docstring); per-worker transfer stats."""
         llm = self._llm_for_refit()
-        stats = llm.collective_rpc(self._worker.RECEIVE_WEIGHTS, args=(layout.to_wire(),))
+        stats: list[dict[str, float]] = llm.collective_rpc(
+            self._worker.RECEIVE_WEIGHTS, args=(layout.to_wire(),)
+        )
         llm.reset_prefix_cache()
         return stats
 

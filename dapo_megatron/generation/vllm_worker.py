@@ -51,7 +51,7 @@ rebuilds the tensors in each worker and streams them into vLLM's ``reload_weight
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
@@ -79,7 +79,8 @@ SerialisedTensor = tuple[str, str, list[int], bytes]
 """(HF name, torch dtype name without "torch.", shape, raw little-endian bytes)."""
 
 
-class FullVocabLogprobs(LogitsProcessor):
+# vllm is an optional extra; where it is absent (CI's mypy) LogitsProcessor is Any.
+class FullVocabLogprobs(LogitsProcessor):  # type: ignore[misc,unused-ignore]
     """Replace each row of temperature-scaled logits by its log-softmax (module doc).
 
     Stateless: it applies to every row of every batch, which is harmless for any request,
@@ -254,7 +255,7 @@ class WeightRefitExtension:
         """Map this worker's exporter buffer (ipc transport): ``handles[engine rank]``."""
         self._dapo_receiver().attach(handles[int(self.rank)])  # type: ignore[attr-defined]
 
-    def dapo_receive_weights(self, layout_wire: list) -> dict[str, float]:
+    def dapo_receive_weights(self, layout_wire: list[Any]) -> dict[str, float]:
         """Receive every bucket of the layout through the joined transport and load it in
         place; returns transfer stats."""
         from dapo_megatron.refit.buckets import BucketLayout

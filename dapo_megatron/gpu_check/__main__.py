@@ -95,7 +95,7 @@ def _run_child(name: str, limit_s: float) -> dict[str, Any]:
         }
     seconds = round(time.monotonic() - start, 1)
     try:
-        record = json.loads(Path(result_path).read_text() or "{}")
+        record: dict[str, Any] = json.loads(Path(result_path).read_text() or "{}")
     except json.JSONDecodeError:
         record = {}
     finally:

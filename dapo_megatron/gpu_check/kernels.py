@@ -45,14 +45,14 @@ def _median_ms(fn: Callable[[], object], repeats: int, warmup: int = 2) -> float
         fn()
         end.record()
         end.synchronize()
-        times.append(start.elapsed_time(end))
+        times.append(float(start.elapsed_time(end)))
     return statistics.median(times)
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     """||a - b|| / ||b|| in float64."""
     a64, b64 = a.double(), b.double()
-    return ((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item()
+    return float(((a64 - b64).norm() / b64.norm().clamp_min(1e-30)).item())
 
 
 def _max_rel(got: torch.Tensor, want: torch.Tensor) -> float:

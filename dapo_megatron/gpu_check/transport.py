@@ -46,7 +46,12 @@ def _free_port() -> int:
 
 
 def _transport_member(
-    rank: int, port: int, shapes: list, bucket_bytes: int, handles: Any, queue: Any
+    rank: int,
+    port: int,
+    shapes: list[tuple[int, ...]],
+    bucket_bytes: int,
+    handles: Any,
+    queue: Any,
 ) -> None:
     """One side of the handle transport (spawned process): the exporter puts its buffer's
     handle on ``handles`` for the receiver; each puts its result on ``queue``."""

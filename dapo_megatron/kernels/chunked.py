@@ -128,7 +128,7 @@ class ChunkedLinearLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden_NH: torch.Tensor,
         weight_VH: torch.Tensor,
@@ -296,7 +296,8 @@ def chunked_linear_logprob(
     Returns:
         ``(logprob_N, entropy_N or None)`` in fp32 (fp64 for fp64 inputs).
     """
-    out = ChunkedLinearLogprob.apply(
+    # torch's autograd.Function.apply is unannotated.
+    out = ChunkedLinearLogprob.apply(  # type: ignore[no-untyped-call]
         hidden_NH,
         weight_VH,
         targets_N,

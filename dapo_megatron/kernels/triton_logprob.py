@@ -152,7 +152,7 @@ class TritonLinearLogprob(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         hidden_NH: torch.Tensor,
         weight_VH: torch.Tensor,

@@ -323,7 +323,7 @@ class TritonPGLoss(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         logprobs_BT: torch.Tensor,
         old_logprobs_BT: torch.Tensor,

@@ -76,7 +76,8 @@ class _AllGatherSequence(torch.autograd.Function):
         return grad.narrow(0, ctx.rank * ctx.rows, ctx.rows), None
 
 
-class ContextParallelAttention(MegatronModule):
+# Megatron-Core ships no type information: MegatronModule is Any to mypy.
+class ContextParallelAttention(MegatronModule):  # type: ignore[misc]
     """Causal core attention under context parallelism by all-gathering K and V.
 
     A replacement for ``megatron.core.transformer.dot_product_attention.
@@ -230,7 +231,7 @@ class ContextParallelAttention(MegatronModule):
             ``[t/cp, 1, np * hn]``).
         """
         if packed_seq_params is None and self._unpacked is not None:
-            return self._unpacked(
+            out: torch.Tensor = self._unpacked(
                 query,
                 key,
                 value,
@@ -238,6 +239,7 @@ class ContextParallelAttention(MegatronModule):
                 attn_mask_type=attn_mask_type,
                 attention_bias=attention_bias,
             )
+            return out
         if attention_bias is not None:
             raise NotImplementedError("ContextParallelAttention: attention bias")
         if key.shape[0] != query.shape[0]:
@@ -259,7 +261,8 @@ class ContextParallelAttention(MegatronModule):
         if cp_size > 1:
             # One collective per layer: K and V travel together.
             k_dim = key.shape[-1]
-            kv = _AllGatherSequence.apply(torch.cat([key, value], dim=-1), self.cp_group)
+            # torch's autograd.Function.apply is unannotated.
+            kv = _AllGatherSequence.apply(torch.cat([key, value], dim=-1), self.cp_group)  # type: ignore[no-untyped-call]
             kv = kv.index_select(0, rank_major_to_global_order(seq_len, cp_size).to(kv.device))
             key, value = kv[..., :k_dim], kv[..., k_dim:]
 
@@ -446,7 +449,8 @@ class ContextParallelAttention(MegatronModule):
             # As in the unpacked path: one all-gather of K and V per layer, then the
             # rank-major rows back in pack order.
             k_dim = key.shape[-1]
-            kv = _AllGatherSequence.apply(torch.cat([key, value], dim=-1), self.cp_group)
+            # torch's autograd.Function.apply is unannotated.
+            kv = _AllGatherSequence.apply(torch.cat([key, value], dim=-1), self.cp_group)  # type: ignore[no-untyped-call]
             order = packed_rank_major_to_global_order(bounds, cp_size).to(kv.device)
             kv = kv.index_select(0, order)
             key, value = kv[..., :k_dim], kv[..., k_dim:]

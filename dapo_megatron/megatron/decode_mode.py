@@ -27,6 +27,10 @@ from dapo_megatron.megatron.cp_attention import ContextParallelAttention
 # The context attribute that switches its decode steps to _static_decode_step.
 _STATIC_COLUMN = "dapo_static_column"
 
+AdjustedKV = tuple[torch.Tensor, torch.Tensor, torch.Tensor, None, AttnMaskType, None]
+"""What ``Attention._adjust_key_value_for_inference`` returns: query, key, value, rotary
+embedding (consumed), attention mask type, block table (none)."""
+
 # Module attributes through which Megatron layers decide to split/gather the sequence.
 _SEQUENCE_PARALLEL_ATTRS = (
     "sequence_parallel",
@@ -87,7 +91,7 @@ def _rotated_kv_cache_step(
     rotary_pos_emb: tuple[torch.Tensor, torch.Tensor] | None,
     *_unused: object,
     **_unused_kwargs: object,
-) -> tuple:
+) -> AdjustedKV:
     """``Attention._adjust_key_value_for_inference`` with RoPE applied BEFORE caching.
 
     Megatron's static path caches un-rotated keys and rotates the whole cache
@@ -139,7 +143,7 @@ def _static_decode_step(
     key: torch.Tensor,
     value: torch.Tensor,
     rotary_pos_emb: tuple[torch.Tensor, torch.Tensor] | None,
-) -> tuple:
+) -> AdjustedKV:
     """A decode step whose shapes and arguments never change from one token to the next,
     so that one CUDA graph replays every step: the position is the device tensor
     ``column`` ([1] int64, advanced by the engine between steps), not the context's Python
@@ -174,7 +178,7 @@ class _NoForkTracker:
     def __init__(self, tracker: object) -> None:
         self._tracker = tracker
 
-    def fork(self, *_args: object, **_kwargs: object) -> contextlib.AbstractContextManager:
+    def fork(self, *_args: object, **_kwargs: object) -> contextlib.AbstractContextManager[None]:
         return contextlib.nullcontext()
 
     def __getattr__(self, name: str) -> object:

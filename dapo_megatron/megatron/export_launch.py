@@ -21,6 +21,7 @@ import socket
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.megatron.export_hf import (
@@ -38,7 +39,8 @@ from dapo_megatron.megatron.export_hf import (
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 @contextlib.contextmanager
@@ -132,7 +134,7 @@ def preflight(
     *,
     tp: int | None = None,
     pp: int | None = None,
-) -> tuple[int, int, dict]:
+) -> tuple[int, int, dict[str, Any]]:
     """Check everything an export needs without starting it: ``(tp, pp, marker)``.
 
     ``tp``/``pp`` default to the saved layout's.

@@ -1,8 +1,10 @@
-"""Megatron DDP wrapping, optimizer and learning-rate schedule from the run config."""
+"""Megatron DDP wrapping, optimizer and learning-rate schedule from the run config, and the
+optimizer step of the policy's train and SFT steps (policy_step.py)."""
 
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import ChainedOptimizer, MegatronOptimizer, get_megatron_optimizer
 from megatron.core.optimizer import OptimizerConfig as MegatronOptimizerConfig
@@ -10,6 +12,8 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.transformer import TransformerConfig
 
 from dapo_megatron.config.schema_policy import OptimizerConfig, SchedulerConfig
+from dapo_megatron.device import collectives
+from dapo_megatron.megatron.packed_batches import compute_device
 
 PRECISION_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -136,3 +140,63 @@ class ScheduleClock:
         """Count one optimizer step; True when it is the one that advances the schedule."""
         self.done += 1
         return self.done % self.every == 0
+
+
+def grads_are_finite(model_chunks: list[torch.nn.Module]) -> bool:
+    """True when every rank's gradients are finite (a non-finite step must be skipped).
+
+    One device-side flag over all gradients, one all-reduce, one read-back per step (a
+    per-parameter ``isfinite(...).all()`` test would read back once per parameter). The
+    flag is built from each gradient's max-norm, ``max |g|``, computed by one multi-tensor
+    ``_foreach_norm``: it is NaN or inf exactly when the gradient holds a NaN or an inf, and
+    unlike a 2-norm it cannot overflow on finite values.
+    """
+    grads = []
+    for chunk in model_chunks:
+        for p in chunk.parameters():
+            grad = getattr(p, "main_grad", None)
+            if grad is None:
+                grad = p.grad
+            if grad is not None and grad.numel() > 0:
+                grads.append(grad.detach())
+    bad = torch.zeros(1, device=grads[0].device if grads else compute_device())
+    if grads:
+        norms = torch._foreach_norm(grads, float("inf"))
+        finite = torch.stack([n.float().to(bad.device) for n in norms]).isfinite().all()
+        bad = (~finite).float().reshape(1)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        collectives.all_reduce(bad, op=collectives.MAX)
+    return bool(bad.item() == 0)
+
+
+def optimizer_step(
+    model_chunks: list[DistributedDataParallel],
+    optimizer: MegatronOptimizer,
+    scheduler: OptimizerParamScheduler,
+    lr: float | None = None,
+    advance: bool = True,
+) -> dict[str, float]:
+    """Reduce grads, skip a non-finite step, else step (at `lr` when given, outside the
+    schedule: the schedule neither advances nor keeps the override). `advance` False holds
+    the schedule's lr for the next step (policy.scheduler.unit train_step)."""
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads(model_chunks)
+    finite = grads_are_finite(model_chunks)
+    grad_norm = float("nan")
+    used_lr = lr if lr is not None else optimizer.param_groups[0]["lr"]
+    if finite:
+        if lr is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = lr
+        _, grad_norm, _ = optimizer.step()
+        # 0: restore the schedule's lr (after an override) or hold it (mid trainer step)
+        scheduler.step(increment=1 if lr is None and advance else 0)
+    for chunk in model_chunks:
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    return {
+        "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+        "lr": used_lr,
+        "skipped_nonfinite_step": 0.0 if finite else 1.0,
+    }

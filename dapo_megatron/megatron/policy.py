@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -139,7 +139,9 @@ class MegatronPolicy:
         restore_rng_state(rng)
         reference.config.calculate_per_token_loss = True  # as the policy's (forward only)
         reference.requires_grad_(False)
-        return reference.eval()
+        reference.eval()
+        # GPTModel is Any to mypy (Megatron-Core ships no types); it is an nn.Module.
+        return cast(torch.nn.Module, reference)
 
     def snapshot_reference(self) -> None:
         """Freeze the current weights as the KL reference; nothing when one is held already.

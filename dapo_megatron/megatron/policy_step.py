@@ -25,11 +25,12 @@ import contextlib
 import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
 import torch
-import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.optimizer import MegatronOptimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from megatron.core.tensor_parallel import gather_from_sequence_parallel_region
 
@@ -51,6 +52,7 @@ from dapo_megatron.megatron.context_parallel import (
 )
 from dapo_megatron.megatron.model import unwrap_model
 from dapo_megatron.megatron.moe_release import release_dispatcher_state
+from dapo_megatron.megatron.optimizer import optimizer_step
 from dapo_megatron.megatron.packed_batches import (
     MicroBatch,
     MicroBatches,
@@ -61,6 +63,12 @@ from dapo_megatron.megatron.packed_batches import (
 )
 from dapo_megatron.megatron.routing_replay import padded_router_order, replaying
 from dapo_megatron.shared.batch import PolicyBatch
+
+Outputs = dict[str, torch.Tensor]
+"""What a loss function hands Megatron's schedule per micro-batch (its logprobs or sums)."""
+LossOut = tuple[torch.Tensor, torch.Tensor, Outputs]
+"""A loss function's (loss, token count, outputs), as Megatron's schedule takes them."""
+LossFn = Callable[[torch.nn.Module, MicroBatch, torch.Tensor], LossOut]
 
 
 @dataclass(frozen=True)
@@ -92,11 +100,11 @@ class _CopyToTensorParallel(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, hidden: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def forward(ctx: Any, hidden: torch.Tensor) -> torch.Tensor:
         return hidden
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
         grad = grad.contiguous()
         collectives.all_reduce(grad, group=parallel_state.get_tensor_model_parallel_group())
         return grad
@@ -123,7 +131,13 @@ def hidden_state_head(model_chunks: list[torch.nn.Module]) -> Iterator[None]:
     ]
     for owner, layer in zip(layer_owners, layers, strict=False):
 
-        def forward(hidden, weight=None, runtime_gather_output=None, _layer=layer, _owner=owner):
+        def forward(
+            hidden: torch.Tensor,
+            weight: torch.Tensor | None = None,
+            runtime_gather_output: bool | None = None,
+            _layer: torch.nn.Module = layer,
+            _owner: torch.nn.Module = owner,
+        ) -> tuple[torch.Tensor, None]:
             # object.__setattr__: nn.Module would register a Parameter value as a new
             # parameter of the model (renaming the shared embedding in named_parameters).
             object.__setattr__(
@@ -132,7 +146,8 @@ def hidden_state_head(model_chunks: list[torch.nn.Module]) -> Iterator[None]:
             if _layer.sequence_parallel:
                 hidden = gather_from_sequence_parallel_region(hidden, True)
             elif parallel_state.get_tensor_model_parallel_world_size() > 1:
-                hidden = _CopyToTensorParallel.apply(hidden)
+                # torch's Function.apply is unannotated.
+                hidden = _CopyToTensorParallel.apply(hidden)  # type: ignore[no-untyped-call]
             return hidden, None
 
         # An instance attribute shadows the class's forward (nn.Module.__call__ reads it).
@@ -260,16 +275,18 @@ def _token_logprobs(
 def _run(
     model_chunks: list[torch.nn.Module],
     split: MicroBatches,
-    loss_fn: Callable,
+    loss_fn: LossFn,
     *,
     forward_only: bool,
-) -> list[dict]:
+) -> list[Outputs]:
     """Megatron's schedule over the micro-batches; returns the last stage's loss outputs.
     Micro-batches with routed experts replay them (routing_replay.py)."""
     data = iter(split.micro)
     replay = replaying(model_chunks, split.micro[0].routed_experts is not None)
 
-    def forward_step(data_iterator: Iterator[MicroBatch], model: torch.nn.Module):
+    def forward_step(
+        data_iterator: Iterator[MicroBatch], model: torch.nn.Module
+    ) -> tuple[torch.Tensor, Callable[[torch.Tensor], LossOut]]:
         mb = next(data_iterator)
         set_routing(model, mb.routed_experts)
         if mb.packed_seq_params is None:
@@ -281,7 +298,7 @@ def _run(
         return output, functools.partial(loss_fn, model, mb)
 
     with hidden_state_head(model_chunks), replay as set_routing:
-        outputs = get_forward_backward_func()(
+        outputs: list[Outputs] = get_forward_backward_func()(
             forward_step_func=forward_step,
             data_iterator=data,
             model=model_chunks,
@@ -341,7 +358,7 @@ def compute_logprobs(
         m.eval()
     split = _split(batch, ctx, micro_batch_size)
 
-    def loss_fn(model, mb: MicroBatch, hidden):
+    def loss_fn(model: torch.nn.Module, mb: MicroBatch, hidden: torch.Tensor) -> LossOut:
         lp, ent = _token_logprobs(model, hidden, mb.labels, ctx, entropy=compute_entropy)
         out = {"lp": lp}
         if ent is not None:
@@ -359,7 +376,7 @@ def compute_logprobs(
 
 def _padded_outputs(
     split: MicroBatches,
-    outputs: list[dict],
+    outputs: list[Outputs],
     keys: tuple[str, ...],
     batch: PolicyBatch,
     ctx: StepContext,
@@ -384,7 +401,7 @@ def _padded_outputs(
 
 
 def _unpacked_outputs(
-    split: MicroBatches, outputs: list[dict], keys: tuple[str, ...], shape: tuple[int, int]
+    split: MicroBatches, outputs: list[Outputs], keys: tuple[str, ...], shape: tuple[int, int]
 ) -> list[torch.Tensor]:
     """Token-aligned ``[B, S]`` host tensors, one per key, from packed micro-batches."""
     results = []
@@ -415,7 +432,7 @@ def _global_denominator(
     return total[0]
 
 
-def _reduce_metric_sums(outputs: list[dict], keys: list[str]) -> dict[str, torch.Tensor]:
+def _reduce_metric_sums(outputs: list[Outputs], keys: list[str]) -> dict[str, torch.Tensor]:
     """Combine per-micro-batch metric sums over micro-batches and DP x CP ranks.
 
     The sums stay on the device where the loss left them: one all-reduce per reduction op
@@ -453,66 +470,10 @@ def _reduce_metric_sums(outputs: list[dict], keys: list[str]) -> dict[str, torch
     return dict(zip(names, host.unbind(), strict=True))
 
 
-def _grads_are_finite(model_chunks: list[torch.nn.Module]) -> bool:
-    """True when every rank's gradients are finite (a non-finite step must be skipped).
-
-    One device-side flag over all gradients, one all-reduce, one read-back per step (a
-    per-parameter ``isfinite(...).all()`` test would read back once per parameter). The
-    flag is built from each gradient's max-norm, ``max |g|``, computed by one multi-tensor
-    ``_foreach_norm``: it is NaN or inf exactly when the gradient holds a NaN or an inf, and
-    unlike a 2-norm it cannot overflow on finite values.
-    """
-    grads = []
-    for chunk in model_chunks:
-        for p in chunk.parameters():
-            grad = getattr(p, "main_grad", None)
-            if grad is None:
-                grad = p.grad
-            if grad is not None and grad.numel() > 0:
-                grads.append(grad.detach())
-    bad = torch.zeros(1, device=grads[0].device if grads else compute_device())
-    if grads:
-        norms = torch._foreach_norm(grads, float("inf"))
-        finite = torch.stack([n.float().to(bad.device) for n in norms]).isfinite().all()
-        bad = (~finite).float().reshape(1)
-    if dist.is_initialized() and dist.get_world_size() > 1:
-        collectives.all_reduce(bad, op=collectives.MAX)
-    return bool(bad.item() == 0)
-
-
-def _optimizer_step(
-    model_chunks, optimizer, scheduler, lr: float | None = None, advance: bool = True
-) -> dict[str, float]:
-    """Reduce grads, skip a non-finite step, else step (at `lr` when given, outside the
-    schedule: the schedule neither advances nor keeps the override). `advance` False holds
-    the schedule's lr for the next step (policy.scheduler.unit train_step)."""
-    from megatron.core.distributed import finalize_model_grads
-
-    finalize_model_grads(model_chunks)
-    finite = _grads_are_finite(model_chunks)
-    grad_norm = float("nan")
-    used_lr = lr if lr is not None else optimizer.param_groups[0]["lr"]
-    if finite:
-        if lr is not None:
-            for group in optimizer.param_groups:
-                group["lr"] = lr
-        _, grad_norm, _ = optimizer.step()
-        # 0: restore the schedule's lr (after an override) or hold it (mid trainer step)
-        scheduler.step(increment=1 if lr is None and advance else 0)
-    for chunk in model_chunks:
-        chunk.zero_grad_buffer()
-    optimizer.zero_grad()
-    return {
-        "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-        "lr": used_lr,
-        "skipped_nonfinite_step": 0.0 if finite else 1.0,
-    }
-
-
 def train_step(
     model_chunks: list[torch.nn.Module],
-    optimizer,
-    scheduler,
+    optimizer: MegatronOptimizer,
+    scheduler: OptimizerParamScheduler,
     batch: PolicyBatch,
     ctx: StepContext,
     loss: LossSpec,
@@ -541,7 +502,7 @@ def train_step(
     split = _split(batch, ctx, micro_batch_size)
     want_entropy_grad = loss.entropy_coef > 0
 
-    def loss_fn(model, mb: MicroBatch, hidden):
+    def loss_fn(model: torch.nn.Module, mb: MicroBatch, hidden: torch.Tensor) -> LossOut:
         lp, ent_or_none = _token_logprobs(model, hidden, mb.labels, ctx, entropy=True)
         assert ent_or_none is not None and mb.advantages_BT is not None  # asked for; checked
         # Packed: the loss sees per-row tensors, as unpacked.
@@ -572,11 +533,11 @@ def train_step(
 
     outputs = _run(model_chunks, split, loss_fn, forward_only=False)
     metrics = _finish_metrics(outputs)
-    metrics.update(_optimizer_step(model_chunks, optimizer, scheduler, advance=advance_schedule))
+    metrics.update(optimizer_step(model_chunks, optimizer, scheduler, advance=advance_schedule))
     return metrics
 
 
-def _finish_metrics(outputs: list[dict]) -> dict[str, float]:
+def _finish_metrics(outputs: list[Outputs]) -> dict[str, float]:
     """Reduce the last stage's metric sums and share the means with every pipeline stage."""
     metrics = None
     if parallel_state.is_pipeline_last_stage():
@@ -600,8 +561,8 @@ def _finish_metrics(outputs: list[dict]) -> dict[str, float]:
 
 def sft_step(
     model_chunks: list[torch.nn.Module],
-    optimizer,
-    scheduler,
+    optimizer: MegatronOptimizer,
+    scheduler: OptimizerParamScheduler,
     batch: PolicyBatch,
     ctx: StepContext,
     *,
@@ -617,7 +578,7 @@ def sft_step(
     normalizer = _global_denominator(batch, "token-mean", None)
     split = _split(batch, ctx, micro_batch_size)
 
-    def loss_fn(model, mb: MicroBatch, hidden):
+    def loss_fn(model: torch.nn.Module, mb: MicroBatch, hidden: torch.Tensor) -> LossOut:
         lp, _ = _token_logprobs(model, hidden, mb.labels, ctx, entropy=False)
         lp = mb.loss_rows(lp)
         nll_sum = -(lp * mb.mask_BT).sum()
@@ -630,11 +591,11 @@ def sft_step(
 
     outputs = _run(model_chunks, split, loss_fn, forward_only=False)
     metrics = _sft_metrics(outputs)
-    metrics.update(_optimizer_step(model_chunks, optimizer, scheduler, lr))
+    metrics.update(optimizer_step(model_chunks, optimizer, scheduler, lr))
     return metrics
 
 
-def _sft_metrics(outputs: list[dict]) -> dict[str, float]:
+def _sft_metrics(outputs: list[Outputs]) -> dict[str, float]:
     values = None
     if parallel_state.is_pipeline_last_stage():
         sums = _reduce_metric_sums(outputs, ["loss_sum", "num_valid_tokens"])

@@ -106,7 +106,7 @@ class RoutingLog:
         """``[tokens, layers, k]`` of the last forward, in the log's dtype."""
         indices = [replay.get_recorded_indices() for replay in self._routers]
         assert all(i is not None for i in indices), "every router recorded this forward"
-        return torch.stack(indices, dim=1).to(self._log.dtype)  # type: ignore[arg-type]
+        return torch.stack(indices, dim=1).to(self._log.dtype)
 
 
 class RoutingRecorder:
@@ -151,7 +151,9 @@ class RoutingRecorder:
 # Trainer: replay
 
 
-def _sequence_parallel_chunk(tokens_first: torch.Tensor, dims: ParallelDims, tp_rank: int):
+def _sequence_parallel_chunk(
+    tokens_first: torch.Tensor, dims: ParallelDims, tp_rank: int
+) -> torch.Tensor:
     """This TP rank's contiguous chunk of dim 0 under sequence parallelism."""
     if not dims.sequence_parallel or dims.tp == 1:
         return tokens_first

@@ -143,7 +143,7 @@ def _context_fits(value: Any, ctx: Mapping[str, Any]) -> bool:
 
 
 def _same_precision(value: Any, ctx: Mapping[str, Any]) -> bool:
-    return value == ctx.get("policy.precision", "bfloat16")
+    return bool(value == ctx.get("policy.precision", "bfloat16"))
 
 
 def _not_fp8(value: Any, ctx: Mapping[str, Any]) -> bool:

@@ -126,7 +126,7 @@ def _kernel(key: str, here: str = KERNEL) -> ForeignKey:
 
 
 def _same_dtype(value: Any, ctx: Mapping[str, Any]) -> bool:
-    return value == ctx.get("policy.precision", "bfloat16")
+    return bool(value == ctx.get("policy.precision", "bfloat16"))
 
 
 def feature_part(key: str, feature: str) -> ForeignKey:

@@ -153,7 +153,7 @@ def rlinf_agg(value: Any, ctx: Mapping[str, Any]) -> str:
             "(enable_dynamic_batch_size without use_valid_token_scale), which dapo-megatron lacks"
         )
     if value != "token-mean":
-        return value
+        return str(value)
     if micro == 1:
         return "seq-mean-token-mean"
     raise Untranslatable(

@@ -34,7 +34,7 @@ TCK = f"{MEG}.transformer_config_kwargs"
 
 def _megatron(ctx: Mapping[str, Any]) -> bool:
     """SkyRL's trainer.strategy (config.py TrainerConfig: "fsdp" by default)."""
-    return ctx.get("trainer.strategy", "fsdp") == "megatron"
+    return bool(ctx.get("trainer.strategy", "fsdp") == "megatron")
 
 
 def noop(key: str, here: str) -> ForeignKey:

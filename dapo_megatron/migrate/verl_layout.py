@@ -200,7 +200,7 @@ def _dynamic(value: Any, ctx: Mapping[str, Any]) -> Translation:
 
 def _same_as_actor(actor_key: str, default: Any) -> Any:
     def accept(value: Any, ctx: Mapping[str, Any]) -> bool:
-        return value == ctx.get(actor_key, default)
+        return bool(value == ctx.get(actor_key, default))
 
     return accept
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -89,7 +90,7 @@ class BucketLayout:
     def num_tensors(self) -> int:
         return sum(len(b.slots) for b in self.buckets)
 
-    def to_wire(self) -> list[list[list]]:
+    def to_wire(self) -> list[list[list[Any]]]:
         """Plain lists (msgpack/pickle safe: crosses vLLM's collective_rpc unchanged)."""
         return [
             [[s.name, s.dtype, list(s.shape), s.offset] for s in b.slots] + [[b.nbytes]]
@@ -97,7 +98,7 @@ class BucketLayout:
         ]
 
     @classmethod
-    def from_wire(cls, wire: Sequence[Sequence[Sequence]]) -> BucketLayout:
+    def from_wire(cls, wire: Sequence[Sequence[Sequence[Any]]]) -> BucketLayout:
         buckets = []
         for raw in wire:
             *slots, (nbytes,) = raw

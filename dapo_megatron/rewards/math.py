@@ -23,6 +23,7 @@ import functools
 import logging
 import re
 from collections.abc import Callable
+from typing import Any
 
 from dapo_megatron.rewards.base import Judgement, Verifier, clip_tail
 
@@ -171,7 +172,7 @@ class _DropDisabledTimeoutWarning(logging.Filter):
 
 
 @functools.lru_cache(maxsize=1)
-def _math_verify() -> tuple[Callable[..., list], Callable[..., bool]]:
+def _math_verify() -> tuple[Callable[..., list[Any]], Callable[..., bool]]:
     # Imported on first use: it pulls in sympy (about a second), which a process that never
     # verifies math (the controller, the arithmetic task) should not pay for.
     import math_verify
@@ -182,7 +183,7 @@ def _math_verify() -> tuple[Callable[..., list], Callable[..., bool]]:
 
 
 @functools.lru_cache(maxsize=4096)
-def _parse(answer: str) -> tuple:
+def _parse(answer: str) -> tuple[Any, ...]:
     parse, _ = _math_verify()
     # Wrapping in \boxed{} makes math-verify read the whole string as one LaTeX answer,
     # whether it is written as LaTeX (\frac{1}{2}) or plain text (1/2, 0.5).

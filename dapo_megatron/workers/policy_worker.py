@@ -31,6 +31,7 @@ from dapo_megatron.shared.sampling import Sample, SamplingParams
 from dapo_megatron.workers import ignore_expected_megatron_warnings
 
 if TYPE_CHECKING:
+    from dapo_megatron.megatron.inference import MegatronGenerationBackend
     from dapo_megatron.megatron.policy import MegatronPolicy
 
 
@@ -38,7 +39,8 @@ def free_port() -> int:
     """A TCP port that was free a moment ago on this node."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("", 0))
-        return sock.getsockname()[1]
+        port: int = sock.getsockname()[1]
+        return port
 
 
 class PolicyWorker:
@@ -57,7 +59,7 @@ class PolicyWorker:
         torch.set_num_threads(max(1, num_threads))
         ignore_expected_megatron_warnings()
         self.policy: MegatronPolicy | None = None
-        self.engine = None
+        self.engine: MegatronGenerationBackend | None = None
         # This rank's end of the collective refit (dapo_megatron/refit/).
         self.refit_sender = PolicySender(rank, plan.device)
         # Per-phase CUDA peaks, reported with each train step (bench/gpu_run.py reads them).
@@ -87,7 +89,7 @@ class PolicyWorker:
         self.policy = MegatronPolicy(self.plan.policy())
         return {"rank": self.rank, **parallel_ranks()}
 
-    def _engine(self):
+    def _engine(self) -> MegatronGenerationBackend:
         if self.engine is None:
             from dapo_megatron.megatron.decode_step import DecodeOptions
             from dapo_megatron.megatron.inference import MegatronGenerationBackend
@@ -104,7 +106,7 @@ class PolicyWorker:
             )
         return self.engine
 
-    def _require_policy(self):
+    def _require_policy(self) -> MegatronPolicy:
         if self.policy is None:
             raise RuntimeError("PolicyWorker.setup() must run before any other call")
         return self.policy

@@ -87,7 +87,7 @@ def health_check() -> dict[str, int]:
     except Exception:  # an attribute Ray renamed: its documented defaults
         pass
     try:
-        overrides = ray._private.state.state.get_system_config()  # type: ignore[no-untyped-call]
+        overrides = ray._private.state.state.get_system_config()
         settings.update({k: int(v) for k, v in overrides.items() if k in _HEALTH_DEFAULTS})
     except Exception:  # not connected, or an older GCS: the local view
         pass

@@ -30,7 +30,7 @@ class StorageCensus(TorchDispatchMode):
     """Counts device storages by label; see the module docstring."""
 
     def __init__(self, device_type: str = "cuda") -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]  # torch leaves it unannotated
         self.device_type = device_type
         self._live: dict[int, tuple[int, str]] = {}
         self._refs: dict[int, Any] = {}

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -52,7 +52,7 @@ _FACTORIES = {
     torch.eye,
     torch.linspace,
 }
-_SCALAR_READS = {
+_SCALAR_READS: dict[Callable[..., Any], Callable[[torch.Tensor], Any]] = {
     torch.Tensor.item: lambda t: False if t.dtype == torch.bool else 0,
     torch.Tensor.tolist: lambda t: torch.zeros(t.shape, dtype=t.dtype).tolist(),
     torch.Tensor.__bool__: lambda t: False,
@@ -70,7 +70,7 @@ def _is_cuda(device: Any) -> bool:
     return torch.device(device).type == "cuda"
 
 
-def _target_device(args: tuple, kwargs: dict) -> Any:
+def _target_device(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
     """The device of a ``.to(...)`` call, if it names one."""
     if "device" in kwargs:
         return kwargs["device"]
@@ -89,7 +89,13 @@ class _FakeCuda(TorchFunctionMode):
         super().__init__()
         self.fake = fake
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Sequence[type],
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         kwargs = kwargs or {}
         if func in _SCALAR_READS and args and isinstance(args[0], FakeTensor):
             return _SCALAR_READS[func](args[0])
@@ -108,10 +114,10 @@ class _FakeCuda(TorchFunctionMode):
             target = CUDA if func is torch.Tensor.cuda else _target_device(args[1:], kwargs)
             if not isinstance(t, FakeTensor) and _is_cuda(target):
                 fake_t = self.fake.from_tensor(t)
-                rest = [
+                rest: list[Any] = [
                     CUDA if _is_cuda(a) and not isinstance(a, torch.Tensor) else a for a in args[1:]
                 ]
-                kw = {k: (CUDA if k == "device" else v) for k, v in kwargs.items()}
+                kw: dict[str, Any] = {k: (CUDA if k == "device" else v) for k, v in kwargs.items()}
                 with self.fake:
                     if func is torch.Tensor.cuda:
                         return fake_t.to(CUDA, non_blocking=kw.get("non_blocking", False))
@@ -124,11 +130,17 @@ class _FakeCuda(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _fake_safe_apply(original: Callable) -> Callable:
+_Apply = Callable[..., torch.nn.Module]
+"""``nn.Module._apply``'s signature: (module, fn, recurse=True) -> module."""
+
+
+def _fake_safe_apply(original: _Apply) -> _Apply:
     """``nn.Module._apply`` that replaces fake parameters instead of swapping them."""
 
     @functools.wraps(original)
-    def _apply(self: torch.nn.Module, fn: Callable, recurse: bool = True) -> torch.nn.Module:
+    def _apply(
+        self: torch.nn.Module, fn: Callable[[torch.Tensor], torch.Tensor], recurse: bool = True
+    ) -> torch.nn.Module:
         if recurse:
             for child in self.children():
                 child._apply(fn)

@@ -188,8 +188,9 @@ class OpCostMode(TorchDispatchMode):
     """Records each aten op's FLOPs and bytes into ``self.ops`` while active (module
     docstring). ``with OpCostMode() as mode:`` yields the mode; read ``mode.ops`` after."""
 
+    # TorchDispatchMode's __init__, __enter__ and __exit__ are unannotated in torch.
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.ops = OpCosts()
         """Every recorded op, as (name, FLOPs, bytes) -> count."""
         self._plans: dict[Any, _Plan] = {}
@@ -197,11 +198,11 @@ class OpCostMode(TorchDispatchMode):
 
     def __enter__(self) -> OpCostMode:
         _ACTIVE.append(self)
-        super().__enter__()
+        super().__enter__()  # type: ignore[no-untyped-call]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        super().__exit__(*exc)
+        super().__exit__(*exc)  # type: ignore[no-untyped-call]
         _ACTIVE.remove(self)
 
     def __torch_dispatch__(

@@ -19,7 +19,7 @@ LR = 1.0e-6
 
 def _lrs(unit: str, warmup: int, k: int, trainer_steps: int) -> list[float]:
     """Our lr at each optimizer step, the scheduler advanced as MegatronPolicy.train_step
-    and policy_step._optimizer_step do (increment 1 when the clock ticks, else 0)."""
+    and megatron/optimizer.py optimizer_step do (increment 1 when the clock ticks, else 0)."""
     opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=LR)
     o = OptimizerConfig("adam", LR, 0.0, 0.0, 0.9, 0.999, 1e-8, 1.0)
     s = SchedulerConfig(warmup, 0.0, "constant", None, unit)
