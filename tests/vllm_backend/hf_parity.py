@@ -1,5 +1,5 @@
 """HF-parity helpers shared by the vLLM engine tests of new model families (Qwen3, MoE):
-a tiny fp32 engine of the backend, the HF model of a checkpoint, and greedy parity."""
+the HF model of a checkpoint and greedy parity (the engine: engine_builder.py)."""
 
 from __future__ import annotations
 
@@ -14,22 +14,6 @@ from dapo_megatron.shared.sampling import SamplingParams
 MAX_MODEL_LEN = 64
 LOGPROB_ATOL = 1e-4
 GREEDY_TOKENS = 8
-
-
-def start_engine(model_dir: str) -> GenerationBackend:
-    """The backend's in-process fp32 engine of ``model_dir`` (TP1, eager)."""
-    from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
-
-    return VllmGenerationBackend(
-        model_dir,
-        tensor_parallel_size=1,
-        gpu_memory_utilization=0.5,
-        max_num_seqs=32,
-        enforce_eager=True,
-        max_model_len=MAX_MODEL_LEN,
-        seed=0,
-        dtype="float32",
-    )
 
 
 @functools.cache

@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 import torch
 import transformers
+from engine_builder import start_engine
 
 from dapo_megatron.shared.sampling import Sample, SamplingParams
 
@@ -75,18 +76,8 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: str) -> Iterator[Any]:
-    from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
-
-    backend = VllmGenerationBackend(
-        model_dir,
-        tensor_parallel_size=1,
-        gpu_memory_utilization=0.5,
-        max_num_seqs=4,  # a call queues: the cut finds samples not yet scheduled
-        enforce_eager=True,
-        max_model_len=MAX_MODEL_LEN,
-        seed=0,
-        dtype="float32",
-    )
+    # max_num_seqs 4: a call queues, so the cut finds samples not yet scheduled.
+    backend = start_engine(model_dir, max_model_len=MAX_MODEL_LEN, max_num_seqs=4)
     yield backend
     backend.shutdown()
 
@@ -234,22 +225,11 @@ def test_cut_call_on_an_engine_in_another_process(model_dir, monkeypatch) -> Non
     and receives the abort asynchronously. What this process can reach: the cut call's
     samples (same checks), no request left in the output processor, and the full call after
     the cut equal to the one before (second engine start, ~15-35 s)."""
-    from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
-
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
     prompts = _prompts(6)
     sampling = SamplingParams(temperature=1.0, max_tokens=64, n=3, seed=7, stop_token_ids=STOP_IDS)
     cut_sampling = dataclasses.replace(sampling, finish_after_fraction=0.5)
-    with VllmGenerationBackend(
-        model_dir,
-        tensor_parallel_size=1,
-        gpu_memory_utilization=0.5,
-        max_num_seqs=4,
-        enforce_eager=True,
-        max_model_len=MAX_MODEL_LEN,
-        seed=0,
-        dtype="float32",
-    ) as engine:
+    with start_engine(model_dir, max_model_len=MAX_MODEL_LEN, max_num_seqs=4) as engine:
         assert not engine._in_process
         full = engine.generate(prompts, sampling)
         cut = engine.generate(prompts, cut_sampling)

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from hf_parity import MAX_MODEL_LEN, check_against_hf, hf_model, start_engine
+from engine_builder import start_engine
+from hf_parity import MAX_MODEL_LEN, check_against_hf, hf_model
 from safetensors.torch import load_file
 
 from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
@@ -83,7 +84,7 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def engine(model_dirs: dict[str, str]) -> Iterator[GenerationBackend]:
-    backend = start_engine(model_dirs["a"])
+    backend = start_engine(model_dirs["a"], max_model_len=MAX_MODEL_LEN)
     yield backend
     backend.shutdown()
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-from hf_parity import MAX_MODEL_LEN, check_against_hf, start_engine
+from engine_builder import start_engine
+from hf_parity import MAX_MODEL_LEN, check_against_hf
 from safetensors.torch import load_file
 
 from dapo_megatron.config.model_arch import arch_from_hf_config
@@ -74,7 +75,7 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def engine(model_dirs: dict[str, str]) -> Iterator[GenerationBackend]:
-    backend = start_engine(model_dirs["a"])
+    backend = start_engine(model_dirs["a"], max_model_len=MAX_MODEL_LEN)
     yield backend
     backend.shutdown()
 

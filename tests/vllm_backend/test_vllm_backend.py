@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
+from engine_builder import start_engine
 
 from dapo_megatron.data.tokenizer import build_char_tokenizer, save_char_tokenizer
 from dapo_megatron.generation.base import GenerationBackend
@@ -91,18 +92,7 @@ def prompts() -> list[list[int]]:
 
 @pytest.fixture(scope="module")
 def engine(model_dirs: dict[str, str]) -> Iterator[GenerationBackend]:
-    from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
-
-    backend = VllmGenerationBackend(
-        model_dirs["a"],
-        tensor_parallel_size=1,
-        gpu_memory_utilization=0.5,
-        max_num_seqs=32,
-        enforce_eager=True,
-        max_model_len=MAX_MODEL_LEN,
-        seed=0,
-        dtype="float32",
-    )
+    backend = start_engine(model_dirs["a"], max_model_len=MAX_MODEL_LEN)
     yield backend
     backend.shutdown()
 
@@ -295,19 +285,8 @@ def test_serialised_weights_round_trip() -> None:
 
 def test_refit_of_engine_in_other_processes(model_dirs, prompts, monkeypatch) -> None:
     """vLLM's multiprocessing (the GPU default): tensors reach the workers as bytes."""
-    from dapo_megatron.generation.vllm_backend import VllmGenerationBackend
-
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
-    with VllmGenerationBackend(
-        model_dirs["a"],
-        tensor_parallel_size=1,
-        gpu_memory_utilization=0.5,
-        max_num_seqs=8,
-        enforce_eager=True,
-        max_model_len=MAX_MODEL_LEN,
-        seed=0,
-        dtype="float32",
-    ) as engine:
+    with start_engine(model_dirs["a"], max_model_len=MAX_MODEL_LEN, max_num_seqs=8) as engine:
         assert not engine._in_process
         engine.update_weights(_hf_model(model_dirs["b"]).state_dict().items())
         _assert_greedy_matches(engine, model_dirs["b"], prompts, 0.7)
