@@ -21,7 +21,7 @@ from dapo_megatron.config.loader import load_config
 from dapo_megatron.controller.rollouts import steps
 from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner, tail_cut
 from dapo_megatron.shared.sampling import Sample
-from unit.controller.test_steps import FakeVerifier
+from unit.controller.rollouts.test_steps import FakeVerifier
 from unit.fake_context import fake_context
 
 REPO = Path(__file__).resolve().parents[3]
@@ -322,8 +322,8 @@ def test_overlapped_stream_skips_and_records_outcomes_with_their_versions():
     # through the skip rule; after the first visits the odd ones are mostly skipped, and
     # the history of each prompt carries the versions that generated its groups.
     from dapo_megatron.controller.rollouts.rollout_stream import RolloutStream
-    from unit.controller.test_rollout_stream import HalfVerifier, ScriptedEngines
-    from unit.controller.test_rollout_stream import _run as run_stream
+    from unit.controller.rollouts.test_rollout_stream import HalfVerifier, ScriptedEngines
+    from unit.controller.rollouts.test_rollout_stream import _run as run_stream
 
     plan = load_config(
         REPO / "recipes" / "dapo-tiny-cpu.yaml",

@@ -17,7 +17,7 @@ from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample
 from unit.fake_context import fake_context
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 N = 4  # samples per prompt
 
 
@@ -229,7 +229,7 @@ def test_validation_sampling_takes_validation_top_k():
     from dapo_megatron.config.loader import load_config
     from dapo_megatron.controller.rollouts.steps import validation_sampling
 
-    recipe = Path(__file__).resolve().parents[3] / "recipes" / "dapo-tiny-cpu.yaml"
+    recipe = Path(__file__).resolve().parents[4] / "recipes" / "dapo-tiny-cpu.yaml"
     sampled = load_config(recipe, ["validation.top_k=50", "validation.greedy=false"]).config
     assert validation_sampling(sampled, [0], seed=1).top_k == 50
     default = load_config(recipe, ["validation.greedy=false"]).config

@@ -15,10 +15,10 @@ from dapo_megatron.controller.rollouts.partial_rollouts import PartialRollouts
 from dapo_megatron.controller.rollouts.rollout_groups import build_policy_batch
 from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample
-from unit.controller.test_steps import FakeVerifier
+from unit.controller.rollouts.test_steps import FakeVerifier
 from unit.fake_context import fake_context
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 N = 4
 EOS = 2
 

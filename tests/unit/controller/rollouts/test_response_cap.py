@@ -19,10 +19,10 @@ from dapo_megatron.controller.rollouts.response_cap import capped, context_lengt
 from dapo_megatron.controller.rollouts.rollout_groups import build_policy_batch
 from dapo_megatron.controller.rollouts.rollout_planner import RolloutPlanner
 from dapo_megatron.shared.sampling import Sample, SamplingParams
-from unit.controller.test_steps import FakeVerifier
+from unit.controller.rollouts.test_steps import FakeVerifier
 from unit.fake_context import fake_context
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 N = 2
 TOTAL = 48  # the tiny recipe's policy.max_total_sequence_length
 CAP = 16  # its generation.max_response_length
@@ -161,8 +161,8 @@ def test_a_continuation_gets_what_its_prompts_own_cap_has_left():
 
 def test_overlapped_requests_send_each_prompt_its_cap():
     from dapo_megatron.controller.rollouts.rollout_stream import RolloutStream
-    from unit.controller.test_rollout_stream import ScriptedEngines, _run
-    from unit.controller.test_rollout_stream import _ctx as stream_ctx
+    from unit.controller.rollouts.test_rollout_stream import ScriptedEngines, _run
+    from unit.controller.rollouts.test_rollout_stream import _ctx as stream_ctx
 
     ctx = stream_ctx(
         "generation.response_cap=context",

@@ -21,7 +21,7 @@ from dapo_megatron.controller.rollouts.rollout_planner import (
 from dapo_megatron.shared.sampling import Sample
 from unit.fake_context import fake_context
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 N = 4
 
 

@@ -22,7 +22,7 @@ from dapo_megatron.controller.rollouts.rollout_stream import RolloutStream, _Req
 from dapo_megatron.shared.sampling import Sample
 from unit.fake_context import fake_context
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 N = 4  # samples per prompt
 PROMPTS = 400
 WEIGHTS_TOKEN = 10  # a sample's first token is WEIGHTS_TOKEN + the engine's weight version

@@ -25,7 +25,7 @@ from dapo_megatron.controller.actors.policy_group import (
     with_env_vars,
 )
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 GPU_RECIPE = REPO / "recipes" / "dapo-qwen3-8b-1n8g-tp4pp1cp1.yaml"  # TP4 + SP, cuda
 CPU_RECIPE = REPO / "recipes" / "dapo-tiny-cpu.yaml"
 

@@ -32,7 +32,7 @@ from dapo_megatron.controller.actors.placement import (
     tp_groups,
 )
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 NODES = [(f"10.0.0.{i + 1}", f"{i + 1:02d}" + "ab" * 27) for i in range(5)]
 
 

@@ -132,7 +132,7 @@ class _Policy:
 
 
 def _ctx(precision: str = "fp32") -> SimpleNamespace:
-    recipe = Path(__file__).resolve().parents[3] / "recipes" / "dapo-tiny-cpu-vllm.yaml"
+    recipe = Path(__file__).resolve().parents[4] / "recipes" / "dapo-tiny-cpu-vllm.yaml"
     config = load_config(recipe, [f"policy.precision={precision}"], validate=False).config
     return SimpleNamespace(
         config=config, eos_ids=[2], pad_id=0, train=SimpleNamespace(input_ids=[[1, 5, 6]])

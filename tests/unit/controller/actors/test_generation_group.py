@@ -30,7 +30,7 @@ from dapo_megatron.workers.generation_worker import GenerationWorker
 from dapo_megatron.workers.policy_worker import PolicyWorker
 from unit.fake_context import fake_context
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[4]
 N = 4  # samples per prompt
 
 Event = tuple[str, str]  # (what, which process)
