@@ -237,7 +237,10 @@ _PROBE_BYTES = 1 << 20
 
 
 def _agreed_save_error(
-    final: Path, tmp: Path | None, failure: Exception, writer_errors: list[BaseException]
+    final: Path,
+    tmp: Path | None,
+    failure: BaseException,  # CheckpointException derives from BaseException
+    writer_errors: list[BaseException],
 ) -> CheckpointSaveError | None:
     """The save error every rank raises for a CheckpointException (collective).
 
@@ -306,7 +309,7 @@ def _probe_write(directory: Path | None) -> OSError | None:
     return None
 
 
-class _RecordingQueue(queue.Queue):
+class _RecordingQueue(queue.Queue[Any]):
     """A queue.Queue that also keeps every exception put into it: the shard writers' OS
     errors, which Megatron re-raises wrapped in a RuntimeError that loses them on its way
     to the coordinator rank."""
@@ -422,7 +425,7 @@ def load_checkpoint(
         restore_adam_steps(optimizer, steps)
     if scheduler is not None:
         scheduler.load_state_dict(loaded["scheduler"])
-    extra_state = torch.load(path / EXTRA_STATE_FILE, weights_only=False)
+    extra_state: dict[str, Any] = torch.load(path / EXTRA_STATE_FILE, weights_only=False)
     if with_rng:
         # Last: building the loading state dict above may have drawn random numbers.
         restore_rng_state(loaded["rng_state"])

@@ -75,7 +75,8 @@ def _patch_current_device() -> None:
     ``torch.device("cpu")`` (rather than an index, which torch reads as ``cuda:<index>``)
     makes all of those plain CPU allocations.
     """
-    torch.cuda.current_device = lambda: torch.device("cpu")
+    # A device where torch's returns an index, on purpose (above).
+    torch.cuda.current_device = lambda: torch.device("cpu")  # type: ignore[assignment,return-value]
 
 
 def _patch_synchronize() -> None:
@@ -205,7 +206,8 @@ def _patch_uneven_sequence_parallel_collectives() -> None:
         use_global_buffer: bool = False,
     ) -> torch.Tensor:
         if output_split_sizes is None or group.size() == 1:
-            return gather(input_, group, output_split_sizes, use_global_buffer)
+            gathered: torch.Tensor = gather(input_, group, output_split_sizes, use_global_buffer)
+            return gathered
         longest = max(output_split_sizes)
         padded = input_.new_zeros((longest, *input_.shape[1:]))
         padded[: input_.shape[0]] = input_
@@ -221,7 +223,10 @@ def _patch_uneven_sequence_parallel_collectives() -> None:
         use_global_buffer: bool = False,
     ) -> torch.Tensor:
         if input_split_sizes is None or group.size() == 1:
-            return reduce_scatter(input_, group, input_split_sizes, use_global_buffer)
+            reduced: torch.Tensor = reduce_scatter(
+                input_, group, input_split_sizes, use_global_buffer
+            )
+            return reduced
         total = input_.contiguous().clone()
         collectives.all_reduce(total, group=group)
         start = sum(input_split_sizes[: group.rank()])
@@ -263,7 +268,7 @@ def _host_streams() -> Iterator[None]:
     saved = torch.cuda.Stream, torch.cuda.current_stream, torch.cuda.stream
     torch.cuda.Stream = _HostStream  # type: ignore[misc,assignment]
     torch.cuda.current_stream = lambda device=None: _HOST_CURRENT_STREAM  # type: ignore[assignment,return-value]
-    torch.cuda.stream = lambda stream: contextlib.nullcontext()  # type: ignore[assignment]
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()  # type: ignore[assignment,return-value]
     try:
         yield
     finally:
@@ -303,7 +308,11 @@ class _CudaDevicesOnCpu(TorchFunctionMode):
     """
 
     def __torch_function__(
-        self, func: Callable, types: Any, args: tuple = (), kwargs: dict | None = None
+        self,
+        func: Callable[..., Any],
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
     ) -> Any:
         # Every torch call of a model forward under a schedule comes through here: the
         # common case (no device, no pinning, not one of the three methods) returns first.
@@ -406,7 +415,9 @@ def _run_under_cpu_devices(module_name: str, attribute: str) -> None:
     # static _extract_common_per_param_step, called as self._extract...(state_dict)).
     raw = vars(owner).get(name) if isinstance(owner, type) else None
     descriptor = type(raw) if isinstance(raw, (staticmethod, classmethod)) else None
-    original = raw.__func__ if descriptor else getattr(owner, name)
+    original = (
+        raw.__func__ if isinstance(raw, (staticmethod, classmethod)) else getattr(owner, name)
+    )
 
     @functools.wraps(original)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

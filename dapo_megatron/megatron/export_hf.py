@@ -449,7 +449,7 @@ def export_policy(
     tokenizer = tokenizer_dir(policy.config)
     # Rank 0 checks and tells every rank: a user error raises everywhere (no rank is left
     # waiting in a collective), and no rank looks at out_dir after rank 0 may have written it.
-    verdict = [None]
+    verdict: list[str | None] = [None]
     if dist.get_rank() == 0:
         try:
             check_out_dir(out)

@@ -44,13 +44,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.models.gpt import GPTModel
 from safetensors import safe_open
 
-from dapo_megatron.config.model_arch import ModelArch
+from dapo_megatron.config.model_arch import ModelArch, padded_vocab_size
 from dapo_megatron.config.parallel import ParallelDims
 from dapo_megatron.device import collectives
 from dapo_megatron.megatron import hf_experts
-from dapo_megatron.megatron.model import padded_vocab_size, unwrap_model
+from dapo_megatron.megatron.model import unwrap_model
 
 # How a Megatron parameter is split over TP and fused from HF tensors.
 REPLICATED, VOCAB, QKV, FC1, ROW = "replicated", "vocab", "qkv", "fc1", "row"
@@ -241,7 +242,8 @@ class _LazyCheckpoint:
         if name not in self._handles:
             raise KeyError(f"tensor {name!r} is not in the checkpoint {self._dir}")
         lazy = self._handles[name].get_slice(name)
-        return lazy[rows] if cols is None else lazy[rows, cols]
+        part: torch.Tensor = lazy[rows] if cols is None else lazy[rows, cols]
+        return part
 
 
 class _InMemoryTensors:
@@ -310,7 +312,7 @@ def _read_vocab_shard(
     return torch.cat([real, padding])
 
 
-def _check_layer_offset(model: torch.nn.Module, arch: ModelArch, dims: ParallelDims) -> None:
+def _check_layer_offset(model: GPTModel, arch: ModelArch, dims: ParallelDims) -> None:
     """Our stage -> layer map must match the one Megatron built the model with."""
     per_stage = arch.num_layers // dims.pp
     offset = parallel_state.get_pipeline_model_parallel_rank() * per_stage

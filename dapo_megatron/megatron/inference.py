@@ -204,7 +204,7 @@ class MegatronGenerationBackend:
         arch: ModelArch,
         dims: ParallelDims,
         precision: str,
-        **kwargs: object,
+        **kwargs: Any,
     ) -> MegatronGenerationBackend:
         """An engine with a model of its own, built for ``dims`` and loaded from ``hf_dir``."""
         model = build_model(arch, dims, precision)
@@ -267,8 +267,10 @@ class MegatronGenerationBackend:
             while self._peers_busy(False):
                 self._idle_forward(model)
         self._graph_pool = None  # the call's graphs are gone: their memory may go too
+        done = [sample for sample in samples if sample is not None]
+        assert len(done) == len(samples), "every row ends with a sample"
         n = sampling.n
-        return [samples[i * n : (i + 1) * n] for i in range(len(prompts_token_ids))]
+        return [done[i * n : (i + 1) * n] for i in range(len(prompts_token_ids))]
 
     def update_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load full HF-named tensors (e.g. ``export_hf_weights`` of the policy).
@@ -430,7 +432,8 @@ class MegatronGenerationBackend:
             tokens_BS, positions, mask, inference_context=context, runtime_gather_output=True
         )
         context.increment_sequence_len_offset(s)
-        return logits[:, -1, : self._arch.vocab_size].float()
+        last: torch.Tensor = logits[:, -1, : self._arch.vocab_size].float()
+        return last
 
     def _peers_busy(self, busy: bool) -> bool:
         """Whether any rank of the lockstep group has a forward to run (``busy``: this rank
@@ -551,11 +554,14 @@ class MegatronGenerationBackend:
         """The forward of one decode token for the batch of ``context``: the static step
         (fixed buffers; a CUDA graph where eligible) or the growing one."""
 
-        def forward(tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor):
+        def forward(
+            tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
+        ) -> torch.Tensor:
             logits = model(
                 tokens, positions, mask, inference_context=context, runtime_gather_output=True
             )
-            return logits[:, -1, : self._arch.vocab_size].float()
+            last: torch.Tensor = logits[:, -1, : self._arch.vocab_size].float()
+            return last
 
         if key_mask is not None:
             pool = None

@@ -242,7 +242,7 @@ def transformer_config(
         bias_activation_fusion=gpu_fusions,
         apply_rope_fusion=gpu_fusions,
         **recompute_fields,
-        **_moe_settings(arch, dims, moe),  # type: ignore[arg-type]
+        **_moe_settings(arch, dims, moe),
     )
 
 
@@ -262,12 +262,15 @@ class _RMSNorm(torch.nn.RMSNorm):
         self, config: TransformerConfig, hidden_size: int, eps: float = 1e-5, **_unused: object
     ) -> None:
         super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
-        self.weight.sequence_parallel = config.sequence_parallel
+        # Megatron's marker on a parameter, read by finalize_model_grads (not torch's).
+        self.weight.sequence_parallel = config.sequence_parallel  # type: ignore[attr-defined]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [..., hidden] -> same shape and dtype."""
         x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        # eps None: torch.nn.RMSNorm's default, the dtype's machine epsilon.
+        eps = torch.finfo(x32.dtype).eps if self.eps is None else self.eps
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
         return self.weight * x32.to(x.dtype)
 
 
