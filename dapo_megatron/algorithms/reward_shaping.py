@@ -1,9 +1,13 @@
 """Reward shaping for DAPO: score rescaling, the soft overlong punishment and overlong filtering.
 
 The verifier produces one raw score per sample; these functions turn it into the scalar reward
-the advantage estimator sees (``scale_rewards``, then ``soft_overlong_penalty`` added by
-controller/rollouts/rollout_groups.py's ``shape_rewards``), and build the loss mask that drops truncated
-samples (``overlong_filter_mask``), following DAPO (arXiv 2503.14476) sections 3.4 and Eq. 13.
+the advantage estimator sees (``scale_rewards``, then ``soft_overlong_penalty`` added; both
+at once, per round, by ``shape_rewards`` under the run's ``RewardShaping``), and build the loss
+mask that drops truncated samples (``overlong_filter_mask``), following DAPO (arXiv 2503.14476)
+sections 3.4 and Eq. 13.
+
+The loose-argument functions check their settings at each call; ``shape_rewards`` does not: its
+``RewardShaping`` was validated once, when the run plan built it (algorithms/shaping_limits.py).
 
 Shape suffixes: ``_B`` is one value per sample, ``_BT`` is B samples x T response tokens.
 """
@@ -14,13 +18,17 @@ from collections.abc import Sequence
 
 import torch
 
-from dapo_megatron.algorithms.loss_spec import raise_first
-from dapo_megatron.algorithms.shaping_limits import overlong_problems, scaling_problems
+from dapo_megatron.algorithms.shaping_limits import (
+    OverlongPenalty,
+    RewardShaping,
+    ScoreScaling,
+)
 from dapo_megatron.shared.sampling import FINISH_REASON_LENGTH, FINISH_REASON_STOP
 
 __all__ = [
     "overlong_filter_mask",
     "scale_rewards",
+    "shape_rewards",
     "soft_overlong_penalty",
     "truncated_from_finish_reasons",
 ]
@@ -58,36 +66,24 @@ def scale_rewards(
     Raises:
         ValueError: on non-finite bounds, ``source_max <= source_min``, or NaN rewards.
     """
-    raise_first(
-        scaling_problems(
-            source_min=source_min,
-            source_max=source_max,
-            target_min=target_min,
-            target_max=target_max,
-        )
-    )
+    # Building the value checks the bounds (shaping_limits.py's limits, written once).
+    return _scaled(rewards_B, ScoreScaling(source_min, source_max, target_min, target_max))
+
+
+def _scaled(rewards_B: torch.Tensor, scaling: ScoreScaling) -> torch.Tensor:
+    """``scale_rewards`` under an already validated ``ScoreScaling``."""
     rewards = rewards_B.to(_float_dtype(rewards_B))
-    # A NaN would survive the clamp and silently poison every advantage of its group.
+    # A NaN would survive the clamp and silently poison every advantage of its group; it is
+    # the data, not the settings, so it is checked every call.
     if torch.isnan(rewards).any():
         raise ValueError("rewards_B must not contain NaN")
-    clamped = rewards.clamp(min=source_min, max=source_max)
-    fraction = (clamped - source_min) / (source_max - source_min)
-    return target_min + fraction * (target_max - target_min)
+    lo, hi = scaling.source_min, scaling.source_max
+    clamped = rewards.clamp(min=lo, max=hi)
+    fraction = (clamped - lo) / (hi - lo)
+    return scaling.target_min + fraction * (scaling.target_max - scaling.target_min)
 
 
-def _validate_overlong_args(
-    response_lengths_B: torch.Tensor,
-    max_response_length: int,
-    buffer_length: int,
-    penalty_factor: float,
-) -> None:
-    raise_first(
-        overlong_problems(
-            max_response_length=max_response_length,
-            buffer_length=buffer_length,
-            penalty_factor=penalty_factor,
-        )
-    )
+def _check_lengths(response_lengths_B: torch.Tensor) -> None:
     if response_lengths_B.ndim != 1:
         raise ValueError(
             f"response_lengths_B must be 1-D [B], got shape {tuple(response_lengths_B.shape)}"
@@ -134,13 +130,46 @@ def soft_overlong_penalty(
     Raises:
         ValueError: on a bad cap / buffer / factor, a non-1-D tensor, or a negative length.
     """
-    _validate_overlong_args(response_lengths_B, max_response_length, buffer_length, penalty_factor)
+    # The settings are checked (building the value) before the lengths, as the docs list them.
+    overlong = OverlongPenalty(max_response_length, buffer_length, penalty_factor)
+    _check_lengths(response_lengths_B)
+    return _penalty(response_lengths_B, overlong)
+
+
+def _penalty(response_lengths_B: torch.Tensor, overlong: OverlongPenalty) -> torch.Tensor:
+    """``soft_overlong_penalty`` under an already validated ``OverlongPenalty``."""
     lengths = response_lengths_B.to(_float_dtype(response_lengths_B))
-    ramp_start = max_response_length - buffer_length
+    factor, buffer = overlong.penalty_factor, overlong.buffer_length
+    ramp_start = overlong.max_response_length - buffer
     # One linear expression clamped at both ends gives all three pieces of Eq. 13, and the clamp
     # is what keeps L > Lmax (an engine that overshoots its cap) at exactly -penalty_factor.
-    linear = (ramp_start - lengths) / buffer_length * penalty_factor
-    return linear.clamp(min=-penalty_factor, max=0.0)
+    linear = (ramp_start - lengths) / buffer * factor
+    return linear.clamp(min=-factor, max=0.0)
+
+
+def shape_rewards(
+    scores_B: torch.Tensor, lengths_B: torch.Tensor, shaping: RewardShaping
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(shaped rewards, overlong penalties), float64 ``[B]``, of raw scores: the scaled score
+    plus the soft overlong penalty, each where ``shaping`` switches it on.
+
+    Called every round, it trusts ``shaping`` (validated once per run, when the run plan built
+    it: config/run_plan.py ``build_reward_shaping``) and checks only the round's data (NaN
+    scores, the lengths' shape and sign).
+
+    Args:
+        scores_B: raw verifier scores, shape ``[B]``.
+        lengths_B: response tokens per sample, shape ``[B]``.
+        shaping: the run's ``RunPlan.reward_shaping``.
+    """
+    rewards = scores_B.double()
+    if shaping.scaling is not None:
+        rewards = _scaled(rewards, shaping.scaling)
+    penalty = torch.zeros_like(rewards)
+    if shaping.overlong is not None:
+        _check_lengths(lengths_B)
+        penalty = _penalty(lengths_B, shaping.overlong).double()
+    return rewards + penalty, penalty
 
 
 def overlong_filter_mask(mask_BT: torch.Tensor, truncated_B: torch.Tensor) -> torch.Tensor:

@@ -66,7 +66,7 @@ def _passes(hf_dir: Path, dims: ParallelDims, precision: str) -> dict:
     from megatron.core.transformer.moe.router import TopKRouter
     from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
-    from dapo_megatron.config.run_plan import policy_plan
+    from dapo_megatron.config.run_plan import build_reward_shaping, policy_plan
     from dapo_megatron.controller.rollouts.rollout_groups import build_policy_batch, make_groups
     from dapo_megatron.megatron.inference import MegatronGenerationBackend
     from dapo_megatron.megatron.policy import MegatronPolicy
@@ -86,7 +86,8 @@ def _passes(hf_dir: Path, dims: ParallelDims, precision: str) -> dict:
     sampling = SamplingParams(temperature=TEMPERATURE, max_tokens=MAX_TOKENS, n=N, seed=dp)
     samples = engine.generate(prompts, sampling)
     scores = [float(i % 2) for i in range(len(prompts) * N)]
-    groups = make_groups(prompts, [""] * len(prompts), samples, scores, config)
+    shaping = build_reward_shaping(config)
+    groups = make_groups(prompts, [""] * len(prompts), samples, scores, shaping)
     batch = build_policy_batch(groups, config, pad_id=0)
     assert batch.routed_experts is not None
     shape = (len(batch), batch.seq_len)

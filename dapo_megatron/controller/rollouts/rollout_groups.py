@@ -17,10 +17,10 @@ import torch
 from dapo_megatron.algorithms.advantages import group_advantages
 from dapo_megatron.algorithms.reward_shaping import (
     overlong_filter_mask,
-    scale_rewards,
-    soft_overlong_penalty,
+    shape_rewards,
     truncated_from_finish_reasons,
 )
+from dapo_megatron.algorithms.shaping_limits import RewardShaping
 from dapo_megatron.config.schema import DapoMegatronConfig
 from dapo_megatron.shared.batch import PolicyBatch
 from dapo_megatron.shared.sampling import Sample
@@ -46,44 +46,19 @@ class RolloutGroup:
     """The policy version that generated the samples (optimizer updates before it)."""
 
 
-def shape_rewards(
-    scores_B: torch.Tensor, lengths_B: torch.Tensor, config: DapoMegatronConfig
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """(shaped rewards, overlong penalties) of raw scores, per the `dapo` config."""
-    d = config.dapo
-    rewards = scores_B.double()
-    if d.reward_scaling.enabled:
-        rs = d.reward_scaling
-        rewards = scale_rewards(
-            rewards,
-            source_min=rs.source_min,
-            source_max=rs.source_max,
-            target_min=rs.target_min,
-            target_max=rs.target_max,
-        )
-    penalty = torch.zeros_like(rewards)
-    if d.overlong_buffer.enabled:
-        penalty = soft_overlong_penalty(
-            lengths_B,
-            max_response_length=config.generation.max_response_length,
-            buffer_length=d.overlong_buffer.length,
-            penalty_factor=d.overlong_buffer.penalty_factor,
-        ).double()
-    return rewards + penalty, penalty
-
-
 def make_groups(
     prompts: Sequence[Sequence[int]],
     ground_truths: Sequence[str],
     samples: Sequence[Sequence[Sample]],
     scores: Sequence[float],
-    config: DapoMegatronConfig,
+    shaping: RewardShaping,
     version: int = 0,
 ) -> list[RolloutGroup]:
-    """Attach scores (flat, prompt-major) and shaped rewards to each prompt's samples."""
+    """Attach scores (flat, prompt-major) and shaped rewards to each prompt's samples;
+    ``shaping`` is the run's ``RunPlan.reward_shaping``, validated once per run."""
     flat = [s for group in samples for s in group]
     lengths = torch.tensor([s.response_length for s in flat])
-    rewards, penalties = shape_rewards(torch.tensor(scores, dtype=torch.float64), lengths, config)
+    rewards, penalties = shape_rewards(torch.tensor(scores, dtype=torch.float64), lengths, shaping)
     groups, start = [], 0
     for prompt, truth, group in zip(prompts, ground_truths, samples, strict=True):
         end = start + len(group)

@@ -62,7 +62,7 @@ def score_groups(
     ids = [prompts.input_ids[i] for i in prompt_indices]
     truths = [prompts.records[i].ground_truth for i in prompt_indices]
     scores, reward_metrics = _score(ctx, samples, truths)
-    groups = make_groups(ids, truths, samples, scores, ctx.config, version)
+    groups = make_groups(ids, truths, samples, scores, ctx.plan.reward_shaping, version)
     return groups, {**reward_metrics, "timing/reward_s": time.perf_counter() - start}
 
 

@@ -1,5 +1,6 @@
 """Reward shaping: dapo_megatron.algorithms.reward_shaping (scaling, soft overlong penalty, overlong
-filter) and controller/rollouts/rollout_groups.py's shape_rewards, which applies them to rollouts."""
+filter) and its shape_rewards, which applies them to each round's rollouts under the run's
+validated RewardShaping."""
 
 from __future__ import annotations
 
@@ -14,12 +15,12 @@ from hypothesis import strategies as st
 from dapo_megatron.algorithms.reward_shaping import (
     overlong_filter_mask,
     scale_rewards,
+    shape_rewards,
     soft_overlong_penalty,
     truncated_from_finish_reasons,
 )
+from dapo_megatron.algorithms.shaping_limits import OverlongPenalty, RewardShaping, ScoreScaling
 from dapo_megatron.config.loader import load_config
-from dapo_megatron.config.schema import DapoMegatronConfig
-from dapo_megatron.controller.rollouts.rollout_groups import shape_rewards
 
 # ------------------------------------------------------------------------------ scale_rewards
 
@@ -248,9 +249,9 @@ RECIPE = Path(__file__).resolve().parents[3] / "recipes" / "dapo-tiny-cpu.yaml"
 
 
 @functools.cache
-def _shaping_config(penalty_factor: float) -> DapoMegatronConfig:
-    """The tiny recipe (Lmax = 16, Lcache = 4: the ramp runs from 12 to 16) with reward
-    scaling off, so that shape_rewards adds the soft overlong penalty alone."""
+def _shaping(penalty_factor: float) -> RewardShaping:
+    """The tiny recipe's run plan shaping (Lmax = 16, Lcache = 4: the ramp runs from 12 to 16)
+    with reward scaling off, so that shape_rewards adds the soft overlong penalty alone."""
     return load_config(
         RECIPE,
         [
@@ -258,14 +259,14 @@ def _shaping_config(penalty_factor: float) -> DapoMegatronConfig:
             "dapo.overlong_buffer.enabled=true",
             f"dapo.overlong_buffer.penalty_factor={penalty_factor}",
         ],
-    ).config
+    ).plan.reward_shaping
 
 
 def test_shape_rewards_adds_the_penalty_to_the_score() -> None:
-    config = _shaping_config(1.0)
-    assert (config.generation.max_response_length, config.dapo.overlong_buffer.length) == (16, 4)
+    shaping = _shaping(1.0)
+    assert shaping == RewardShaping(scaling=None, overlong=OverlongPenalty(16, 4, 1.0))
     scores_B = torch.tensor([1.0, -1.0, 0.5])
-    rewards_B, penalty_B = shape_rewards(scores_B, torch.tensor([10, 14, 30]), config)
+    rewards_B, penalty_B = shape_rewards(scores_B, torch.tensor([10, 14, 30]), shaping)
     # 1 + 0; -1 + (12 - 14) / 4 = -1.5; 0.5 + (-1, beyond the cap) = -0.5
     torch.testing.assert_close(penalty_B, torch.tensor([0.0, -0.5, -1.0], dtype=torch.float64))
     torch.testing.assert_close(rewards_B, torch.tensor([1.0, -1.5, -0.5], dtype=torch.float64))
@@ -280,9 +281,46 @@ def test_shape_rewards_stays_within_factor_of_score(
 ) -> None:
     scores_B = torch.tensor([p[0] for p in pairs], dtype=torch.float64)
     lengths_B = torch.tensor([p[1] for p in pairs])
-    rewards_B, _ = shape_rewards(scores_B, lengths_B, _shaping_config(factor))
+    rewards_B, _ = shape_rewards(scores_B, lengths_B, _shaping(factor))
     delta = rewards_B - scores_B
     assert (delta <= 1e-12).all() and (delta >= -factor - 1e-12).all()
+
+
+def test_shape_rewards_matches_the_loose_functions() -> None:
+    """Both parts on: the per-round path gives the numbers of scale_rewards +
+    soft_overlong_penalty (the penalty in the default float dtype, as before)."""
+    shaping = RewardShaping(ScoreScaling(0.0, 1.0, -1.0, 1.0), OverlongPenalty(16, 4, 0.5))
+    scores_B = torch.tensor([0.0, 0.25, 1.0, 2.0], dtype=torch.float64)
+    lengths_B = torch.tensor([3, 13, 15, 40])
+    rewards_B, penalty_B = shape_rewards(scores_B, lengths_B, shaping)
+    scaled = scale_rewards(
+        scores_B, source_min=0.0, source_max=1.0, target_min=-1.0, target_max=1.0
+    )
+    penalty = soft_overlong_penalty(
+        lengths_B, max_response_length=16, buffer_length=4, penalty_factor=0.5
+    ).double()
+    assert torch.equal(penalty_B, penalty)
+    assert torch.equal(rewards_B, scaled + penalty)
+
+
+def test_shape_rewards_does_not_validate_the_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The shaping was validated when the run plan built it: the per-round call never
+    re-checks it (every limit check raises here) but still checks the round's data."""
+    from dapo_megatron.algorithms import shaping_limits
+
+    shaping = RewardShaping(ScoreScaling(0.0, 1.0, -1.0, 1.0), OverlongPenalty(16, 4, 1.0))
+
+    def revalidated(**_: object) -> list[object]:
+        raise AssertionError("the per-round shaping validated its settings again")
+
+    monkeypatch.setattr(shaping_limits, "scaling_problems", revalidated)
+    monkeypatch.setattr(shaping_limits, "overlong_problems", revalidated)
+    with pytest.raises(AssertionError, match="validated its settings again"):
+        OverlongPenalty(16, 4, 1.0)  # the patch is live where the limits are checked
+    rewards_B, _ = shape_rewards(torch.tensor([1.0, 0.0]), torch.tensor([10, 14]), shaping)
+    torch.testing.assert_close(rewards_B, torch.tensor([1.0, -1.5], dtype=torch.float64))
+    with pytest.raises(ValueError, match="NaN"):
+        shape_rewards(torch.tensor([float("nan")]), torch.tensor([1]), shaping)
 
 
 # ------------------------------------------------------------------------ overlong_filter_mask

@@ -100,7 +100,7 @@ def test_filtering_uses_raw_scores_not_shaped_rewards():
     # under an overlong penalty; the group must still be filtered on its raw scores.
     ctx, _ = _ctx(lambda prompt, j: 1.0, "dapo.overlong_buffer.length=15")
     samples = [[Sample([5] * (1 + 5 * j), [-0.1] * (1 + 5 * j), "stop") for j in range(N)]]
-    groups = make_groups([[1]], ["1"], samples, [1.0] * N, ctx.config)
+    groups = make_groups([[1]], ["1"], samples, [1.0] * N, ctx.plan.reward_shaping)
     assert len(set(groups[0].rewards)) > 1  # shaped rewards differ ...
     kept = ctx.dynamic
     kept.start_step()
@@ -118,7 +118,7 @@ def test_policy_batch_layout_and_overlong_filtering():
             Sample([9, 2], [-0.5, -0.1], "stop"),
         ]
     ]
-    groups = make_groups([[1, 4]], ["x"], samples, [1.0, 0.0, 0.0, 0.0], ctx.config)
+    groups = make_groups([[1, 4]], ["x"], samples, [1.0, 0.0, 0.0, 0.0], ctx.plan.reward_shaping)
     batch = build_policy_batch(groups, ctx.config, pad_id=0)
     assert batch.input_ids.tolist()[0] == [1, 4, 5, 6, 2]
     assert batch.input_ids.tolist()[2] == [1, 4, 9, 0, 0]
@@ -150,7 +150,7 @@ def test_policy_batch_of_ragged_rows_matches_a_row_by_row_reference():
             lps = (-torch.rand(r, generator=gen)).tolist()
             group.append(Sample(toks, lps, "length" if r == 4 else "stop"))
         samples.append(group)
-    groups = make_groups(prompts, ["x", "y"], samples, [0.0, 1.0] * N, ctx.config)
+    groups = make_groups(prompts, ["x", "y"], samples, [0.0, 1.0] * N, ctx.plan.reward_shaping)
     batch = build_policy_batch(groups, ctx.config, pad_id=0)
     rows = [(p, smp) for p, group in zip(prompts, samples, strict=True) for smp in group]
     width = max(len(p) + smp.response_length for p, smp in rows)
@@ -167,7 +167,7 @@ def test_policy_batch_of_ragged_rows_matches_a_row_by_row_reference():
 def test_policy_batch_refuses_samples_without_logprobs():
     ctx, _ = _ctx(lambda prompt, j: float(j == 0))
     samples = [[Sample([5, 2], [-1.0, -2.0], "stop")] * (N - 1) + [Sample([5, 2], [], "stop")]]
-    groups = make_groups([[1]], ["x"], samples, [1.0, 0.0, 0.0, 0.0], ctx.config)
+    groups = make_groups([[1]], ["x"], samples, [1.0, 0.0, 0.0, 0.0], ctx.plan.reward_shaping)
     with pytest.raises(ValueError, match="sample 3 of the batch has 0 logprobs for 2"):
         build_policy_batch(groups, ctx.config, pad_id=0)
 
