@@ -31,7 +31,7 @@ refit minus its RSS just before it, polled every ``--poll-ms`` ms by a thread of
 process (psutil), maximum over the timed repeats (the engine's processes, its Ray actor
 plus vLLM's engine core and workers, are polled the same way:
 ``engine_peak_extra_host_mib``); also given in buckets (``peak_extra_buckets`` = peak /
-``bucket_mb``, and ``peak_extra_largest_buckets`` = peak / the plan's largest bucket, which
+``bucket_mb``, and ``peak_extra_largest_buckets`` = peak / the layout's largest bucket, which
 is the embedding when that is bigger than ``bucket_mb``: a tensor never spans buckets).
 ``weight_bytes`` / ``model_params``: the HF tensors of the checkpoint (safetensors header),
 2 bytes per element (bf16 on the wire; the tied lm_head is not a tensor of its own).
@@ -51,7 +51,7 @@ memory (no transfer) in every engine worker. For these the bench runs subclasses
 PolicyWorker/GenerationWorker that only add methods (the timed refits above run the same
 inherited code; the engine subclass sets VLLM_ALLOW_INSECURE_SERIALIZATION=1 so that a
 function can be sent to vLLM's workers). Before Ray starts, ``gloo_broadcast_only_s``
-times the transfer alone: the plan's buckets broadcast over a gloo weight group from one
+times the transfer alone: the layout's buckets broadcast over a gloo weight group from one
 process to 1 (TP1) or 2 (TP2) others, pre-touched buffers, no export, pack or load
 (median of 3).
 
@@ -116,25 +116,25 @@ PROJECTED_MODELS = {"7B": "qwen2.5-7b", "32B": "qwen2.5-32b", "70B": "llama-3.1-
 
 
 class BenchPolicyWorker(PolicyWorker):
-    def bench_export(self, plan_wire: list | None = None) -> dict[str, float]:
+    def bench_export(self, layout_wire: list | None = None) -> dict[str, float]:
         """Time the export alone (every rank iterates: TP gathers), or export + pack into
-        one bucket buffer, as send_buckets does, when a plan is given (rank 0 packs; no
+        one bucket buffer, as send_buckets does, when a bucket layout is given (rank 0 packs; no
         transfer)."""
-        from dapo_megatron.refit.buckets import RefitPlan, pack
+        from dapo_megatron.refit.buckets import BucketLayout, pack
 
         start = time.perf_counter()
         exported = self._require_policy().export_weights()
-        if self.rank != 0 or plan_wire is None:
+        if self.rank != 0 or layout_wire is None:
             nbytes = 0
             for _, tensor in exported:
                 nbytes += tensor.numel() * tensor.element_size()
             return {"seconds": time.perf_counter() - start, "bytes": float(nbytes)}
-        plan = RefitPlan.from_wire(plan_wire)
-        buffer = torch.empty(plan.max_bucket_bytes, dtype=torch.uint8)
+        layout = BucketLayout.from_wire(layout_wire)
+        buffer = torch.empty(layout.max_bucket_bytes, dtype=torch.uint8)
         source = iter(exported)
-        for bucket in plan.buckets:
+        for bucket in layout.buckets:
             pack(bucket, [next(source) for _ in bucket.slots], buffer)
-        return {"seconds": time.perf_counter() - start, "bytes": float(plan.total_bytes)}
+        return {"seconds": time.perf_counter() - start, "bytes": float(layout.total_bytes)}
 
 
 class BenchGenerationWorker(GenerationWorker):
@@ -143,12 +143,12 @@ class BenchGenerationWorker(GenerationWorker):
         os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
         super().__init__(*args, **kwargs)
 
-    def bench_receive(self, plan_wire: list) -> list[dict[str, float]]:
+    def bench_receive(self, layout_wire: list) -> list[dict[str, float]]:
         """A collective refit's receiving side (as ``receive_weights``), returning the
         transfer stats of every engine worker instead of the counters."""
-        from dapo_megatron.refit.buckets import RefitPlan
+        from dapo_megatron.refit.buckets import BucketLayout
 
-        return self._require_backend().receive_weights(RefitPlan.from_wire(plan_wire))
+        return self._require_backend().receive_weights(BucketLayout.from_wire(layout_wire))
 
     def bench_reload(self) -> list[dict[str, float]]:
         """vLLM's in-place reload (the same ``_reload_keeping_ties`` as a refit) of the
@@ -300,7 +300,7 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
     from dapo_megatron.config.model_arch import PRESETS
     from dapo_megatron.controller.actors import generation_group
     from dapo_megatron.controller.actors.generation_group import GenerationGroup
-    from dapo_megatron.refit.buckets import RefitPlan
+    from dapo_megatron.refit.buckets import BucketLayout
 
     plan = _config(args, tp)
     generation_group.GenerationWorker = BenchGenerationWorker  # profile methods only
@@ -351,9 +351,9 @@ def _case(tp: int, policy, args: argparse.Namespace, poll_s: float) -> dict:
     engines, engine_pids = ready_engines()
     failed = None
     try:
-        plan = RefitPlan.from_wire(engines.refitter.join(policy))  # formed at warm-up
-        result["buckets_per_refit"] = len(plan.buckets)
-        result["max_bucket_mib"] = plan.max_bucket_bytes / MIB
+        layout = BucketLayout.from_wire(engines.refitter.join(policy))  # formed at warm-up
+        result["buckets_per_refit"] = len(layout.buckets)
+        result["max_bucket_mib"] = layout.max_bucket_bytes / MIB
         metrics: list[dict[str, Any]] = [{"transport": "after warm-ups", **engines.refit_metrics()}]
         times: dict[str, list[float]] = {"broadcast": [], "object_store": []}
         peaks: dict[str, list[float]] = {"broadcast": [], "object_store": []}
@@ -502,13 +502,13 @@ def _ipc(tp: int, policy, args: argparse.Namespace, poll_s: float, reference) ->
 def _profile(engines, policy, pid: int, poll_s: float) -> dict[str, Any]:
     import ray
 
-    plan = engines.refitter.join(policy)  # cached: the group formed at the warm-up
+    layout_wire = engines.refitter.join(policy)  # cached: the group formed at the warm-up
     out: dict[str, Any] = {}
     with RssPoller(pid, poll_s) as poll:
         start = time.perf_counter()
         results = ray.get(
-            policy.submit_send_weights(plan)
-            + [w.bench_receive.remote(plan) for w in engines.workers]
+            policy.submit_send_weights(layout_wire)
+            + [w.bench_receive.remote(layout_wire) for w in engines.workers]
         )
         out["refit_s"] = time.perf_counter() - start
     out["sender"] = results[0]
@@ -519,7 +519,7 @@ def _profile(engines, policy, pid: int, poll_s: float) -> dict[str, Any]:
     out["export_only_s"] = export[0]["seconds"]
     out["export_only_peak_extra_mib"] = poll.extra_mib
     with RssPoller(pid, poll_s) as poll:
-        packed = ray.get([w.bench_export.remote(plan) for w in policy.workers])
+        packed = ray.get([w.bench_export.remote(layout_wire) for w in policy.workers])
     out["export_and_pack_s"] = packed[0]["seconds"]
     out["export_and_pack_peak_extra_mib"] = poll.extra_mib
     reload = ray.get([w.bench_reload.remote() for w in engines.workers])
@@ -574,7 +574,7 @@ def _gloo_broadcast_s(sizes: list[int], receivers: int) -> float:
 
 
 def _bucket_sizes(bucket_mb: float) -> list[int]:
-    """Bucket sizes of the refit plan of the bench model (as the policy computes it)."""
+    """Bucket sizes of the refit's bucket layout of the bench model (as the policy computes it)."""
     from dapo_megatron.config.model_arch import PRESETS
     from dapo_megatron.config.parallel import ParallelDims
     from dapo_megatron.megatron.hf_weights import hf_weight_specs
@@ -582,8 +582,8 @@ def _bucket_sizes(bucket_mb: float) -> list[int]:
 
     dims = ParallelDims(tp=2, pp=1, cp=1, dp=1, sequence_parallel=False)
     specs = hf_weight_specs(PRESETS["qwen2.5-0.5b"], dims)
-    plan = plan_buckets(specs, torch.bfloat16, max(1, int(bucket_mb * MIB)))
-    return [b.nbytes for b in plan.buckets]
+    layout = plan_buckets(specs, torch.bfloat16, max(1, int(bucket_mb * MIB)))
+    return [b.nbytes for b in layout.buckets]
 
 
 def _projection(weight_bytes_measured: int) -> dict[str, Any]:

@@ -38,7 +38,7 @@ top-k/top-p.
   weight-update group (``refit.group``: NCCL on GPU, gloo on CPU) and receives the
   policy's buckets straight into vLLM's in-place ``reload_weights`` through a streaming
   iterator (``refit.receiver.EngineReceiver``, the same as the Megatron engine's);
-  nothing crosses ``collective_rpc`` but the group address and the bucket plan (plain
+  nothing crosses ``collective_rpc`` but the group address and the bucket layout (plain
   lists);
 * the object-store fallback (``generation.refit_transport=object_store``): when the engine runs in other processes,
 ``collective_rpc`` arguments cross process boundaries through vLLM's msgpack encoding, and

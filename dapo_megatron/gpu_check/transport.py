@@ -63,13 +63,13 @@ def _transport_member(
     device = _device()
     try:
         names = [(f"w{i}", shape) for i, shape in enumerate(shapes)]
-        plan = plan_buckets(names, torch.bfloat16, bucket_bytes)
+        layout = plan_buckets(names, torch.bfloat16, bucket_bytes)
         group = WeightGroup(GroupAddress("127.0.0.1", port, 2, "gloo", 120.0), rank)
         if rank == 0:
-            buffer = SharedBuffer.create(plan.max_bucket_bytes, device)
+            buffer = SharedBuffer.create(layout.max_bucket_bytes, device)
             handles.put(buffer.handle)
             weights = ((f"w{i}", _tensor(i, shape, device)) for i, shape in enumerate(shapes))
-            stats = send_shared(weights, plan, group, buffer)
+            stats = send_shared(weights, layout, group, buffer)
             group.barrier()  # the receiver has checked every byte before the buffer goes
             buffer.close()
             queue.put(("sender", {"seconds": stats.seconds, "buckets": stats.buckets}))
@@ -81,7 +81,7 @@ def _transport_member(
             checking = 0.0  # time spent regenerating and comparing, left out of the rate
             start = time.perf_counter()
             for name, tensor in receive_shared(
-                plan, group, buffer, device=device, stats=recv_stats
+                layout, group, buffer, device=device, stats=recv_stats
             ):
                 check_start = time.perf_counter()
                 index = int(name[1:])

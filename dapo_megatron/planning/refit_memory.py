@@ -2,10 +2,10 @@
 
 Pure arithmetic (no torch), used by ``planning/memory.py``. What the code allocates (refit/):
 
-The bucket plan (``buckets.plan_buckets``) packs the FULL HF tensors (TP shards gathered)
-in the engine's dtype, the training precision, into buckets of
+The bucket layout (``buckets.plan_buckets`` builds it) packs the FULL HF tensors (TP shards
+gathered) in the engine's dtype, the training precision, into buckets of
 ``generation.refit_bucket_mb``; a larger tensor travels alone in a bucket of its own size.
-Every bucket buffer is sized to the plan's largest bucket, so one buffer holds
+Every bucket buffer is sized to the layout's largest bucket, so one buffer holds
 B = max(bucket bytes, largest HF tensor bytes), both rounded up to ``ALIGN_BYTES``.
 
 Sending side (policy ranks, on their GPU):
@@ -110,7 +110,7 @@ def largest_gathered_parameter(arch: ModelArch, tp: int) -> int:
 
 
 def bucket_buffer_bytes(refit: RefitInputs, arch: ModelArch, precision_bytes: int) -> int:
-    """B: the size of every bucket buffer (the plan's largest bucket, an upper bound)."""
+    """B: the size of every bucket buffer (the layout's largest bucket, an upper bound)."""
     return max(_align(refit.bucket_bytes), _align(largest_hf_tensor(arch) * precision_bytes))
 
 

@@ -113,14 +113,14 @@ class BucketLayout:
         return cls(tuple(buckets))
 
 
-# The former name, still read by bench/refit.py; BucketLayout is the one name elsewhere.
-RefitPlan = BucketLayout
-
-
 def plan_buckets(
     tensors: Iterable[tuple[str, Sequence[int]]], dtype: torch.dtype, bucket_bytes: int
 ) -> BucketLayout:
     """Greedy buckets of at most ``bucket_bytes`` (a bigger tensor gets a bucket alone).
+
+    What it returns is a ``BucketLayout``, the one name of the layout on both sides of the
+    Ray boundary (``to_wire`` / ``from_wire``; ``layout_wire`` where it travels as lists);
+    the function keeps a verb's name because it is where the buckets are planned.
 
     Args:
         tensors: (HF name, full shape) in the exporter's order.

@@ -167,7 +167,7 @@ class PolicyWorker:
     # Collective refit (dapo_megatron/refit/): every rank exports (the export's TP/PP
     # gathers need them all); this rank's sender half moves what it has to.
 
-    def refit_plan(self, bucket_bytes: int, dtype: str) -> list[Any]:
+    def bucket_layout(self, bucket_bytes: int, dtype: str) -> list[Any]:
         """The bucket layout of this model's refit, as plain lists (BucketLayout.to_wire)."""
         specs = self._require_policy().hf_weight_specs()
         return plan_buckets(specs, getattr(torch, dtype), bucket_bytes).to_wire()

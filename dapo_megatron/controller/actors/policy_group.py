@@ -279,14 +279,16 @@ class PolicyGroup:
     ) -> list[ray.ObjectRef[Any]]:
         return [w.join_weight_group.remote(address, transport) for w in self.workers]
 
-    def submit_share_buffer(self, plan_wire: list[Any], exporters: int) -> list[ray.ObjectRef[Any]]:
-        return [w.share_buffer.remote(plan_wire, exporters) for w in self.workers]
+    def submit_share_buffer(
+        self, layout_wire: list[Any], exporters: int
+    ) -> list[ray.ObjectRef[Any]]:
+        return [w.share_buffer.remote(layout_wire, exporters) for w in self.workers]
 
     def submit_unlink_shared_buffer(self) -> list[ray.ObjectRef[Any]]:
         return [w.unlink_shared_buffer.remote() for w in self.workers]
 
-    def submit_send_weights(self, plan_wire: list[Any]) -> list[ray.ObjectRef[Any]]:
-        return [w.send_weights.remote(plan_wire) for w in self.workers]
+    def submit_send_weights(self, layout_wire: list[Any]) -> list[ray.ObjectRef[Any]]:
+        return [w.send_weights.remote(layout_wire) for w in self.workers]
 
     def submit_release_memory(self) -> list[ray.ObjectRef[Any]]:
         return [w.release_memory.remote() for w in self.workers]

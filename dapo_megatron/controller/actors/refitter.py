@@ -147,7 +147,7 @@ class Refitter:
         bucket_bytes = max(1, int(config.generation.refit_bucket_mb * 1024 * 1024))
         dtype = VLLM_DTYPES[config.policy.precision]
         layout_wire: list[Any] = self._gather_with(
-            policy, [policy.workers[0].refit_plan.remote(bucket_bytes, dtype)]
+            policy, [policy.workers[0].bucket_layout.remote(bucket_bytes, dtype)]
         )[0]
         self._layout_wire = layout_wire
         if self.transport.shared_buffer:

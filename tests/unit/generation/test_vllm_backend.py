@@ -142,11 +142,11 @@ def _backend(llm: RecordingLLM) -> VllmGenerationBackend:
 def test_refit_wakes_only_the_weights_and_generation_the_kv_cache() -> None:
     llm = RecordingLLM()
     backend = _backend(llm)
-    plan = plan_buckets([("w", (4,))], torch.float32, 1024)
+    layout = plan_buckets([("w", (4,))], torch.float32, 1024)
     backend.sleep()
     with pytest.raises(RuntimeError, match="asleep"):
         backend._engine()  # generate() would refuse: nothing is mapped
-    backend.receive_weights(plan)
+    backend.receive_weights(layout)
     backend.wake()
     assert llm.calls == [
         ("sleep", 2),  # weights and KV cache discarded, not offloaded

@@ -489,9 +489,9 @@ def test_memory_inputs_resolve_the_reference_and_the_refit():
 
 
 @pytest.mark.parametrize("bucket_mib", [0.01, 0.05, 0.2, 64])
-def test_bucket_buffer_bounds_the_real_bucket_plan(bucket_mib):
-    """The planner's buffer size B (pure arithmetic) against the refit's own bucket plan
-    over the tiny architecture's full HF tensor shapes: never below the plan's largest
+def test_bucket_buffer_bounds_the_real_bucket_layout(bucket_mib):
+    """The planner's buffer size B (pure arithmetic) against the refit's own bucket layout
+    over the tiny architecture's full HF tensor shapes: never below the layout's largest
     bucket, and equal to it when one tensor outgrows the bucket size (0.01 MiB here)."""
     import torch
 
@@ -515,16 +515,17 @@ def test_bucket_buffer_bounds_the_real_bucket_plan(bucket_mib):
     shapes += [(f"layers.{i}.{n}", s) for i in range(arch.num_layers) for n, s in layer]
     shapes += [("norm.weight", (h,)), ("lm_head.weight", (arch.vocab_size, h))]
     bucket_bytes = int(bucket_mib * MIB)
-    plan = buckets.plan_buckets(shapes, torch.bfloat16, bucket_bytes)
+    layout = buckets.plan_buckets(shapes, torch.bfloat16, bucket_bytes)
     refit = RefitInputs(RefitTransport.BROADCAST, bucket_bytes, exporters=1, engine_asleep=True)
     planned = bucket_buffer_bytes(refit, arch, 2)
-    assert planned >= plan.max_bucket_bytes
+    assert planned >= layout.max_bucket_bytes
     largest = max(n * 2 for n in (arch.vocab_size * h, arch.ffn_hidden_size * h))
     if largest > bucket_bytes:
-        assert planned == plan.max_bucket_bytes
-    else:  # the greedy plan fills a bucket to within one tensor of its size, if it can
+        assert planned == layout.max_bucket_bytes
+    else:  # the greedy layout fills a bucket to within one tensor of its size, if it can
         assert (
-            plan.max_bucket_bytes > min(bucket_bytes, sum(b.nbytes for b in plan.buckets)) - largest
+            layout.max_bucket_bytes
+            > min(bucket_bytes, sum(b.nbytes for b in layout.buckets)) - largest
         )
 
 

@@ -26,36 +26,36 @@ def test_broadcast_delivers_every_tensor_bit_exactly(bucket_bytes: int) -> None:
     torch.manual_seed(1)
     shapes = [(17, 9), (9,), (64, 33), (1,), (300,), (5, 5, 5)]
     sent = [(f"layer.{i}.weight", torch.randn(*s)) for i, s in enumerate(shapes)]
-    plan = plan_buckets([(n, t.shape) for n, t in sent], torch.bfloat16, bucket_bytes)
+    layout = plan_buckets([(n, t.shape) for n, t in sent], torch.bfloat16, bucket_bytes)
 
     def sender(group: WeightGroup) -> TransferStats:
-        return send_buckets(iter(sent), plan, group, device="cpu")
+        return send_buckets(iter(sent), layout, group, device="cpu")
 
     def receiver(group: WeightGroup) -> list:
         stats = TransferStats()
-        got = [(n, t.clone()) for n, t in receive_buckets(plan, group, device="cpu", stats=stats)]
+        got = [(n, t.clone()) for n, t in receive_buckets(layout, group, device="cpu", stats=stats)]
         return [got, stats]
 
     results = _run_group(3, sender, receiver)
     send_stats = results[0]
-    assert send_stats.buckets == len(plan.buckets) and send_stats.tensors == len(sent)
+    assert send_stats.buckets == len(layout.buckets) and send_stats.tensors == len(sent)
     # The exporter holds one bucket buffer (plus the tensor being produced).
-    assert send_stats.buffer_bytes == plan.max_bucket_bytes
+    assert send_stats.buffer_bytes == layout.max_bucket_bytes
     if bucket_bytes == 256:
-        assert len(plan.buckets) > 3  # the small bucket really splits the model
+        assert len(layout.buckets) > 3  # the small bucket really splits the model
     for got, stats in results[1:]:
         assert [n for n, _ in got] == [n for n, _ in sent]
         for (_, want), (_, have) in zip(sent, got, strict=True):
             assert torch.equal(have, want.to(torch.bfloat16))
-        assert stats.bytes == sum(b.nbytes for b in plan.buckets)
-        assert stats.buffer_bytes <= 2 * plan.max_bucket_bytes
+        assert stats.bytes == sum(b.nbytes for b in layout.buckets)
+        assert stats.buffer_bytes <= 2 * layout.max_bucket_bytes
 
 
 def test_export_that_disagrees_with_the_plan_fails_loudly() -> None:
-    plan = plan_buckets([("a", (4,)), ("b", (4,))], torch.float32, 1 << 20)
+    layout = plan_buckets([("a", (4,)), ("b", (4,))], torch.float32, 1 << 20)
 
     def sender(group: WeightGroup) -> None:
-        send_buckets(iter([("a", torch.ones(4))]), plan, group, device="cpu")
+        send_buckets(iter([("a", torch.ones(4))]), layout, group, device="cpu")
 
     def receiver(group: WeightGroup) -> None:
         return None  # never posts a receive: the sender fails before broadcasting

@@ -31,9 +31,9 @@ def _late_sender_transfer(transport: str) -> tuple[float, list[float]]:
     each receiver's first collective time."""
     torch.manual_seed(3)
     sent = [(f"w{i}", torch.randn(40 + i)) for i in range(4)]
-    plan = plan_buckets([(n, t.shape) for n, t in sent], torch.float32, 256)
+    layout = plan_buckets([(n, t.shape) for n, t in sent], torch.float32, 256)
     exporters = 2 if transport == "shared" else 1
-    buffers = [SharedBuffer.create(plan.max_bucket_bytes, "cpu") for _ in range(exporters)]
+    buffers = [SharedBuffer.create(layout.max_bucket_bytes, "cpu") for _ in range(exporters)]
     ready: list[float] = []
     first_collective: dict[int, float] = {}
 
@@ -42,8 +42,8 @@ def _late_sender_transfer(transport: str) -> tuple[float, list[float]]:
             time.sleep(_SENDER_DELAY_S)  # the policy's train step
             ready.append(time.monotonic())
             if transport == "shared":
-                return send_shared(iter(sent), plan, group, buffers[rank])
-            return send_buckets(iter(sent), plan, group, device="cpu")
+                return send_shared(iter(sent), layout, group, buffers[rank])
+            return send_buckets(iter(sent), layout, group, device="cpu")
         name = "barrier" if transport == "shared" else "broadcast"
         collective = getattr(group, name)
 
@@ -54,9 +54,9 @@ def _late_sender_transfer(transport: str) -> tuple[float, list[float]]:
         setattr(group, name, recorded)
         if transport == "shared":
             mapped = SharedBuffer.open(buffers[0].handle)
-            received = receive_shared(plan, group, mapped, device="cpu")
+            received = receive_shared(layout, group, mapped, device="cpu")
         else:
-            received = receive_buckets(plan, group, device="cpu")
+            received = receive_buckets(layout, group, device="cpu")
         return [(n, t.clone()) for n, t in received]
 
     try:

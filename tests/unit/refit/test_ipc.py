@@ -110,16 +110,16 @@ def test_shared_buffers_deliver_every_tensor_to_every_paired_receiver() -> None:
     torch.manual_seed(2)
     shapes = [(33, 7), (5,), (128, 3), (2, 2)]
     sent = [(f"w{i}", torch.randn(*s)) for i, s in enumerate(shapes)]
-    plan = plan_buckets([(n, t.shape) for n, t in sent], torch.bfloat16, 600)
-    assert len(plan.buckets) > 2
-    exporters = [SharedBuffer.create(plan.max_bucket_bytes, "cpu") for _ in range(2)]
+    layout = plan_buckets([(n, t.shape) for n, t in sent], torch.bfloat16, 600)
+    assert len(layout.buckets) > 2
+    exporters = [SharedBuffer.create(layout.max_bucket_bytes, "cpu") for _ in range(2)]
     handles = [b.handle for b in exporters]
 
     def role(rank: int, group: WeightGroup):
         if rank < 2:
-            return send_shared(iter(sent), plan, group, exporters[rank])
+            return send_shared(iter(sent), layout, group, exporters[rank])
         buffer = SharedBuffer.open(handles[(rank - 2) % 2])
-        got = [(n, t.clone()) for n, t in receive_shared(plan, group, buffer, device="cpu")]
+        got = [(n, t.clone()) for n, t in receive_shared(layout, group, buffer, device="cpu")]
         buffer.close()
         return got
 
@@ -128,7 +128,7 @@ def test_shared_buffers_deliver_every_tensor_to_every_paired_receiver() -> None:
     finally:
         for buffer in exporters:
             buffer.close()
-    assert results[0].buckets == len(plan.buckets)
+    assert results[0].buckets == len(layout.buckets)
     for got in results[2:]:
         assert [n for n, _ in got] == [n for n, _ in sent]
         for (_, want), (_, have) in zip(sent, got, strict=True):

@@ -113,16 +113,16 @@ class FakePolicyWorker(PolicyWorker):
     def join_weight_group(self, address: Any, transport: str) -> None:
         pass
 
-    def refit_plan(self, bucket_bytes: int, dtype: str) -> list:
+    def bucket_layout(self, bucket_bytes: int, dtype: str) -> list:
         return plan_buckets([("w", (4,))], torch.float32, bucket_bytes).to_wire()
 
-    def share_buffer(self, plan_wire: list, exporters: int) -> bytes | None:
+    def share_buffer(self, layout_wire: list, exporters: int) -> bytes | None:
         return b"handle"
 
     def unlink_shared_buffer(self) -> None:
         pass
 
-    def send_weights(self, plan_wire: list) -> dict[str, float]:
+    def send_weights(self, layout_wire: list) -> dict[str, float]:
         self.recorder.record("policy sends")
         return {"seconds": 0.0}
 
