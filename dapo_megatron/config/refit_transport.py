@@ -3,7 +3,8 @@
 ``generation.refit_transport`` is resolved once, by ``choose_refit_transport`` (the one
 factory; ``RunPlan.refit_transport`` holds its result), into a ``RefitTransport``. Every
 other module asks the transport what it needs instead of comparing its name: the
-controller's ``Refitter`` (who joins the weight group, over which backend), the memory
+controller's ``Refitter`` (whether a weight group is needed, who joins it, over which
+backend), config validation (``cluster_problems``: its constraints on the cluster), the memory
 plan (its buffer terms), the engines (``refit/halves.py`` maps it to its sender and
 receiver halves). A ``RefitTransport`` is a ``str``, so it crosses Ray and vLLM's
 ``collective_rpc`` as its name and compares equal to it.
@@ -54,10 +55,10 @@ class RefitTransport(StrEnum):
     def _traits(self) -> _Traits:
         return _TRAITS[self]
 
-    @property
-    def collective(self) -> bool:
-        """Whether it moves buckets over a weight group (broadcast, ipc), so that a refit
-        is submitted without waiting for the policy; the object store exports first."""
+    def needs_group(self) -> bool:
+        """Whether it moves buckets over a weight group (broadcast, ipc), which the
+        controller joins once, so that a refit is submitted without waiting for the policy;
+        the object store exports first, into engines that are awake."""
         return self._traits.collective
 
     @property
@@ -84,6 +85,31 @@ class RefitTransport(StrEnum):
         """Policy ranks 0..n-1 that own a bucket buffer: one per engine worker up to the
         policy's ranks (shared buffer: engine worker j maps rank j % n), else rank 0."""
         return min(policy_ranks, engine_workers) if self.shared_buffer else 1
+
+    def cluster_problems(
+        self, generation: GenerationConfig, cluster: ClusterConfig, colocated_from: str
+    ) -> list[str]:
+        """This transport's constraints on the cluster, one message each (empty when they
+        hold); ``colocated_from``: where ``cluster.colocated`` was set, for the message."""
+        problems: list[str] = []
+        if self.shared_buffer and cluster.num_nodes > 1 and not cluster.colocated:
+            problems.append(
+                "ipc shares memory between processes of one node; split engines on a "
+                "multi-node cluster need generation.refit_transport=broadcast (or auto)"
+            )
+        # A weight group over NCCL on GPU puts policy rank 0 and the engine worker on its GPU
+        # into one communicator, and NCCL refuses two ranks of a communicator on one device
+        # (gloo on CPU would not, but a colocated vLLM engine runs on GPUs only: cuda, or auto).
+        nccl_group = self.needs_group() and self.group_backend("cuda") == "nccl"
+        if nccl_group and generation.backend == "vllm" and cluster.colocated:
+            problems.append(
+                f"{self} cannot reach colocated engines (cluster.colocated = true, set in "
+                f"{colocated_from}): NCCL cannot hold two ranks of one communicator (a policy "
+                f"rank and the engine worker beside it) on one GPU; use "
+                f"generation.refit_transport=ipc (or auto: ipc colocated on GPU), or "
+                f"cluster.colocated=false with cluster.generation_num_devices"
+            )
+        return problems
 
 
 _TRAITS: dict[RefitTransport, _Traits] = {
@@ -121,26 +147,4 @@ def refit_transport_problems(
     transport = _named(generation)
     if transport is None:
         return []
-    problems: list[str] = []
-    if transport.shared_buffer and cluster.num_nodes > 1 and not cluster.colocated:
-        problems.append(
-            "ipc shares memory between processes of one node; split engines on a multi-node "
-            "cluster need generation.refit_transport=broadcast (or auto)"
-        )
-    if (
-        transport.collective
-        and not transport.shared_buffer
-        and generation.backend == "vllm"
-        and cluster.colocated
-    ):
-        # The broadcast puts policy rank 0 and the engine worker on its GPU into one NCCL
-        # communicator, and NCCL refuses two ranks of a communicator on one device (gloo on
-        # CPU would not, but a colocated vLLM engine runs on GPUs only: cuda, or auto).
-        problems.append(
-            f"broadcast cannot reach colocated engines (cluster.colocated = true, set in "
-            f"{colocated_from}): NCCL cannot hold two ranks of one communicator (a policy "
-            f"rank and the engine worker beside it) on one GPU; use "
-            f"generation.refit_transport=ipc (or auto: ipc colocated on GPU), or "
-            f"cluster.colocated=false with cluster.generation_num_devices"
-        )
-    return problems
+    return transport.cluster_problems(generation, cluster, colocated_from)

@@ -470,7 +470,7 @@ def _refit_inputs(run: RunPlan) -> RefitInputs | None:
     and _share_buffers); None when no bucket moves."""
     cfg = run.config
     transport = run.refit_transport
-    if not run.needs_engine_workers or not transport.collective:
+    if not run.needs_engine_workers or not transport.needs_group():
         return None
     vllm = cfg.generation.backend == "vllm"
     # Weight-group members per engine: its vLLM workers (TP ranks), one for Megatron.

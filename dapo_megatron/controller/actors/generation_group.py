@@ -215,7 +215,7 @@ class GenerationGroup:
         idle then: colocated runs are synchronous).
         """
         started = time.perf_counter()
-        if not self.refitter.transport.collective:  # the object store loads awake engines
+        if not self.refitter.transport.needs_group():  # the object store loads awake engines
             self.wake()
         else:
             self._release_policy(policy)  # the engines map their weights back to receive

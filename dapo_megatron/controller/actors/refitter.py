@@ -91,13 +91,13 @@ class Refitter:
     def queues_refits(self) -> bool:
         """``start`` only submits calls (the collective transports); the object-store
         fallback's export waits for the policy."""
-        return self.transport.collective
+        return self.transport.needs_group()
 
     def start(self, policy: PolicyGroup, start: float) -> PendingRefit:
         """Submit the transfer of the policy's weights without waiting for it (the
         caller has released or woken what the transport needs: GenerationGroup);
         ``start``: the ``perf_counter`` the controller's refit began at."""
-        if not self.transport.collective:
+        if not self.transport.needs_group():
             weights = policy.export_weights()
             refs = [w.update_weights.remote([weights]) for w in self.workers]
             del weights  # the stored copy is freed once no reference is left

@@ -182,7 +182,13 @@ def test_the_refit_transport_is_chosen_once_and_answers_every_refit_question() -
     # Memory terms: exporters and receive buffers.
     assert ipc.bucket_exporters(8, 2) == 2 and broadcast.bucket_exporters(8, 2) == 1
     assert (ipc.receive_buffers, broadcast.receive_buffers) == (1, 2)
-    assert ipc.collective and broadcast.collective and not fallback.collective
+    assert ipc.needs_group() and broadcast.needs_group() and not fallback.needs_group()
+    # Its constraints on the cluster are its own (test_validate.py: the refusals); the
+    # object store and a one-node cluster have none.
+    config = plan_of().config
+    assert config.cluster.num_nodes == 1
+    for transport in (ipc, fallback):
+        assert transport.cluster_problems(config.generation, config.cluster, "the recipe") == []
     # A str: it crosses Ray and collective_rpc as its name, and pickles as itself.
     assert pickle.loads(pickle.dumps(ipc)) is ipc and str(ipc) == "ipc"
     with pytest.raises(ValueError, match="not a collective refit transport"):
