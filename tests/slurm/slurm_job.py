@@ -157,10 +157,6 @@ class Job:
             LOG_DIR=str(self.root / "logs"),
             # ray.sub's own clock for the nodes to join: 120 s when quiet, scaled.
             JOIN_TIMEOUT_S=str(round(waits.scaled(120))),
-            # The ranks at the driver's priority, as dapo-train's own local cluster has them
-            # (controller/actors/cluster.py): these nodes share the machine with other tests, and at
-            # Ray's default nice 15 any other work starves them (ray.sub keeps Ray's default).
-            RAY_worker_niceness="0",
             TEARDOWN_GRACE_S="15",
         )
         if command is not None:
