@@ -1,36 +1,35 @@
 """The overlapped loop's schedule (``rollout.max_staleness = K >= 1``), in one object.
 
-The engines keep generating while the policy trains. Three things then depend on each
-other, and ``OverlapSchedule`` holds all of them; the first two under one lock, ``lock``,
-which the rollout stream's generation thread takes too:
+The engines keep generating while the policy trains. ``OverlapSchedule`` holds three
+interdependent things; the first two under one lock, ``lock``, which the rollout stream's
+generation thread takes too:
 
 - the request budget: the engines' version w (the weights a request submitted now is
-  generated with) and the step the stream fills next. Data generated at version w can
-  train steps w .. w + K, so the stream keeps ``(w + K + 1 - next_step)`` steps' groups
-  coming (controller/rollouts/rollout_stream.py has the sizing);
-- the refit: armed once the train step that makes the next weights is submitted, started
-  (the transfer queued on every engine) once the engines have nothing left to generate
-  with their current weights, finished by the loop;
+  generated with) and the step the stream fills next. Data of version w trains steps
+  w .. w + K, so the stream keeps ``(w + K + 1 - next_step)`` steps' groups coming
+  (controller/rollouts/rollout_stream.py has the sizing);
+- the refit: armed once the train step making the next weights is submitted, started (the
+  transfer queued on every engine) once the engines have nothing left to generate with
+  their current weights, finished by the loop;
 - the next step, taken early: its batch, taken while this step trains, and its train step,
-  queued behind the refit so the policy goes from one step to the next without a
-  controller round trip. Only the training thread touches these two (no lock: it must not
-  block the generation thread while it submits to the policy).
+  queued behind the refit (no controller round trip between steps). Only the training
+  thread touches these two, without the lock: submitting to the policy must not block the
+  generation thread.
 
 Ray runs one submitter's calls to an actor in order (docs.ray.io, "Actor Task Execution
-Order"), so the policy ranks send as soon as their queued train step is done, each engine
-receives as soon as the requests queued before it are finished, and the request the
-stream submits next, right behind the receive, is generated with the new weights. Every
-submission, requests and transfers alike, is made under the lock, so the queue order on
-each engine is the version order (docs/ARCHITECTURE.md, "The refit").
+Order"): the policy ranks send once their queued train step is done, each engine receives
+once the requests queued before it are finished, and the stream's next request, right
+behind the receive, gets the new weights. Every submission (requests and transfers) is made
+under the lock, so each engine's queue order is the version order (docs/ARCHITECTURE.md,
+"The refit").
 
-One step s of the loop (controller/loop.py ``_overlapped_steps``), event by event:
-``batch(s)`` (taken early, or now), ``train(batch, s)`` (submitted, unless queued already),
-``arm(s + 1)`` (the transfer may be queued as soon as the budget at version s is met),
-``take_next(s + 1)`` (the next batch; the refit started early and the next train step
-queued behind it when the engines are done), ``train_result()``, ``refit(s + 1)`` (queued
-now if not yet, waited for, validation on the new weights before any request).
-The stream's events: ``filling(s)``/``filled(s)`` around its ``take``, ``poll()`` whenever
-the budget may have changed, ``request_size()``.
+Step s of the loop (controller/loop.py ``_overlapped_steps``): ``batch(s)`` (taken early,
+or now), ``train(batch, s)`` (unless queued already), ``arm(s + 1)`` (the transfer may be
+queued once the budget at version s is met), ``take_next(s + 1)`` (the next batch; the
+refit started early and the next train step queued behind it when the engines are done),
+``train_result()``, ``refit(s + 1)`` (queued now if not yet, waited for, validation on the
+new weights before any request). The stream calls ``filling(s)``/``filled(s)`` around its
+``take``, ``poll()`` whenever the budget may have changed, and ``request_size()``.
 """
 
 from __future__ import annotations
@@ -66,9 +65,8 @@ class TransferEngines(Protocol):
 
 
 class Stream(Protocol):
-    """What the schedule needs of the rollout stream (RolloutStream): its batches, what it
-    has drawn and not yet given to dynamic sampling (``pending``: (version, prompts) per
-    request; ``idle``: none), and ``top_up`` (submit what the budget allows now)."""
+    """What the schedule needs of RolloutStream: batches, ``pending`` ((version, prompts)
+    per request not yet given to dynamic sampling; ``idle``: none) and ``top_up``."""
 
     planner: RolloutPlanner
 
@@ -77,11 +75,8 @@ class Stream(Protocol):
     ) -> tuple[list[RolloutGroup], DynamicSamplingStats, dict[str, float]]: ...
 
     def pending(self) -> list[tuple[int, int]]: ...
-
     def idle(self) -> bool: ...
-
     def top_up(self) -> None: ...
-
     def raise_error(self) -> None: ...
 
 
@@ -90,10 +85,8 @@ class ScheduledRefit:
     """A transfer started by the schedule; pass it to ``finish``."""
 
     transfer: PendingTransfer
-    version: int
-    """The policy version the engines hold once it is done."""
-    hold: bool
-    """No request is submitted until ``finish`` (validation runs first)."""
+    version: int  # the policy version the engines hold once it is done
+    hold: bool  # no request is submitted until ``finish`` (validation runs first)
 
 
 class OverlapSchedule:
@@ -108,8 +101,7 @@ class OverlapSchedule:
         *,
         version: int,
     ) -> None:
-        """The engines hold ``version``'s weights, and the step trained at ``version`` is
-        the next one the stream fills."""
+        """The engines hold ``version``'s weights; the stream fills step ``version`` next."""
         self._ctx = ctx
         self._engines = engines
         self._policy = policy
@@ -117,16 +109,15 @@ class OverlapSchedule:
         self._k = ctx.config.rollout.max_staleness
         self.lock = threading.Condition()
         """Held for every submission (requests and transfers) and every budget decision."""
-        # The request budget.
-        self.engine_version = version
-        self.next_step = version
-        self.waiting = False  # the loop waits in the stream's take for ``next_step``
-        # The refit: the version the submitted train step is making (and its hold), until
-        # submitted; then the submitted transfer, until finish.
+        # The request budget (under the lock); ``waiting``: the loop waits in the stream's
+        # take for ``next_step``.
+        self.engine_version, self.next_step, self.waiting = version, version, False
+        # The refit (under the lock): (version, hold) armed until submitted, then the
+        # transfer until finish.
         self._armed: tuple[int, bool] | None = None
         self._started: ScheduledRefit | None = None
-        # The training thread's: the next step's batch taken early, its train step queued
-        # behind the refit, and the train step running now.
+        # The training thread's only (no lock): the early batch, its queued train step, and
+        # the train step running now.
         self._next: steps.Prepared | None = None
         self._queued: steps.PendingTrain | None = None
         self._training: steps.PendingTrain | None = None
@@ -140,8 +131,7 @@ class OverlapSchedule:
         return taken
 
     def train(self, taken: steps.Prepared, step: int) -> dict[str, float]:
-        """Submit the train step of ``step`` (after the passes its batch needs), unless it
-        was queued behind the refit already; the passes' metrics."""
+        """Submit the train step of ``step`` after its passes, unless queued already."""
         if self._queued is not None:
             self._training, self._queued = self._queued, None
             return {"timing/logprob_s": 0.0}  # queued only when no pass is needed
@@ -150,9 +140,8 @@ class OverlapSchedule:
         return metrics
 
     def take_next(self, version: int) -> None:
-        """While the policy trains: take the batch of step ``version``; when the engines
-        are done with their current weights, start the refit to ``version`` and queue the
-        batch's train step behind it."""
+        """While the policy trains: take step ``version``'s batch; once the engines are
+        done, start the refit to ``version`` and queue the batch's train step behind it."""
         self._next = steps.prepare(self._ctx, self._stream, version)
         if self.start_early(version) is not None:
             self._queued = self._queue_training(self._next, version)
@@ -175,14 +164,12 @@ class OverlapSchedule:
 
     @property
     def holds_next(self) -> bool:
-        """A batch taken for the next step, or its queued train step, exists: a checkpoint
-        now would miss it."""
+        """The next step's batch or train step exists: a checkpoint now would miss it."""
         return self._next is not None or self._queued is not None
 
     def _queue_training(self, prepared: steps.Prepared, step: int) -> steps.PendingTrain | None:
-        """The train step of ``step``, submitted now (it runs after the refit submitted
-        before it) when its batch needs no pass first; else None (``train`` runs the
-        passes, then submits it)."""
+        """The train step of ``step``, submitted now (behind the refit) if its batch needs
+        no pass first; else None (``train`` runs the passes, then submits it)."""
         config = self._ctx.config
         if config.dapo.loss.kl_coef > 0 or steps.needs_old_logprobs(config, prepared.batch):
             return None
@@ -192,21 +179,19 @@ class OverlapSchedule:
 
     @property
     def holds_requests(self) -> bool:
-        """A transfer with validation after it is queued: no training request until then
-        (read under the lock)."""
+        """A transfer with validation after it is queued: no request until then (lock)."""
         return self._started is not None and self._started.hold
 
     def arm(self, version: int, *, hold: bool = False) -> None:
-        """The train step just submitted makes ``version``'s weights; ``hold``: validation
-        runs on them before any training request."""
+        """The train step just submitted makes ``version``'s weights (``hold``: validate
+        them before any training request)."""
         with self.lock:
             self._armed = (version, hold)
             self._stream.top_up()
 
     def poll(self) -> bool:
-        """Submit the armed transfer if the engines are done with their current weights
-        and the transfer would only be queued (the stream calls it under the lock whenever
-        the budget may have changed); True when it was submitted."""
+        """Submit the armed transfer if the engines are done with their weights and it
+        would only be queued (called under the lock); True when submitted."""
         if self._armed is None or self._started is not None:
             return False
         if not (self._engines.queues_refits and self.budget_met()):
@@ -215,16 +200,14 @@ class OverlapSchedule:
         return True
 
     def start(self, version: int, *, hold: bool = False) -> ScheduledRefit:
-        """The transfer to ``version``: the one already queued, or queue it now (and the
-        stream's next request behind it unless ``hold``)."""
+        """The transfer to ``version``: already queued, or queue it now."""
         refit = self._start(version, hold, early=False)
         assert refit is not None
         return refit
 
     def start_early(self, version: int, *, hold: bool = False) -> ScheduledRefit | None:
-        """``start`` while the policy still trains: None, and nothing submitted, while the
-        engines still have work at their current version (they would rather keep
-        generating with it, K >= 2, than wait behind the transfer)."""
+        """``start`` while the policy trains: None (nothing submitted) while the engines
+        still have work at their current version (K >= 2: better than waiting)."""
         return self._start(version, hold, early=True)
 
     def _start(self, version: int, hold: bool, *, early: bool) -> ScheduledRefit | None:
@@ -244,8 +227,8 @@ class OverlapSchedule:
     def finish(
         self, refit: ScheduledRefit, then: Callable[[], dict[str, float]] | None = None
     ) -> dict[str, float]:
-        """Wait for a started transfer; run ``then`` (validation) on the new weights before
-        the engines generate anything else if the refit holds requests."""
+        """Wait for a started transfer; run ``then`` (validation) on the new weights, before
+        any request if the refit holds them."""
         try:
             metrics = {"timing/refit_s": refit.transfer.finish()}
             if then is not None:
@@ -257,33 +240,27 @@ class OverlapSchedule:
         return metrics
 
     def _submit(self) -> None:
-        """Submit the armed transfer (under the lock, so no request is submitted between
-        its calls); requests submitted from now on are generated with its weights."""
+        """Submit the armed transfer (under the lock: no request between its calls)."""
         assert self._armed is not None
-        version, hold = self._armed
-        self._armed = None
+        (version, hold), self._armed = self._armed, None
         self._started = ScheduledRefit(self._engines.start_refit(self._policy), version, hold)
         self.engine_version = version
 
     # ------------------------------------------------------------ the request budget
 
     def filling(self, step: int) -> None:
-        """The stream's ``take`` of ``step`` starts (under the lock): the budget counts
-        from it, and a step that waits with nothing coming gets a request."""
+        """The stream's ``take`` of ``step`` starts (under the lock; see ``_deficit``)."""
         self.next_step, self.waiting = step, True
 
     def filled(self, step: int) -> None:
-        """The batch of ``step`` is out, or its take failed (under the lock): the next
-        step enters the budget."""
+        """``step``'s take is done or failed (under the lock): the next enters the budget."""
         self.next_step, self.waiting = step + 1, False
 
     def request_size(self) -> int:
-        """Prompts of the stream's next request at the engines' version (0 = none now;
-        ``RolloutPlanner.request_size`` adds the headroom over the shortfall)."""
+        """Prompts of the stream's next request at the engines' version (0 = none now)."""
         if self.holds_requests:
             return 0
-        planner = self._stream.planner
-        keep = planner.keep_estimate()
+        keep = (planner := self._stream.planner).keep_estimate()
         return planner.request_size(self._deficit(keep), keep)
 
     def budget_met(self) -> bool:
@@ -291,7 +268,8 @@ class OverlapSchedule:
         return self._deficit(self._stream.planner.keep_estimate()) <= 1e-6
 
     def _deficit(self, keep: float) -> float:
-        """Groups the budget still lacks at the engines' version."""
+        """Groups the budget still lacks at the engines' version (from ``next_step``; a step
+        waiting with nothing coming gets a request)."""
         dynamic = self._ctx.dynamic
         steps_ahead = self.engine_version + self._k + 1 - self.next_step
         deficit = steps_ahead * dynamic.num_prompts_per_step - self._expected_groups(keep)
@@ -300,24 +278,21 @@ class OverlapSchedule:
         return deficit
 
     def _expected_groups(self, keep: float) -> float:
-        """Groups the budget counts: groups kept for the next step, carried groups, and
-        those expected at keep rate ``keep`` from prompts drawn but not yet given to dynamic
-        sampling.
+        """Groups the budget counts: kept for the next step, carried, and expected at keep
+        rate ``keep`` from prompts drawn but not yet given to dynamic sampling.
 
         Data of version v trains steps up to v + K only, so each version counts up to the
-        slots left in the steps it can still fill: a surplus beyond the last of them (or
-        data already too old for the next step) will be dropped, and budgeting it as if
-        it could wait would leave a later step short. Carried groups age the same way: at
-        K = 1 the surplus of one step is too old for the step after the next, and counting
-        it there left that step to wait for a whole request with the next weights."""
+        slots left in the steps it can still fill: a surplus beyond them (or data too old
+        for the next step) is dropped, and budgeting it would leave a later step short.
+        Carried groups age alike: at K = 1 one step's surplus is too old for the step after
+        the next, and counting it there made that step wait a whole request."""
         dynamic = self._ctx.dynamic
         by_version: dict[int, float] = {}
         for version, prompts in self._stream.pending():
             by_version[version] = by_version.get(version, 0.0) + prompts * keep
         for version in dynamic.carried_versions:
             by_version[version] = by_version.get(version, 0.0) + 1.0
-        # Kept groups are the next step's already (carried in, or new and fresh enough).
-        filled = float(dynamic.num_kept_groups)
+        filled = float(dynamic.num_kept_groups)  # the next step's already
         for version in sorted(by_version):
             slots = (version + self._k + 1 - self.next_step) * dynamic.num_prompts_per_step
             filled = max(filled, min(slots, filled + by_version[version]))
