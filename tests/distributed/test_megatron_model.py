@@ -25,9 +25,10 @@ import torch
 import transformers
 import waits
 from launch import run_distributed
+from megatron_setup import megatron_model, tiny_hf_checkpoint
 from safetensors.torch import load_file
 
-from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
+from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 
 pytestmark = pytest.mark.distributed
@@ -79,11 +80,6 @@ def _hf_configs() -> dict[str, transformers.PretrainedConfig]:
     }
 
 
-def _arch(config: transformers.PretrainedConfig) -> ModelArch:
-    """The ModelArch our HF config reader derives (also exercises its rope parsing)."""
-    return arch_from_hf_config(config.to_dict(), f"{config.model_type} test config")
-
-
 @dataclasses.dataclass(frozen=True)
 class Checkpoint:
     """A saved HF model and its reference logits for ``input_ids``."""
@@ -99,24 +95,14 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoin
     root = tmp_path_factory.mktemp("hf")
     result = {}
     for i, (family, config) in enumerate(_hf_configs().items()):
-        torch.manual_seed(i)
-        model_cls = (
-            transformers.Qwen2ForCausalLM if family == "qwen2" else transformers.LlamaForCausalLM
-        )
-        model = model_cls(config).eval()
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.copy_(1.0 + 0.2 * torch.randn_like(param))
-                else:
-                    param.normal_(0.0, 0.1)
         hf_dir = root / family
         # Llama is saved in several shards to exercise multi-file loading.
-        model.save_pretrained(hf_dir, max_shard_size="100KB" if family == "llama" else "50GB")
+        shard = "100KB" if family == "llama" else "50GB"
+        model, arch = tiny_hf_checkpoint(hf_dir, config, seed=i, max_shard_size=shard)
         input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
         with torch.no_grad():
             logits = model(input_ids).logits
-        result[family] = Checkpoint(str(hf_dir), _arch(config), input_ids, logits)
+        result[family] = Checkpoint(str(hf_dir), arch, input_ids, logits)
     assert len(list((root / "llama").glob("*.safetensors"))) > 1
     return result
 
@@ -175,16 +161,13 @@ def _expected_tensors(hf_dir: str) -> dict[str, torch.Tensor]:
 def _layout_worker(dims: ParallelDims, checkpoints: dict[str, Checkpoint]) -> dict:
     """One rank: per family, max |logits - HF| (last stage) and the export check."""
     from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
-    from dapo_megatron.megatron.hf_weights import export_hf_weights, load_hf_checkpoint
-    from dapo_megatron.megatron.model import build_model
+    from dapo_megatron.megatron.hf_weights import export_hf_weights
 
     initialize_parallel(dims, seed=1234)
     results = {}
     for family, ckpt in checkpoints.items():
-        model = build_model(ckpt.arch, dims, "fp32")
+        model = megatron_model(ckpt.hf_dir, ckpt.arch, dims, "fp32").eval()
         assert all(p.dtype == torch.float32 for p in model.parameters())
-        load_hf_checkpoint(model, ckpt.hf_dir, ckpt.arch, dims)
-        model.eval()
         logits = _schedule_logits(model, ckpt.input_ids)
         if dims.pp == 1:  # a plain forward (inference path) must agree with the schedule
             positions = torch.arange(SEQ).expand_as(ckpt.input_ids)
