@@ -34,6 +34,7 @@ import pytest
 import torch
 import transformers
 from launch import run_distributed
+from megatron_setup import megatron_model, tiny_hf_checkpoint
 from safetensors.torch import load_file
 from test_megatron_model import _gather_vocab, _schedule_logits
 from test_packed_policy_step import LENGTHS, _packed_config
@@ -84,25 +85,12 @@ class Checkpoint:
     logits: torch.Tensor
 
 
-def _randomise(model: torch.nn.Module) -> None:
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight"):  # also self_attn.q_norm / k_norm
-                param.copy_(1.0 + 0.2 * torch.randn_like(param))
-            else:
-                param.normal_(0.0, 0.1)
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoint]:
     root = tmp_path_factory.mktemp("qwen3")
     result = {}
     for i, (name, config) in enumerate(_hf_configs().items()):
-        torch.manual_seed(10 + i)
-        model = transformers.Qwen3ForCausalLM(config).eval()
-        _randomise(model)
-        model.save_pretrained(root / name)
-        arch = arch_from_hf_config(config.to_dict(), f"qwen3 {name} test config")
+        model, arch = tiny_hf_checkpoint(root / name, config, seed=10 + i)
         assert arch.qk_layernorm and arch.head_dim == 32
         input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
         with torch.no_grad():
@@ -148,16 +136,13 @@ def _layouts_worker(checkpoints: dict[str, Checkpoint]) -> dict:
     from megatron.core import parallel_state
 
     from dapo_megatron.megatron.distributed import destroy_parallel, initialize_parallel
-    from dapo_megatron.megatron.hf_weights import export_hf_weights, load_hf_checkpoint
-    from dapo_megatron.megatron.model import build_model
+    from dapo_megatron.megatron.hf_weights import export_hf_weights
 
     results: dict = {}
     for layout, dims in LAYOUTS.items():
         initialize_parallel(dims, seed=1234)
         for name, ckpt in checkpoints.items():
-            model = build_model(ckpt.arch, dims, "fp32")
-            load_hf_checkpoint(model, ckpt.hf_dir, ckpt.arch, dims)
-            model.eval()
+            model = megatron_model(ckpt.hf_dir, ckpt.arch, dims, "fp32").eval()
             if dims.cp > 1:
                 logits = _cp_logits(model, ckpt.input_ids, dims.cp)
             else:
@@ -207,11 +192,7 @@ def test_qwen3_logits_match_hf_and_export_is_exact(checkpoints: dict[str, Checkp
 def _qwen3_reference_model(hf_dir: Path) -> transformers.PreTrainedModel:
     cfg = _hf_configs()["wide"]
     cfg.vocab_size = 96  # test_policy_step's batch draws ids below 90
-    torch.manual_seed(3)
-    model = transformers.Qwen3ForCausalLM(cfg)
-    _randomise(model)
-    model.save_pretrained(hf_dir)
-    return model
+    return tiny_hf_checkpoint(hf_dir, cfg, seed=3)[0]
 
 
 @pytest.fixture(scope="module")
