@@ -27,8 +27,9 @@ import pytest
 import torch
 import transformers
 from launch import run_distributed
+from megatron_setup import hf_arch, megatron_model, tiny_hf_checkpoint
 
-from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
+from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 
 pytestmark = pytest.mark.distributed
@@ -137,23 +138,10 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoin
     root = tmp_path_factory.mktemp("hf")
     result = {}
     for i, (family, config) in enumerate(_hf_configs().items()):
-        torch.manual_seed(100 + i)
-        model_cls = (
-            transformers.Qwen2ForCausalLM if family == "qwen2" else transformers.LlamaForCausalLM
-        )
-        model = model_cls(config).eval()
-        with torch.no_grad():
-            # Random everything (HF zero-inits biases and one-inits norms).
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.copy_(1.0 + 0.2 * torch.randn_like(param))
-                else:
-                    param.normal_(0.0, 0.1)
-        model.save_pretrained(root / family)
+        model, arch = tiny_hf_checkpoint(root / family, config, seed=100 + i)
         input_ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
         with torch.no_grad():
             logits = model(input_ids).logits
-        arch = arch_from_hf_config(config.to_dict(), f"{family} test config")
         # Scaled like a token-mean loss, so that gradients are O(1) and an absolute fp32
         # tolerance of 1e-5 is meaningful (a plain sum gives O(100) embedding gradients).
         loss_weight = torch.randn(BATCH, SEQ, config.vocab_size) / (BATCH * SEQ)
@@ -193,11 +181,9 @@ def _logits_and_grads(ckpt: Checkpoint, dims: ParallelDims) -> tuple[torch.Tenso
         gather_from_context_parallel,
         split_for_context_parallel,
     )
-    from dapo_megatron.megatron.hf_weights import load_hf_checkpoint
-    from dapo_megatron.megatron.model import build_model, padded_vocab_size
+    from dapo_megatron.megatron.model import padded_vocab_size
 
-    model = build_model(ckpt.arch, dims, "fp32")
-    load_hf_checkpoint(model, ckpt.hf_dir, ckpt.arch, dims)
+    model = megatron_model(ckpt.hf_dir, ckpt.arch, dims, "fp32")
     cp_rank = parallel_state.get_context_parallel_rank()
     cp_group = parallel_state.get_context_parallel_group()
 
@@ -225,7 +211,7 @@ def _attention_inputs(
     k and v [s/cp, b, ng/tp, hn]."""
     from dapo_megatron.megatron.model import transformer_config
 
-    arch = arch_from_hf_config(_hf_configs()["llama"].to_dict(), "llama test config")
+    arch = hf_arch(_hf_configs()["llama"])
     heads, groups = arch.num_attention_heads // dims.tp, arch.num_query_groups // dims.tp
     gen = torch.Generator().manual_seed(seed)
     local = SEQ // dims.cp

@@ -23,11 +23,11 @@ import dataclasses
 
 import pytest
 import torch
-import transformers
 from launch import run_distributed
+from megatron_setup import hf_arch, megatron_model, tiny_hf_checkpoint
 from test_context_parallel import _gather_vocab, _hf_configs
 
-from dapo_megatron.config.model_arch import ModelArch, arch_from_hf_config
+from dapo_megatron.config.model_arch import ModelArch
 from dapo_megatron.config.parallel import ParallelDims
 
 pytestmark = pytest.mark.distributed
@@ -214,21 +214,8 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Checkpoin
     root = tmp_path_factory.mktemp("hf")
     result = {}
     for i, (family, config) in enumerate(_hf_configs().items()):
-        torch.manual_seed(200 + i)
-        model_cls = (
-            transformers.Qwen2ForCausalLM if family == "qwen2" else transformers.LlamaForCausalLM
-        )
-        model = model_cls(config)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if name.endswith("norm.weight"):
-                    param.copy_(1.0 + 0.2 * torch.randn_like(param))
-                else:
-                    param.normal_(0.0, 0.1)
-        model.save_pretrained(root / family)
-        result[family] = Checkpoint(
-            str(root / family), arch_from_hf_config(config.to_dict(), f"{family} test config")
-        )
+        _, arch = tiny_hf_checkpoint(root / family, config, seed=200 + i)
+        result[family] = Checkpoint(str(root / family), arch)
     return result
 
 
@@ -288,11 +275,9 @@ def _model_diffs(ckpt: Checkpoint, dims: ParallelDims) -> dict[str, float]:
         split_for_context_parallel,
         split_packed_for_context_parallel,
     )
-    from dapo_megatron.megatron.hf_weights import load_hf_checkpoint
-    from dapo_megatron.megatron.model import build_model, padded_vocab_size
+    from dapo_megatron.megatron.model import padded_vocab_size
 
-    model = build_model(ckpt.arch, dims, "fp32", packed=True)
-    load_hf_checkpoint(model, ckpt.hf_dir, ckpt.arch, dims)
+    model = megatron_model(ckpt.hf_dir, ckpt.arch, dims, "fp32", packed=True)
     cp_rank = parallel_state.get_context_parallel_rank()
     cp_group = parallel_state.get_context_parallel_group()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -408,7 +393,7 @@ def _attention_diffs(dims: ParallelDims) -> dict[str, float]:
     from dapo_megatron.megatron.cp_attention import ContextParallelAttention
     from dapo_megatron.megatron.model import transformer_config
 
-    arch = arch_from_hf_config(_hf_configs()["llama"].to_dict(), "llama test config")
+    arch = hf_arch(_hf_configs()["llama"])
     config = transformer_config(arch, dims, "fp32")
     cp_rank = parallel_state.get_context_parallel_rank()
     cp_group = parallel_state.get_context_parallel_group()
