@@ -536,7 +536,6 @@ class MegatronGenerationBackend:
                     step_fn.close()
                     # next_tok goes to column prompt_len + step, as without compaction.
                     step_fn = self._decode_step(model, context, prompt_len + step, key_mask, pad_BK)
-            self._peers_busy(True)
             logits = step_fn(next_tok)
             if routing is not None:
                 routing.step(rows, prompt_len + step)
@@ -557,6 +556,9 @@ class MegatronGenerationBackend:
         def forward(
             tokens: torch.Tensor, positions: torch.Tensor, mask: torch.Tensor
         ) -> torch.Tensor:
+            # Each forward says it is busy once, as _forward does for prefill and the growing
+            # step (a no-op without EP lockstep, so nothing of it enters a CUDA graph).
+            self._peers_busy(True)
             logits = model(
                 tokens, positions, mask, inference_context=context, runtime_gather_output=True
             )
